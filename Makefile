@@ -1,0 +1,70 @@
+# q3 — plain Makefile. `make` builds build/q3; `make test` runs the suite;
+# `make SAN=1 test` builds into build-san/ with AddressSanitizer + UBSan.
+CC      ?= cc
+BUILD   ?= build
+OPT     ?= -O2
+CFLAGS  ?=
+WARN    := -Wall -Wextra -Wno-unused-parameter $(if $(WERROR),-Werror)
+BASE    := -std=c17 -g $(OPT) -MMD -MP -Iinclude -Isrc -D_GNU_SOURCE -fno-math-errno
+LDLIBS  := -lcjson -lpcre2-8 -lutf8proc -lm -lpthread
+
+ifeq ($(SAN),1)
+BUILD   := build-san
+BASE    += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+LDFLAGS += -fsanitize=address,undefined
+endif
+
+# Per-ISA kernel files are compiled for their ISA only; the rest stays portable.
+AVX512_FLAGS := -mavx512f -mavx512bw -mavx512dq -mavx512vl -mavx512bf16 -mavx512vnni -mfma -mf16c
+AVX2_FLAGS   := -mavx2 -mfma -mf16c
+
+LIB_SRC  := $(shell find src -name '*.c' ! -path 'src/cli/*' | sort)
+CLI_SRC  := $(sort $(wildcard src/cli/*.c))
+TEST_SRC := $(sort $(wildcard tests/test_*.c))
+BENCH_SRC:= $(sort $(wildcard bench/*.c))
+
+LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o)
+CLI_OBJ  := $(CLI_SRC:%.c=$(BUILD)/%.o)
+TEST_BIN := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
+BENCH_BIN:= $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
+
+all: $(BUILD)/q3 $(TEST_BIN) $(BENCH_BIN)
+
+$(BUILD)/libq3.a: $(LIB_OBJ)
+	@mkdir -p $(@D)
+	ar rcs $@ $^
+
+$(BUILD)/q3: $(CLI_OBJ) $(BUILD)/libq3.a
+	$(CC) $(LDFLAGS) -o $@ $(CLI_OBJ) $(BUILD)/libq3.a $(LDLIBS)
+
+$(BUILD)/tests/%: tests/%.c $(BUILD)/libq3.a tests/test.h
+	@mkdir -p $(@D)
+	$(CC) $(BASE) $(WARN) $(CFLAGS) $(LDFLAGS) -Itests -o $@ $< $(BUILD)/libq3.a $(LDLIBS)
+
+$(BUILD)/bench/%: bench/%.c $(BUILD)/libq3.a
+	@mkdir -p $(@D)
+	$(CC) $(BASE) $(WARN) $(CFLAGS) $(LDFLAGS) -o $@ $< $(BUILD)/libq3.a $(LDLIBS)
+
+$(BUILD)/%_avx512.o: %_avx512.c
+	@mkdir -p $(@D)
+	$(CC) $(BASE) $(WARN) $(CFLAGS) $(AVX512_FLAGS) -c -o $@ $<
+
+$(BUILD)/%_avx2.o: %_avx2.c
+	@mkdir -p $(@D)
+	$(CC) $(BASE) $(WARN) $(CFLAGS) $(AVX2_FLAGS) -c -o $@ $<
+
+$(BUILD)/%.o: %.c
+	@mkdir -p $(@D)
+	$(CC) $(BASE) $(WARN) $(CFLAGS) -c -o $@ $<
+
+test: all
+	@BUILD=$(BUILD) sh tests/run.sh
+
+deps:
+	sh scripts/install-deps.sh
+
+clean:
+	rm -rf build build-san
+
+.PHONY: all test deps clean
+-include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

@@ -1,0 +1,13 @@
+#!/bin/sh
+# Installs what q3 needs to build and test on a fresh Debian machine.
+# Build: gcc/make; libraries: cJSON (JSON), PCRE2 (tokenizer regex), utf8proc (NFC, Unicode classes).
+set -e
+SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
+need=""
+for p in build-essential libcjson-dev libpcre2-dev libutf8proc-dev; do
+  dpkg -s "$p" >/dev/null 2>&1 || need="$need $p"
+done
+if [ -n "$need" ]; then
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq $need
+fi

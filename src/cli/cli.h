@@ -1,0 +1,12 @@
+/* The q3 command line: one file per command, each `int cmd_NAME(argc, argv)`
+ * returning the process exit status. Only the CLI prints and exits. */
+#ifndef Q3_CLI_H
+#define Q3_CLI_H
+
+int cmd_info(int argc, char **argv);
+int cmd_logits(int argc, char **argv);
+
+/* Prints "q3 CMD: <message>" to stderr; returns 1 for `return cli_error(...)`. */
+int cli_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+#endif

@@ -1,0 +1,140 @@
+#include "model/dtype.h"
+
+#include <math.h>
+#include <strings.h>
+
+static const struct {
+    const char *name;
+    size_t block_values, block_bytes;
+} dtype_info[Q3_DTYPE_COUNT] = {
+    [Q3_F32] = {"f32", 1, 4},
+    [Q3_F16] = {"f16", 1, 2},
+    [Q3_BF16] = {"bf16", 1, 2},
+    [Q3_Q8_0] = {"q8_0", 32, 34},
+    [Q3_Q4_0] = {"q4_0", 32, 18},
+};
+
+const char *q3_dtype_name(q3_dtype t)
+{
+    return (unsigned)t < Q3_DTYPE_COUNT ? dtype_info[t].name : "?";
+}
+
+int q3_dtype_from_name(const char *name)
+{
+    for (int t = 0; t < Q3_DTYPE_COUNT; t++)
+        if (strcasecmp(name, dtype_info[t].name) == 0) return t;
+    return -1;
+}
+
+size_t q3_dtype_block_values(q3_dtype t) { return dtype_info[t].block_values; }
+size_t q3_dtype_block_bytes(q3_dtype t) { return dtype_info[t].block_bytes; }
+
+size_t q3_dtype_row_bytes(q3_dtype t, size_t n)
+{
+    return n / dtype_info[t].block_values * dtype_info[t].block_bytes;
+}
+
+float q3_f16_to_f32(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h >> 15) << 31;
+    uint32_t exp = (h >> 10) & 0x1f, man = h & 0x3ff, u;
+    if (exp == 0) {
+        if (man == 0) {
+            u = sign;
+        } else { /* subnormal: value = man * 2^-24 */
+            float f = (float)man * 0x1p-24f;
+            memcpy(&u, &f, 4);
+            u |= sign;
+        }
+    } else if (exp == 31) {
+        u = sign | 0x7f800000u | (man << 13);
+    } else {
+        u = sign | ((exp + 112) << 23) | (man << 13);
+    }
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+uint16_t q3_f32_to_f16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    uint16_t sign = (uint16_t)((u >> 16) & 0x8000);
+    float a = fabsf(f);
+    if (isnan(f)) return sign | 0x7e00;
+    if (a >= 65520.0f) return sign | 0x7c00; /* rounds to inf */
+    if (a < 0x1p-14f) {                       /* subnormal or zero */
+        float m = a * 0x1p24f;                /* in units of 2^-24 */
+        uint16_t q = (uint16_t)nearbyintf(m); /* round half even (default mode) */
+        return sign | q;
+    }
+    uint32_t au;
+    memcpy(&au, &a, 4);
+    uint32_t exp = (au >> 23) - 112, man = au & 0x7fffff;
+    uint32_t h = (exp << 10) | (man >> 13);
+    uint32_t rest = man & 0x1fff;
+    if (rest > 0x1000 || (rest == 0x1000 && (h & 1))) h++;
+    return sign | (uint16_t)h;
+}
+
+void q3_row_to_f32(q3_dtype t, const void *src, float *dst, size_t n)
+{
+    switch (t) {
+    case Q3_F32:
+        memcpy(dst, src, n * 4);
+        break;
+    case Q3_F16: {
+        const uint16_t *s = src;
+        for (size_t i = 0; i < n; i++) dst[i] = q3_f16_to_f32(s[i]);
+        break;
+    }
+    case Q3_BF16: {
+        const uint16_t *s = src;
+        for (size_t i = 0; i < n; i++) dst[i] = q3_bf16_to_f32(s[i]);
+        break;
+    }
+    case Q3_Q8_0: {
+        const uint8_t *b = src;
+        for (size_t i = 0; i < n; i += 32, b += 34) {
+            float d = q3_f16_to_f32((uint16_t)(b[0] | b[1] << 8));
+            for (int j = 0; j < 32; j++) dst[i + j] = d * (float)(int8_t)b[2 + j];
+        }
+        break;
+    }
+    case Q3_Q4_0: {
+        const uint8_t *b = src;
+        for (size_t i = 0; i < n; i += 32, b += 18) {
+            float d = q3_f16_to_f32((uint16_t)(b[0] | b[1] << 8));
+            for (int j = 0; j < 16; j++) {
+                dst[i + j] = d * (float)((b[2 + j] & 0x0f) - 8);
+                dst[i + j + 16] = d * (float)((b[2 + j] >> 4) - 8);
+            }
+        }
+        break;
+    }
+    default:
+        break;
+    }
+}
+
+void q3_row_from_f32(q3_dtype t, const float *src, void *dst, size_t n)
+{
+    switch (t) {
+    case Q3_F32:
+        memcpy(dst, src, n * 4);
+        break;
+    case Q3_F16: {
+        uint16_t *d = dst;
+        for (size_t i = 0; i < n; i++) d[i] = q3_f32_to_f16(src[i]);
+        break;
+    }
+    case Q3_BF16: {
+        uint16_t *d = dst;
+        for (size_t i = 0; i < n; i++) d[i] = q3_f32_to_bf16(src[i]);
+        break;
+    }
+    default:
+        break;
+    }
+}

@@ -1,0 +1,46 @@
+#include "util/error.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+static _Thread_local char last_error[1024];
+
+const char *q3_last_error(void) { return last_error; }
+
+void q3_clear_error(void) { last_error[0] = 0; }
+
+q3_status q3_fail(q3_status st, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(last_error, sizeof last_error, fmt, ap);
+    va_end(ap);
+    return st;
+}
+
+q3_status q3_fail_wrap(q3_status st, const char *fmt, ...)
+{
+    char prefix[512], old[sizeof last_error];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(prefix, sizeof prefix, fmt, ap);
+    va_end(ap);
+    memcpy(old, last_error, sizeof old);
+    snprintf(last_error, sizeof last_error, "%s: %s", prefix, old);
+    return st;
+}
+
+const char *q3_status_name(q3_status st)
+{
+    switch (st) {
+    case Q3_OK: return "ok";
+    case Q3_ERR_IO: return "i/o error";
+    case Q3_ERR_FORMAT: return "malformed input";
+    case Q3_ERR_INVALID: return "invalid argument";
+    case Q3_ERR_UNSUPPORTED: return "unsupported";
+    case Q3_ERR_NOMEM: return "out of memory";
+    case Q3_ERR_CONTEXT: return "context full";
+    }
+    return "unknown status";
+}

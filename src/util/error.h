@@ -1,0 +1,19 @@
+/* Error reporting: library code records a message and returns a status;
+ * only the CLI prints. */
+#ifndef Q3_UTIL_ERROR_H
+#define Q3_UTIL_ERROR_H
+
+#include "q3.h"
+
+/* Records the formatted message as this thread's last error and returns st,
+ * so that failures read `return q3_fail(Q3_ERR_FORMAT, "%s: ...", path);`. */
+q3_status q3_fail(q3_status st, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+/* Prefixes the current last error with more context ("loading X: <old>"). */
+q3_status q3_fail_wrap(q3_status st, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+void q3_clear_error(void);
+
+#endif
