@@ -12,6 +12,7 @@ static const struct {
 } commands[] = {
     {"info", cmd_info, "print a model's config, parameters, bytes and KV-cache size"},
     {"logits", cmd_logits, "write the logits of a token sequence (float32 [n][vocab])"},
+    {"chat-template", cmd_chat_template, "render a conversation with Qwen3's chat template"},
 };
 
 int cli_error(const char *cmd, const char *fmt, ...)

@@ -1,0 +1,255 @@
+/* q3 chat-template: renders conversations with Qwen3's chat template.
+ *
+ *   q3 chat-template [options] [FILE]     one conversation -> its render
+ *   q3 chat-template --jsonl [FILE]       one conversation a line -> the same
+ *                                         object with "rendered" added
+ *
+ * A conversation is an object {"messages", "tools", "add_generation_prompt",
+ * "enable_thinking"} (as in tests/data/tokenizer/chat_public.jsonl) or a bare
+ * messages array. FILE "-" or none reads stdin. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
+#include "cli/cli.h"
+#include "text/chat_template.h"
+#include "text/json_write.h"
+#include "util/file.h"
+
+#define CMD "chat-template"
+#define MAX_INPUT_BYTES ((size_t)1 << 30)
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: q3 chat-template [options] [FILE]\n"
+            "\n"
+            "Renders a conversation with Qwen3's chat template, exactly as Hugging Face\n"
+            "transformers' apply_chat_template would. FILE (or stdin, or \"-\") holds an object\n"
+            "{\"messages\", \"tools\", \"add_generation_prompt\", \"enable_thinking\"} or a bare\n"
+            "messages array; add_generation_prompt defaults to true.\n"
+            "\n"
+            "options:\n"
+            "  --jsonl                 one conversation object per line; each output line is the\n"
+            "                          same object with \"rendered\" added\n"
+            "  --check                 with --jsonl: compare each render with the line's own\n"
+            "                          \"rendered\" and report differences instead of printing\n"
+            "  --no-think              enable_thinking=false (an empty think block after the prompt)\n"
+            "  --no-generation-prompt  add_generation_prompt=false\n"
+            "  --model DIR             first check that DIR's chat template is one q3 renders\n"
+            "  -h, --help              this text\n");
+}
+
+typedef struct chat_cli_opts {
+    int jsonl, check, no_think, no_generation_prompt;
+    const char *model, *file;
+} chat_cli_opts;
+
+/* ---- input --------------------------------------------------------------- */
+
+/* Reads all of f into a NUL-terminated heap buffer (caller frees). */
+static char *read_stream(FILE *f, size_t *len)
+{
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    if (!buf) return NULL;
+    for (;;) {
+        if (n + 1 == cap) {
+            if (cap >= MAX_INPUT_BYTES) break;
+            char *p = realloc(buf, cap * 2);
+            if (!p) break;
+            buf = p;
+            cap *= 2;
+        }
+        size_t got = fread(buf + n, 1, cap - n - 1, f);
+        n += got;
+        if (got == 0) {
+            if (ferror(f)) break;
+            buf[n] = 0;
+            *len = n;
+            return buf;
+        }
+    }
+    free(buf);
+    return NULL;
+}
+
+static char *read_input(const char *file, size_t *len)
+{
+    if (!file || !strcmp(file, "-")) {
+        char *text = read_stream(stdin, len);
+        if (!text) cli_error(CMD, "cannot read stdin");
+        return text;
+    }
+    char *text = NULL;
+    if (q3_read_file(file, MAX_INPUT_BYTES, &text, len) != Q3_OK) {
+        cli_error(CMD, "%s", q3_last_error());
+        return NULL;
+    }
+    return text;
+}
+
+/* ---- one conversation ------------------------------------------------------ */
+
+/* Sets conv[key] = value, replacing every member of that name. */
+static void set_member(cJSON *conv, const char *key, cJSON *value)
+{
+    while (cJSON_GetObjectItemCaseSensitive(conv, key))
+        cJSON_DeleteItemFromObjectCaseSensitive(conv, key);
+    cJSON_AddItemToObject(conv, key, value);
+}
+
+/* Turns parsed input into a conversation object with the command-line
+ * overrides applied; takes ownership of root. NULL (message printed) if
+ * root is neither an object nor an array. */
+static cJSON *as_conversation(cJSON *root, const chat_cli_opts *o, const char *where)
+{
+    cJSON *conv = root;
+    if (cJSON_IsArray(root)) {
+        conv = cJSON_CreateObject();
+        if (!conv) {
+            cJSON_Delete(root);
+            cli_error(CMD, "out of memory");
+            return NULL;
+        }
+        cJSON_AddItemToObject(conv, "messages", root);
+    } else if (!cJSON_IsObject(root)) {
+        cJSON_Delete(root);
+        cli_error(CMD, "%s: expected a conversation object or a messages array", where);
+        return NULL;
+    }
+    if (o->no_think) set_member(conv, "enable_thinking", cJSON_CreateFalse());
+    if (o->no_generation_prompt) set_member(conv, "add_generation_prompt", cJSON_CreateFalse());
+    return conv;
+}
+
+/* Parses and renders text; *conv_out (may be NULL) keeps the conversation.
+ * Returns the render (caller frees) or NULL with the error printed. */
+static char *render_one(const char *text, const chat_cli_opts *o, const char *where,
+                        cJSON **conv_out)
+{
+    cJSON *root = NULL;
+    if (q3_json_parse(text, &root) != Q3_OK) {
+        cli_error(CMD, "%s: %s", where, q3_last_error());
+        return NULL;
+    }
+    cJSON *conv = as_conversation(root, o, where);
+    if (!conv) return NULL;
+    char *rendered = NULL;
+    if (q3_chat_render(conv, &rendered) != Q3_OK) cli_error(CMD, "%s: %s", where, q3_last_error());
+    if (conv_out && rendered) *conv_out = conv;
+    else cJSON_Delete(conv);
+    return rendered;
+}
+
+/* ---- modes ---------------------------------------------------------------- */
+
+static int run_single(char *text, const chat_cli_opts *o)
+{
+    char *rendered = render_one(text, o, o->file ? o->file : "stdin", NULL);
+    if (!rendered) return 1;
+    fputs(rendered, stdout);
+    free(rendered);
+    return fflush(stdout) == 0 ? 0 : cli_error(CMD, "cannot write the output");
+}
+
+static int run_jsonl(char *text, const chat_cli_opts *o)
+{
+    int line_no = 0, matched = 0, checked = 0, status = 0;
+    char *next = text;
+    while (next && *next) {
+        char *line = next;
+        char *nl = strchr(line, '\n');
+        next = nl ? nl + 1 : NULL;
+        if (nl) *nl = 0;
+        line_no++;
+        size_t n = strlen(line);
+        if (n && line[n - 1] == '\r') line[--n] = 0;
+        if (strspn(line, " \t") == n) continue; /* blank line */
+
+        char where[32];
+        snprintf(where, sizeof where, "line %d", line_no);
+        cJSON *conv = NULL;
+        char *rendered = render_one(line, o, where, &conv);
+        if (!rendered) return 1; /* stop: later output lines would be out of step */
+
+        if (o->check) {
+            const cJSON *want = cJSON_GetObjectItemCaseSensitive(conv, "rendered");
+            checked++;
+            if (!cJSON_IsString(want)) {
+                cli_error(CMD, "%s: no \"rendered\" to check against", where);
+                status = 1;
+            } else if (strcmp(want->valuestring, rendered)) {
+                size_t i = 0;
+                while (rendered[i] == want->valuestring[i]) i++;
+                cli_error(CMD, "%s: render differs from \"rendered\" at byte %zu", where, i);
+                status = 1;
+            } else {
+                matched++;
+            }
+        } else {
+            cJSON *value = cJSON_CreateString(rendered);
+            char *out = NULL;
+            if (value) set_member(conv, "rendered", value);
+            if (!value || q3_json_dumps(conv, &out, NULL) != Q3_OK) {
+                cJSON_Delete(conv);
+                free(rendered);
+                return cli_error(CMD, "%s: %s", where, value ? q3_last_error() : "out of memory");
+            }
+            puts(out);
+            free(out);
+        }
+        cJSON_Delete(conv);
+        free(rendered);
+    }
+    if (o->check) printf("%d of %d renders match\n", matched, checked);
+    if (fflush(stdout) != 0) return cli_error(CMD, "cannot write the output");
+    return status;
+}
+
+int cmd_chat_template(int argc, char **argv)
+{
+    chat_cli_opts o = {0};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage(stdout);
+            return 0;
+        } else if (!strcmp(a, "--jsonl")) o.jsonl = 1;
+        else if (!strcmp(a, "--check")) o.check = 1;
+        else if (!strcmp(a, "--no-think")) o.no_think = 1;
+        else if (!strcmp(a, "--no-generation-prompt")) o.no_generation_prompt = 1;
+        else if (!strcmp(a, "--model")) {
+            if (++i == argc) return cli_error(CMD, "--model needs a folder");
+            o.model = argv[i];
+        } else if (a[0] == '-' && a[1]) {
+            cli_error(CMD, "unknown option '%s'", a);
+            usage(stderr);
+            return 2;
+        } else if (o.file) {
+            return cli_error(CMD, "one input file at most ('%s' and '%s')", o.file, a);
+        } else {
+            o.file = a;
+        }
+    }
+    if (o.check && !o.jsonl) return cli_error(CMD, "--check works with --jsonl");
+
+    if (o.model) {
+        q3_chat_template_kind kind;
+        if (q3_chat_template_load(o.model, &kind) != Q3_OK)
+            return cli_error(CMD, "%s", q3_last_error());
+    }
+
+    size_t len = 0;
+    char *text = read_input(o.file, &len);
+    if (!text) return 1;
+    if (strlen(text) != len) {
+        free(text);
+        return cli_error(CMD, "%s: the input contains a NUL byte", o.file ? o.file : "stdin");
+    }
+    int rc = o.jsonl ? run_jsonl(text, &o) : run_single(text, &o);
+    free(text);
+    return rc;
+}
