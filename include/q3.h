@@ -47,6 +47,8 @@ typedef struct q3_session_opts {
     int n_ctx;            /* context length in tokens (0: min(model max, 4096)) */
     int chunk;            /* prefill chunk size S (0: 128) */
     const char *backend;  /* compute unit name: "ref", "cpu" (NULL: best available) */
+    const char *prefill_backend; /* split-phase: unit for prefill (NULL: backend) */
+    const char *decode_backend;  /* split-phase: unit for decode (NULL: backend) */
     const char *kv_dtype; /* "f32", "f16", "bf16" (NULL: the backend's default) */
 } q3_session_opts;
 

@@ -27,7 +27,16 @@ q3_status q3_fail_wrap(q3_status st, const char *fmt, ...)
     vsnprintf(prefix, sizeof prefix, fmt, ap);
     va_end(ap);
     memcpy(old, last_error, sizeof old);
-    snprintf(last_error, sizeof last_error, "%s: %s", prefix, old);
+    size_t n = strlen(prefix);
+    memcpy(last_error, prefix, n);
+    if (n + 2 < sizeof last_error) {
+        memcpy(last_error + n, ": ", 2);
+        n += 2;
+    }
+    size_t m = strlen(old);
+    if (m > sizeof last_error - 1 - n) m = sizeof last_error - 1 - n;
+    memcpy(last_error + n, old, m);
+    last_error[n + m] = 0;
     return st;
 }
 

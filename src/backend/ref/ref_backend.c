@@ -1,0 +1,239 @@
+/* The reference backend: portable scalar C for every op, accumulating dot
+ * products, norms and softmax in double. Slow and obviously correct: it is
+ * the oracle every faster backend is tested against. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/backend.h"
+
+/* Rows of a value that hold data in this run: 1-row values stay 1 row. */
+static int live_rows(const q3_exec *e, int v)
+{
+    return e->g->values[v].rows == 1 ? 1 : e->n_real;
+}
+
+static float *row_of(const q3_exec *e, int v, int r)
+{
+    return e->buf[v] + (size_t)r * (size_t)e->g->values[v].cols;
+}
+
+static void weight_row(const q3_tensor *w, size_t r, float *out)
+{
+    size_t cols = (size_t)w->shape[w->ndim - 1];
+    q3_row_to_f32(w->dtype, (const char *)w->data + r * q3_dtype_row_bytes(w->dtype, cols), out, cols);
+}
+
+/* ---- ops ---------------------------------------------------------------------- */
+
+static void embed(const q3_exec *e, const q3_op *op)
+{
+    for (int r = 0; r < e->n_real; r++) weight_row(op->weight, (size_t)e->tokens[r], row_of(e, op->out, r));
+}
+
+static void rmsnorm_row(const float *x, const float *w, float *out, int n, float eps)
+{
+    double ss = 0;
+    for (int i = 0; i < n; i++) ss += (double)x[i] * x[i];
+    double inv = 1.0 / sqrt(ss / n + (double)eps);
+    for (int i = 0; i < n; i++) out[i] = (float)((double)x[i] * inv) * w[i];
+}
+
+static void rmsnorm(const q3_exec *e, const q3_op *op)
+{
+    int n = e->g->values[op->in[0]].cols;
+    float *w = malloc((size_t)n * sizeof *w);
+    weight_row(op->weight, 0, w);
+    for (int r = 0; r < live_rows(e, op->in[0]); r++)
+        rmsnorm_row(row_of(e, op->in[0], r), w, row_of(e, op->out, r), n, e->g->cfg->rms_eps);
+    free(w);
+}
+
+static void head_norm(const q3_exec *e, const q3_op *op)
+{
+    int hd = e->g->cfg->head_dim, cols = e->g->values[op->in[0]].cols;
+    float *w = malloc((size_t)hd * sizeof *w);
+    weight_row(op->weight, 0, w);
+    for (int r = 0; r < live_rows(e, op->in[0]); r++)
+        for (int h = 0; h < cols / hd; h++)
+            rmsnorm_row(row_of(e, op->in[0], r) + h * hd, w, row_of(e, op->out, r) + h * hd, hd,
+                        e->g->cfg->rms_eps);
+    free(w);
+}
+
+/* rotate_half layout: element i pairs with i + head_dim/2. */
+static void rope(const q3_exec *e, const q3_op *op)
+{
+    const q3_config *c = e->g->cfg;
+    int hd = c->head_dim, half = hd / 2, cols = e->g->values[op->in[0]].cols;
+    for (int r = 0; r < live_rows(e, op->in[0]); r++) {
+        double p = (double)(e->pos + r);
+        float *in = row_of(e, op->in[0], r), *out = row_of(e, op->out, r);
+        for (int i = 0; i < half; i++) {
+            double freq = pow((double)c->rope_theta, -2.0 * i / hd);
+            double cs = cos(p * freq), sn = sin(p * freq);
+            for (int h = 0; h < cols / hd; h++) {
+                double x0 = in[h * hd + i], x1 = in[h * hd + half + i];
+                out[h * hd + i] = (float)(x0 * cs - x1 * sn);
+                out[h * hd + half + i] = (float)(x0 * sn + x1 * cs);
+            }
+        }
+    }
+}
+
+/* A dot product in double; four partial sums only to break the dependency chain. */
+static double dot(const float *x, const float *y, int n)
+{
+    double a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+    int i = 0;
+    for (; i + 4 <= n; i += 4) {
+        a0 += (double)x[i] * y[i];
+        a1 += (double)x[i + 1] * y[i + 1];
+        a2 += (double)x[i + 2] * y[i + 2];
+        a3 += (double)x[i + 3] * y[i + 3];
+    }
+    for (; i < n; i++) a0 += (double)x[i] * y[i];
+    return (a0 + a1) + (a2 + a3);
+}
+
+static void matmul(const q3_exec *e, const q3_op *op)
+{
+    const q3_tensor *w = op->weight;
+    int n_out = (int)w->shape[0], n_in = (int)w->shape[1], rows = live_rows(e, op->in[0]);
+    float *wr = malloc((size_t)n_in * sizeof *wr);
+    for (int o = 0; o < n_out; o++) {
+        weight_row(w, (size_t)o, wr);
+        for (int r = 0; r < rows; r++) {
+            row_of(e, op->out, r)[o] = (float)dot(row_of(e, op->in[0], r), wr, n_in);
+        }
+    }
+    free(wr);
+}
+
+static void kv_append(const q3_exec *e, const q3_op *op)
+{
+    q3_kv_cache *kv = e->kv;
+    q3_row_from_f32(kv->dtype, row_of(e, op->in[0], 0), q3_kv_k_row(kv, op->layer, e->pos), (size_t)kv->kv_dim);
+    q3_row_from_f32(kv->dtype, row_of(e, op->in[1], 0), q3_kv_v_row(kv, op->layer, e->pos), (size_t)kv->kv_dim);
+}
+
+/* Row r attends to the cached positions [0, pos) (plus pos itself in decode,
+ * where the cache already holds it) and, in prefill, chunk rows 0..r. */
+static void attention(const q3_exec *e, const q3_op *op)
+{
+    const q3_config *c = e->g->cfg;
+    const q3_kv_cache *kv = e->kv;
+    int hd = c->head_dim, group = c->n_heads / c->n_kv_heads, kv_dim = kv->kv_dim;
+    bool chunk = op->in[1] >= 0;
+    int n_cached = chunk ? e->pos : e->pos + 1;
+    int max_keys = n_cached + (chunk ? e->n_real : 0);
+    double *score = malloc((size_t)max_keys * sizeof *score);
+    float *key = malloc((size_t)kv_dim * 2 * sizeof *key), *val = key + kv_dim;
+    double *acc = malloc((size_t)hd * sizeof *acc);
+    double scale = 1.0 / sqrt((double)hd);
+    for (int r = 0; r < e->n_real; r++) {
+        const float *q = row_of(e, op->in[0], r);
+        int n_keys = n_cached + (chunk ? r + 1 : 0);
+        for (int h = 0; h < c->n_heads; h++) {
+            int kh = h / group;
+            size_t head_off = (size_t)kh * (size_t)hd * q3_dtype_block_bytes(kv->dtype);
+            const float *qh = q + h * hd;
+            double mx = -INFINITY;
+            for (int t = 0; t < n_keys; t++) {
+                const float *kr;
+                if (t < n_cached) {
+                    q3_row_to_f32(kv->dtype, (const char *)q3_kv_k_row(kv, op->layer, t) + head_off, key + kh * hd,
+                                  (size_t)hd);
+                    kr = key;
+                } else {
+                    kr = row_of(e, op->in[1], t - n_cached);
+                }
+                double s = 0;
+                for (int i = 0; i < hd; i++) s += (double)qh[i] * kr[kh * hd + i];
+                score[t] = s * scale;
+                if (score[t] > mx) mx = score[t];
+            }
+            double sum = 0;
+            for (int t = 0; t < n_keys; t++) sum += (score[t] = exp(score[t] - mx));
+            for (int i = 0; i < hd; i++) acc[i] = 0;
+            for (int t = 0; t < n_keys; t++) {
+                const float *vr;
+                if (t < n_cached) {
+                    q3_row_to_f32(kv->dtype, (const char *)q3_kv_v_row(kv, op->layer, t) + head_off, val + kh * hd,
+                                  (size_t)hd);
+                    vr = val;
+                } else {
+                    vr = row_of(e, op->in[2], t - n_cached);
+                }
+                for (int i = 0; i < hd; i++) acc[i] += score[t] * vr[kh * hd + i];
+            }
+            float *out = row_of(e, op->out, r) + h * hd;
+            for (int i = 0; i < hd; i++) out[i] = (float)(acc[i] / sum);
+        }
+    }
+    free(score);
+    free(key);
+    free(acc);
+}
+
+static void add(const q3_exec *e, const q3_op *op)
+{
+    int cols = e->g->values[op->out].cols;
+    for (int r = 0; r < live_rows(e, op->out); r++) {
+        const float *a = row_of(e, op->in[0], r), *b = row_of(e, op->in[1], r);
+        float *o = row_of(e, op->out, r);
+        for (int i = 0; i < cols; i++) o[i] = a[i] + b[i];
+    }
+}
+
+static void swiglu(const q3_exec *e, const q3_op *op)
+{
+    int cols = e->g->values[op->out].cols;
+    for (int r = 0; r < live_rows(e, op->out); r++) {
+        const float *g = row_of(e, op->in[0], r), *u = row_of(e, op->in[1], r);
+        float *o = row_of(e, op->out, r);
+        for (int i = 0; i < cols; i++) o[i] = (float)((double)g[i] / (1.0 + exp(-(double)g[i])) * u[i]);
+    }
+}
+
+static void last_row(const q3_exec *e, const q3_op *op)
+{
+    memcpy(row_of(e, op->out, 0), row_of(e, op->in[0], e->n_real - 1),
+           (size_t)e->g->values[op->out].cols * sizeof(float));
+}
+
+/* ---- the backend ---------------------------------------------------------------- */
+
+static bool ref_present(const q3_backend *b) { return true; }
+
+static const char *ref_refuses(const q3_backend *b, const q3_graph *g, const q3_op *op)
+{
+    if (op->weight && op->weight->dtype >= Q3_DTYPE_COUNT) return "unknown weight dtype";
+    return NULL;
+}
+
+static void ref_run(const q3_backend *b, const q3_exec *e, const q3_op *op)
+{
+    switch (op->kind) {
+    case Q3_OP_EMBED: embed(e, op); break;
+    case Q3_OP_RMSNORM: rmsnorm(e, op); break;
+    case Q3_OP_HEAD_NORM: head_norm(e, op); break;
+    case Q3_OP_ROPE: rope(e, op); break;
+    case Q3_OP_MATMUL: matmul(e, op); break;
+    case Q3_OP_KV_APPEND: kv_append(e, op); break;
+    case Q3_OP_ATTENTION: attention(e, op); break;
+    case Q3_OP_ADD: add(e, op); break;
+    case Q3_OP_SWIGLU: swiglu(e, op); break;
+    case Q3_OP_LAST_ROW: last_row(e, op); break;
+    case Q3_OP_KIND_COUNT: break;
+    }
+}
+
+q3_backend q3_backend_ref = {
+    .name = "ref",
+    .device = "CPU, portable scalar C (reference)",
+    .present = ref_present,
+    .refuses = ref_refuses,
+    .run = ref_run,
+    .kv_default = Q3_F32,
+};

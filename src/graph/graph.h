@@ -1,0 +1,70 @@
+/* The op IR: a graph is a list of explicit ops over f32 activation buffers
+ * ("values") with static shapes, built once for a config and a row count.
+ * The graph layer knows no kernels: backends run ops (src/backend/). */
+#ifndef Q3_GRAPH_GRAPH_H
+#define Q3_GRAPH_GRAPH_H
+
+#include <stdbool.h>
+#include "model/model.h"
+
+typedef enum q3_op_kind {
+    Q3_OP_EMBED,     /* out[r] = weight[tokens[r]]                        (rows, dim) */
+    Q3_OP_RMSNORM,   /* out[r] = in0[r] * rsqrt(mean(in0[r]^2) + eps) * weight      */
+    Q3_OP_HEAD_NORM, /* the same per head of head_dim, in place (out == in0)         */
+    Q3_OP_ROPE,      /* rotate_half RoPE of each head at position pos + r, in place  */
+    Q3_OP_MATMUL,    /* out[r][o] = sum_i in0[r][i] * weight[o][i]                   */
+    Q3_OP_KV_APPEND, /* the KV cache at pos gets in0 (K) and in1 (V): MUTATES STATE  */
+    Q3_OP_ATTENTION, /* causal GQA attention of in0 (Q) over the cached past [0, pos)
+                        and, in prefill, the chunk's own K/V in1, in2 (rows 0..r);
+                        in decode (in1 = in2 = -1) over the cache [0, pos]          */
+    Q3_OP_ADD,       /* out = in0 + in1 (out may be in0: the residual stream)        */
+    Q3_OP_SWIGLU,    /* out = silu(in0) * in1 (out may be in0)                        */
+    Q3_OP_LAST_ROW,  /* out[0] = in0[n_real - 1]: only the last row needs logits      */
+    Q3_OP_KIND_COUNT
+} q3_op_kind;
+
+const char *q3_op_kind_name(q3_op_kind k);
+
+typedef struct q3_value {
+    char name[32];   /* e.g. "x", "blk.3.k" */
+    int rows, cols;  /* f32 [rows][cols], rows = the graph's S (or 1) */
+} q3_value;
+
+typedef struct q3_op {
+    q3_op_kind kind;
+    char name[48];            /* e.g. "blk.3.attn_q", "output", "token_embd" */
+    int layer;                /* -1 outside the layers */
+    int out;                  /* value id written */
+    int in[3];                /* value ids read, -1 = none */
+    const q3_tensor *weight;  /* EMBED, RMSNORM, HEAD_NORM, MATMUL; else NULL */
+    bool mutates_state;       /* writes state that outlives the graph (KV_APPEND) */
+    bool reads_state;         /* reads the session's KV cache (ATTENTION) */
+} q3_op;
+
+typedef enum q3_graph_kind { Q3_GRAPH_PREFILL, Q3_GRAPH_DECODE } q3_graph_kind;
+
+typedef struct q3_graph {
+    q3_graph_kind kind;
+    const q3_model *model;
+    const q3_config *cfg;
+    int rows;                 /* S: static rows per run (1 for decode) */
+    bool all_logits;          /* logits for every row instead of the last real one */
+    q3_op *ops;               /* [n_ops] in execution order */
+    int n_ops;
+    q3_value *values;         /* [n_values] */
+    int n_values;
+    int v_logits;             /* output: [1 or rows][vocab] */
+    int *v_k, *v_v;           /* prefill outputs: [n_layers] value ids of the chunk's K/V */
+} q3_graph;
+
+/* Builds the prefill graph for chunks of `rows` tokens: stateless (reads the
+ * past K/V, outputs the chunk's K/V and the logits). */
+q3_status q3_graph_build_prefill(const q3_model *m, int rows, bool all_logits, q3_graph *g);
+/* Builds the decode graph: one token, appends its K/V to the cache in-graph. */
+q3_status q3_graph_build_decode(const q3_model *m, q3_graph *g);
+void q3_graph_free(q3_graph *g);
+
+/* FLOPs of one run with n_real rows at position pos (multiply-adds count 2). */
+double q3_graph_flops(const q3_graph *g, int n_real, int pos);
+
+#endif

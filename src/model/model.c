@@ -1,0 +1,257 @@
+/* Opening a model: a Hugging Face folder (config.json + safetensors, one file
+ * or shards listed by model.safetensors.index.json). */
+#include "model/model.h"
+
+#include <cjson/cJSON.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "util/error.h"
+#include "util/file.h"
+
+/* ---- weights by name, checked against the config -------------------------- */
+
+static void shape_str(char *buf, size_t n, int ndim, const int64_t *shape)
+{
+    size_t k = (size_t)snprintf(buf, n, "[");
+    for (int i = 0; i < ndim && k < n; i++)
+        k += (size_t)snprintf(buf + k, n - k, "%s%lld", i ? ", " : "", (long long)shape[i]);
+    if (k < n) snprintf(buf + k, n - k, "]");
+}
+
+q3_status q3_model_bind_tensor(const char *source, const q3_tensor *t, const char *name, int ndim,
+                               const int64_t *shape, const q3_tensor **out)
+{
+    if (!t) return q3_fail(Q3_ERR_FORMAT, "%s: missing tensor \"%s\"", source, name);
+    int ok = t->ndim == ndim;
+    for (int i = 0; ok && i < ndim; i++) ok = t->shape[i] == shape[i];
+    if (!ok) {
+        char want[96], got[96];
+        shape_str(want, sizeof want, ndim, shape);
+        shape_str(got, sizeof got, t->ndim, t->shape);
+        return q3_fail(Q3_ERR_FORMAT, "%s: tensor \"%s\" has shape %s, expected %s from the config", source, name,
+                       got, want);
+    }
+    if (ndim == 1 && t->dtype != Q3_F32 && t->dtype != Q3_F16 && t->dtype != Q3_BF16)
+        return q3_fail(Q3_ERR_UNSUPPORTED, "%s: norm tensor \"%s\" has dtype %s (F32, F16 or BF16 expected)", source,
+                       name, q3_dtype_name(t->dtype));
+    if (ndim == 2 && shape[1] % (int64_t)q3_dtype_block_values(t->dtype))
+        return q3_fail(Q3_ERR_FORMAT, "%s: tensor \"%s\": rows of %lld are not whole %s blocks", source, name,
+                       (long long)shape[1], q3_dtype_name(t->dtype));
+    *out = t;
+    return Q3_OK;
+}
+
+static const q3_tensor *find_any(const q3_model *m, const char *name)
+{
+    for (int i = 0; i < m->n_files; i++) {
+        const q3_tensor *t = q3_safetensors_find(&m->files[i], name);
+        if (t) return t;
+    }
+    return NULL;
+}
+
+static q3_status bind(q3_model *m, const char *name, int ndim, int64_t d0, int64_t d1, const q3_tensor **out)
+{
+    int64_t shape[2] = {d0, d1};
+    return q3_model_bind_tensor(m->path, find_any(m, name), name, ndim, shape, out);
+}
+
+static q3_status bind_hf_weights(q3_model *m)
+{
+    const q3_config *c = &m->cfg;
+    q3_weights *w = &m->w;
+    q3_status st;
+    int64_t q_dim = (int64_t)c->n_heads * c->head_dim, kv_dim = (int64_t)c->n_kv_heads * c->head_dim;
+    if ((st = bind(m, "model.embed_tokens.weight", 2, c->vocab_size, c->dim, &w->embed))) return st;
+    if ((st = bind(m, "model.norm.weight", 1, c->dim, 0, &w->out_norm))) return st;
+    const q3_tensor *head = find_any(m, "lm_head.weight");
+    if (c->tied_embeddings || !head) {
+        if (!c->tied_embeddings)
+            return q3_fail(Q3_ERR_FORMAT, "%s: missing tensor \"lm_head.weight\" (config says tie_word_embeddings "
+                           "is false)", m->path);
+        w->lm_head = w->embed;
+    } else if ((st = bind(m, "lm_head.weight", 2, c->vocab_size, c->dim, &w->lm_head))) {
+        return st;
+    }
+    w->layers = calloc((size_t)c->n_layers, sizeof *w->layers);
+    if (!w->layers) return q3_fail(Q3_ERR_NOMEM, "out of memory");
+    for (int l = 0; l < c->n_layers; l++) {
+        q3_layer_weights *L = &w->layers[l];
+        char n[128];
+#define B(field, suffix, nd, a, b)                                           \
+    snprintf(n, sizeof n, "model.layers.%d.%s", l, suffix);                  \
+    if ((st = bind(m, n, nd, a, b, &L->field))) return st;
+        B(attn_norm, "input_layernorm.weight", 1, c->dim, 0);
+        B(wq, "self_attn.q_proj.weight", 2, q_dim, c->dim);
+        B(wk, "self_attn.k_proj.weight", 2, kv_dim, c->dim);
+        B(wv, "self_attn.v_proj.weight", 2, kv_dim, c->dim);
+        B(wo, "self_attn.o_proj.weight", 2, c->dim, q_dim);
+        B(q_norm, "self_attn.q_norm.weight", 1, c->head_dim, 0);
+        B(k_norm, "self_attn.k_norm.weight", 1, c->head_dim, 0);
+        B(ffn_norm, "post_attention_layernorm.weight", 1, c->dim, 0);
+        B(w_gate, "mlp.gate_proj.weight", 2, c->ffn_dim, c->dim);
+        B(w_up, "mlp.up_proj.weight", 2, c->ffn_dim, c->dim);
+        B(w_down, "mlp.down_proj.weight", 2, c->dim, c->ffn_dim);
+#undef B
+    }
+    return Q3_OK;
+}
+
+/* ---- shards ---------------------------------------------------------------- */
+
+/* Reads model.safetensors.index.json's weight_map and returns the distinct
+ * shard file names (caller frees each and the array). */
+static q3_status read_shard_list(const char *index_path, char ***names, int *count)
+{
+    char *text;
+    q3_status st = q3_read_file(index_path, 64u << 20, &text, NULL);
+    if (st) return st;
+    cJSON *root = cJSON_Parse(text);
+    free(text);
+    if (!root) return q3_fail(Q3_ERR_FORMAT, "%s: malformed JSON", index_path);
+    const cJSON *map = cJSON_GetObjectItemCaseSensitive(root, "weight_map");
+    if (!cJSON_IsObject(map)) {
+        cJSON_Delete(root);
+        return q3_fail(Q3_ERR_FORMAT, "%s: no \"weight_map\" object", index_path);
+    }
+    int cap = cJSON_GetArraySize(map), n = 0;
+    char **list = calloc((size_t)cap + 1, sizeof *list);
+    const cJSON *e;
+    st = Q3_OK;
+    cJSON_ArrayForEach(e, map) {
+        if (!cJSON_IsString(e) || strchr(e->valuestring, '/') || !strcmp(e->valuestring, "..") ||
+            !e->valuestring[0]) {
+            st = q3_fail(Q3_ERR_FORMAT, "%s: weight_map entry \"%s\" is not a plain file name", index_path,
+                         e->string);
+            break;
+        }
+        int seen = 0;
+        for (int i = 0; i < n && !seen; i++) seen = !strcmp(list[i], e->valuestring);
+        if (!seen) list[n++] = strdup(e->valuestring);
+    }
+    cJSON_Delete(root);
+    if (!st && n == 0) st = q3_fail(Q3_ERR_FORMAT, "%s: weight_map is empty", index_path);
+    if (st) {
+        for (int i = 0; i < n; i++) free(list[i]);
+        free(list);
+        return st;
+    }
+    *names = list;
+    *count = n;
+    return Q3_OK;
+}
+
+static q3_status open_shards(q3_model *m)
+{
+    char p[PATH_MAX];
+    snprintf(p, sizeof p, "%s/model.safetensors", m->path);
+    if (q3_file_exists(p)) {
+        m->files = calloc(1, sizeof *m->files);
+        if (!m->files) return q3_fail(Q3_ERR_NOMEM, "out of memory");
+        q3_status st = q3_safetensors_open(p, &m->files[0]);
+        if (!st) m->n_files = 1;
+        return st;
+    }
+    snprintf(p, sizeof p, "%s/model.safetensors.index.json", m->path);
+    if (!q3_file_exists(p))
+        return q3_fail(Q3_ERR_IO, "%s: no model.safetensors or model.safetensors.index.json in the folder", m->path);
+    char **names = NULL;
+    int n = 0;
+    q3_status st = read_shard_list(p, &names, &n);
+    if (st) return st;
+    m->files = calloc((size_t)n, sizeof *m->files);
+    for (int i = 0; i < n; i++) {
+        if (!st && m->files) {
+            snprintf(p, sizeof p, "%s/%s", m->path, names[i]);
+            st = q3_safetensors_open(p, &m->files[i]);
+            if (!st) m->n_files++;
+        }
+        free(names[i]);
+    }
+    free(names);
+    if (!m->files) return q3_fail(Q3_ERR_NOMEM, "out of memory");
+    return st;
+}
+
+/* ---- public ---------------------------------------------------------------- */
+
+q3_status q3_model_open_gguf(const char *path, q3_model *m); /* model_gguf.c */
+
+q3_status q3_model_open(const char *path, q3_model **out)
+{
+    *out = NULL;
+    q3_clear_error();
+    if (!path || !*path) return q3_fail(Q3_ERR_INVALID, "no model path given");
+    q3_model *m = calloc(1, sizeof *m);
+    if (!m) return q3_fail(Q3_ERR_NOMEM, "out of memory");
+    m->path = strdup(path);
+    q3_status st;
+    if (q3_is_dir(path)) {
+        char p[PATH_MAX];
+        snprintf(p, sizeof p, "%s/config.json", path);
+        if (!q3_file_exists(p)) {
+            st = q3_fail(Q3_ERR_IO, "%s: no config.json in the model folder", path);
+        } else if (!(st = q3_config_load(p, &m->cfg)) && !(st = open_shards(m))) {
+            st = bind_hf_weights(m);
+        }
+    } else if (q3_file_exists(path)) {
+        size_t n = strlen(path);
+        if (n > 5 && !strcmp(path + n - 5, ".gguf"))
+            st = q3_model_open_gguf(path, m);
+        else
+            st = q3_fail(Q3_ERR_UNSUPPORTED, "%s: not a model folder or a .gguf file", path);
+    } else {
+        st = q3_fail(Q3_ERR_IO, "%s: no such file or folder", path);
+    }
+    if (st) {
+        q3_model_close(m);
+        return st;
+    }
+    *out = m;
+    return Q3_OK;
+}
+
+void q3_model_close(q3_model *m)
+{
+    if (!m) return;
+    for (int i = 0; i < m->n_files; i++) q3_safetensors_close(&m->files[i]);
+    free(m->files);
+    free(m->w.layers);
+    free(m->path);
+    free(m);
+}
+
+int q3_model_vocab_size(const q3_model *m) { return m->cfg.vocab_size; }
+int q3_model_max_context(const q3_model *m) { return m->cfg.max_seq_len; }
+
+static void each_tensor(const q3_model *m, void (*fn)(const q3_tensor *, void *), void *arg)
+{
+    const q3_weights *w = &m->w;
+    fn(w->embed, arg);
+    fn(w->out_norm, arg);
+    if (w->lm_head != w->embed) fn(w->lm_head, arg);
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        const q3_tensor *const *t = (const q3_tensor *const *)&w->layers[l];
+        for (size_t i = 0; i < sizeof(q3_layer_weights) / sizeof(void *); i++) fn(t[i], arg);
+    }
+}
+
+static void add_bytes(const q3_tensor *t, void *arg) { *(size_t *)arg += t->nbytes; }
+static void add_params(const q3_tensor *t, void *arg) { *(size_t *)arg += q3_tensor_numel(t); }
+
+size_t q3_model_weight_bytes(const q3_model *m)
+{
+    size_t n = 0;
+    each_tensor(m, add_bytes, &n);
+    return n;
+}
+
+size_t q3_model_param_count(const q3_model *m)
+{
+    size_t n = 0;
+    each_tensor(m, add_params, &n);
+    return n;
+}

@@ -1,0 +1,71 @@
+#include "run/executor.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "util/error.h"
+
+double q3_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+q3_status q3_runner_init(q3_runner *r, const q3_graph *g, const q3_backend *const *units, int n_units)
+{
+    memset(r, 0, sizeof *r);
+    r->g = g;
+    q3_status st = q3_plan_graph(g, units, n_units, &r->plan);
+    if (st) return st;
+    size_t total = 0;
+    for (int v = 0; v < g->n_values; v++)
+        total += ((size_t)g->values[v].rows * (size_t)g->values[v].cols * sizeof(float) + 63) & ~(size_t)63;
+    r->buf = calloc((size_t)g->n_values, sizeof *r->buf);
+    r->arena = aligned_alloc(64, total ? total : 64);
+    if (!r->buf || !r->arena) {
+        q3_runner_free(r);
+        return q3_fail(Q3_ERR_NOMEM, "cannot allocate %zu bytes of activations", total);
+    }
+    memset(r->arena, 0, total);
+    char *p = r->arena;
+    for (int v = 0; v < g->n_values; v++) {
+        r->buf[v] = (float *)p;
+        p += ((size_t)g->values[v].rows * (size_t)g->values[v].cols * sizeof(float) + 63) & ~(size_t)63;
+    }
+    return Q3_OK;
+}
+
+void q3_runner_free(q3_runner *r)
+{
+    q3_plan_free(&r->plan);
+    free(r->buf);
+    free(r->arena);
+    free(r->op_seconds);
+    memset(r, 0, sizeof *r);
+}
+
+q3_status q3_runner_profile(q3_runner *r, int on)
+{
+    free(r->op_seconds);
+    r->op_seconds = NULL;
+    if (on && !(r->op_seconds = calloc((size_t)r->g->n_ops, sizeof *r->op_seconds)))
+        return q3_fail(Q3_ERR_NOMEM, "out of memory");
+    return Q3_OK;
+}
+
+void q3_runner_run(q3_runner *r, const int32_t *tokens, int n_real, int pos, q3_kv_cache *kv)
+{
+    q3_exec e = {.g = r->g, .buf = r->buf, .tokens = tokens, .n_real = n_real, .pos = pos, .kv = kv};
+    for (int i = 0; i < r->g->n_ops; i++) {
+        const q3_backend *b = r->plan.units[r->plan.unit_of[i]];
+        if (r->op_seconds) {
+            double t0 = q3_now();
+            b->run(b, &e, &r->g->ops[i]);
+            r->op_seconds[i] += q3_now() - t0;
+        } else {
+            b->run(b, &e, &r->g->ops[i]);
+        }
+    }
+}
