@@ -93,12 +93,20 @@ static char *read_input(const char *file, size_t *len)
 
 /* ---- one conversation ------------------------------------------------------ */
 
-/* Sets conv[key] = value, replacing every member of that name. */
+/* Sets conv[key] = value as a Python dict would: in the place of an
+ * existing member of that name (dropping any repeats), else at the end. */
 static void set_member(cJSON *conv, const char *key, cJSON *value)
 {
-    while (cJSON_GetObjectItemCaseSensitive(conv, key))
-        cJSON_DeleteItemFromObjectCaseSensitive(conv, key);
-    cJSON_AddItemToObject(conv, key, value);
+    cJSON *first = cJSON_GetObjectItemCaseSensitive(conv, key);
+    if (!first) {
+        cJSON_AddItemToObject(conv, key, value);
+        return;
+    }
+    for (cJSON *c = first->next, *next; c; c = next) {
+        next = c->next;
+        if (c->string && !strcmp(c->string, key)) cJSON_Delete(cJSON_DetachItemViaPointer(conv, c));
+    }
+    cJSON_ReplaceItemInObjectCaseSensitive(conv, key, value); /* replaces `first` */
 }
 
 /* Turns parsed input into a conversation object with the command-line
@@ -148,7 +156,8 @@ static char *render_one(const char *text, const chat_cli_opts *o, const char *wh
 
 static int run_single(char *text, const chat_cli_opts *o)
 {
-    char *rendered = render_one(text, o, o->file ? o->file : "stdin", NULL);
+    int from_stdin = !o->file || !strcmp(o->file, "-");
+    char *rendered = render_one(text, o, from_stdin ? "stdin" : o->file, NULL);
     if (!rendered) return 1;
     fputs(rendered, stdout);
     free(rendered);
@@ -247,7 +256,8 @@ int cmd_chat_template(int argc, char **argv)
     if (!text) return 1;
     if (strlen(text) != len) {
         free(text);
-        return cli_error(CMD, "%s: the input contains a NUL byte", o.file ? o.file : "stdin");
+        return cli_error(CMD, "%s: the input contains a NUL byte",
+                         o.file && strcmp(o.file, "-") ? o.file : "stdin");
     }
     int rc = o.jsonl ? run_jsonl(text, &o) : run_single(text, &o);
     free(text);
