@@ -13,6 +13,7 @@ static const struct {
     {"info", cmd_info, "print a model's config, parameters, bytes and KV-cache size"},
     {"logits", cmd_logits, "write the logits of a token sequence (float32 [n][vocab])"},
     {"chat-template", cmd_chat_template, "render a conversation with Qwen3's chat template"},
+    {"synth", cmd_synth, "write a Qwen3 checkpoint with random weights (0.6B shapes by default)"},
 };
 
 int cli_error(const char *cmd, const char *fmt, ...)

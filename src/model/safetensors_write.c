@@ -1,0 +1,279 @@
+/* Writing one .safetensors file: declare tensors, write the header, fill the
+ * data with positional writes, commit by rename. See safetensors_write.h. */
+#include "model/safetensors_write.h"
+#include "util/error.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+typedef struct st_entry {
+    char name[128];
+    q3_dtype dtype;
+    int ndim;
+    int64_t shape[Q3_MAX_DIMS];
+    uint64_t begin, end;       /* byte offsets relative to the data start */
+    uint64_t written;          /* bytes written so far (updated atomically) */
+} st_entry;
+
+struct q3_st_writer {
+    char *path;                /* final name */
+    char *tmp_path;            /* PATH.tmp, renamed to path on commit */
+    int fd;
+    st_entry *entries;         /* [n], in declaration (= data) order */
+    int n, cap;
+    uint64_t data_start;       /* 8 + padded header length; 0 before begin_data */
+    uint64_t data_bytes;       /* sum of all tensors' bytes */
+};
+
+const char *q3_st_dtype_name(q3_dtype t)
+{
+    switch (t) {
+    case Q3_F32: return "F32";
+    case Q3_F16: return "F16";
+    case Q3_BF16: return "BF16";
+    default: return NULL;
+    }
+}
+
+/* ---- lifetime ----------------------------------------------------------- */
+
+static void writer_free(q3_st_writer *w)
+{
+    if (w->fd >= 0) close(w->fd);
+    free(w->path);
+    free(w->tmp_path);
+    free(w->entries);
+    free(w);
+}
+
+q3_status q3_st_writer_new(const char *path, q3_st_writer **out)
+{
+    *out = NULL;
+    q3_st_writer *w = calloc(1, sizeof *w);
+    if (!w) return q3_fail(Q3_ERR_NOMEM, "%s: out of memory", path);
+    w->fd = -1;
+    size_t len = strlen(path);
+    w->path = strdup(path);
+    w->tmp_path = malloc(len + 5);
+    if (!w->path || !w->tmp_path) {
+        writer_free(w);
+        return q3_fail(Q3_ERR_NOMEM, "%s: out of memory", path);
+    }
+    memcpy(w->tmp_path, path, len);
+    memcpy(w->tmp_path + len, ".tmp", 5);
+    w->fd = open(w->tmp_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (w->fd < 0) {
+        q3_status st = q3_fail(Q3_ERR_IO, "%s: cannot create: %s", w->tmp_path, strerror(errno));
+        writer_free(w);
+        return st;
+    }
+    *out = w;
+    return Q3_OK;
+}
+
+void q3_st_writer_abort(q3_st_writer *w)
+{
+    if (!w) return;
+    if (w->fd >= 0) {
+        close(w->fd);
+        w->fd = -1;
+    }
+    unlink(w->tmp_path);
+    writer_free(w);
+}
+
+/* ---- declaring tensors -------------------------------------------------- */
+
+static int name_is_plain(const char *name)
+{
+    if (!*name) return 0;
+    for (const unsigned char *p = (const unsigned char *)name; *p; p++)
+        if (*p < 0x20 || *p > 0x7e || *p == '"' || *p == '\\') return 0;
+    return 1;
+}
+
+q3_status q3_st_writer_add(q3_st_writer *w, const char *name, q3_dtype dtype, int ndim,
+                           const int64_t *shape)
+{
+    if (w->data_start)
+        return q3_fail(Q3_ERR_INVALID, "%s: tensor \"%s\" added after the header was written",
+                       w->path, name);
+    if (!q3_st_dtype_name(dtype))
+        return q3_fail(Q3_ERR_UNSUPPORTED, "%s: tensor \"%s\": dtype %s cannot be written (F32, F16, BF16)",
+                       w->path, name, q3_dtype_name(dtype));
+    if (strlen(name) >= sizeof w->entries[0].name || !name_is_plain(name))
+        return q3_fail(Q3_ERR_INVALID,
+                       "%s: tensor name \"%s\" must be 1..127 printable ASCII bytes without quotes or backslashes",
+                       w->path, name);
+    if (ndim < 0 || ndim > Q3_MAX_DIMS)
+        return q3_fail(Q3_ERR_INVALID, "%s: tensor \"%s\": %d dimensions (at most %d)", w->path,
+                       name, ndim, Q3_MAX_DIMS);
+    for (int i = 0; i < w->n; i++)
+        if (!strcmp(w->entries[i].name, name))
+            return q3_fail(Q3_ERR_INVALID, "%s: tensor \"%s\" declared twice", w->path, name);
+
+    uint64_t bytes = q3_dtype_block_bytes(dtype);
+    for (int d = 0; d < ndim; d++) {
+        if (shape[d] <= 0 || (uint64_t)shape[d] > (UINT64_MAX >> 1) / bytes)
+            return q3_fail(Q3_ERR_INVALID, "%s: tensor \"%s\": dimension %d is %" PRId64, w->path,
+                           name, d, shape[d]);
+        bytes *= (uint64_t)shape[d];
+    }
+
+    if (w->n == w->cap) {
+        int cap = w->cap ? 2 * w->cap : 64;
+        st_entry *e = realloc(w->entries, (size_t)cap * sizeof *e);
+        if (!e) return q3_fail(Q3_ERR_NOMEM, "%s: out of memory", w->path);
+        w->entries = e;
+        w->cap = cap;
+    }
+    st_entry *e = &w->entries[w->n++];
+    memset(e, 0, sizeof *e);
+    snprintf(e->name, sizeof e->name, "%s", name);
+    e->dtype = dtype;
+    e->ndim = ndim;
+    for (int d = 0; d < ndim; d++) e->shape[d] = shape[d];
+    e->begin = w->data_bytes;
+    e->end = w->data_bytes + bytes;
+    w->data_bytes = e->end;
+    return Q3_OK;
+}
+
+/* ---- the header ----------------------------------------------------------- */
+
+/* A growable text buffer; on allocation failure `failed` sticks. */
+typedef struct text_buf {
+    char *s;
+    size_t len, cap;
+    int failed;
+} text_buf;
+
+static void buf_printf(text_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static void buf_printf(text_buf *b, const char *fmt, ...)
+{
+    if (b->failed) return;
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        int n = vsnprintf(b->s ? b->s + b->len : NULL, b->s ? b->cap - b->len : 0, fmt, ap);
+        va_end(ap);
+        if (n < 0) { b->failed = 1; return; }
+        if (b->s && b->len + (size_t)n < b->cap) {
+            b->len += (size_t)n;
+            return;
+        }
+        size_t cap = b->cap ? b->cap : 4096;
+        while (cap <= b->len + (size_t)n) cap *= 2;
+        char *s = realloc(b->s, cap);
+        if (!s) { b->failed = 1; return; }
+        b->s = s;
+        b->cap = cap;
+    }
+}
+
+static q3_status write_all_at(int fd, const void *data, size_t n, uint64_t at, const char *path)
+{
+    const char *p = data;
+    while (n > 0) {
+        ssize_t r = pwrite(fd, p, n, (off_t)at);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0)
+            return q3_fail(Q3_ERR_IO, "%s: write failed: %s", path, r < 0 ? strerror(errno) : "no progress");
+        p += r;
+        n -= (size_t)r;
+        at += (uint64_t)r;
+    }
+    return Q3_OK;
+}
+
+q3_status q3_st_writer_begin_data(q3_st_writer *w)
+{
+    if (w->data_start)
+        return q3_fail(Q3_ERR_INVALID, "%s: header already written", w->path);
+
+    /* 8 bytes of length first, then the JSON, padded with spaces to 8. */
+    text_buf b = {0};
+    buf_printf(&b, "%8s", "");
+    buf_printf(&b, "{\"__metadata__\":{\"format\":\"pt\"}");
+    for (int i = 0; i < w->n; i++) {
+        const st_entry *e = &w->entries[i];
+        buf_printf(&b, ",\"%s\":{\"dtype\":\"%s\",\"shape\":[", e->name, q3_st_dtype_name(e->dtype));
+        for (int d = 0; d < e->ndim; d++) buf_printf(&b, "%s%" PRId64, d ? "," : "", e->shape[d]);
+        buf_printf(&b, "],\"data_offsets\":[%" PRIu64 ",%" PRIu64 "]}", e->begin, e->end);
+    }
+    buf_printf(&b, "}");
+    while (!b.failed && b.len % 8) buf_printf(&b, " ");
+    if (b.failed) {
+        free(b.s);
+        return q3_fail(Q3_ERR_NOMEM, "%s: out of memory for the header", w->path);
+    }
+    uint64_t header_len = b.len - 8;
+    for (int i = 0; i < 8; i++) b.s[i] = (char)(header_len >> (8 * i) & 0xff);
+
+    q3_status st = write_all_at(w->fd, b.s, b.len, 0, w->tmp_path);
+    free(b.s);
+    if (st) return st;
+    w->data_start = 8 + header_len;
+    return Q3_OK;
+}
+
+/* ---- data --------------------------------------------------------------- */
+
+size_t q3_st_writer_tensor_bytes(const q3_st_writer *w, int i)
+{
+    return i >= 0 && i < w->n ? (size_t)(w->entries[i].end - w->entries[i].begin) : 0;
+}
+
+q3_status q3_st_writer_write(q3_st_writer *w, int i, size_t offset, const void *data, size_t n)
+{
+    if (!w->data_start)
+        return q3_fail(Q3_ERR_INVALID, "%s: data written before the header", w->path);
+    if (i < 0 || i >= w->n)
+        return q3_fail(Q3_ERR_INVALID, "%s: no tensor %d (there are %d)", w->path, i, w->n);
+    st_entry *e = &w->entries[i];
+    uint64_t size = e->end - e->begin;
+    if (offset > size || n > size - offset)
+        return q3_fail(Q3_ERR_INVALID, "%s: tensor \"%s\": write of %zu bytes at %zu overruns its %" PRIu64 " bytes",
+                       w->path, e->name, n, offset, size);
+    q3_status st = write_all_at(w->fd, data, n, w->data_start + e->begin + offset, w->tmp_path);
+    if (st) return st;
+    __atomic_add_fetch(&e->written, (uint64_t)n, __ATOMIC_RELAXED);
+    return Q3_OK;
+}
+
+q3_status q3_st_writer_commit(q3_st_writer *w)
+{
+    q3_status st = Q3_OK;
+    if (!w->data_start) st = q3_fail(Q3_ERR_INVALID, "%s: committed before the header was written", w->path);
+    for (int i = 0; !st && i < w->n; i++) {
+        const st_entry *e = &w->entries[i];
+        if (e->written != e->end - e->begin)
+            st = q3_fail(Q3_ERR_INVALID, "%s: tensor \"%s\" has %" PRIu64 " of its %" PRIu64 " bytes written",
+                         w->path, e->name, e->written, e->end - e->begin);
+    }
+    if (st) {
+        q3_st_writer_abort(w);
+        return st;
+    }
+    int fd = w->fd;
+    w->fd = -1;
+    if (close(fd) != 0) {
+        st = q3_fail(Q3_ERR_IO, "%s: close failed: %s", w->tmp_path, strerror(errno));
+        q3_st_writer_abort(w);
+        return st;
+    }
+    if (rename(w->tmp_path, w->path) != 0) {
+        st = q3_fail(Q3_ERR_IO, "%s: cannot rename to %s: %s", w->tmp_path, w->path, strerror(errno));
+        q3_st_writer_abort(w);
+        return st;
+    }
+    writer_free(w);
+    return Q3_OK;
+}

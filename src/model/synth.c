@@ -1,0 +1,480 @@
+/* Synthetic Qwen3 checkpoints: presets, the tensor plan, parallel weight
+ * generation, config.json, tokenizer copy. See synth.h for the contract. */
+#include "model/synth.h"
+#include "model/safetensors_write.h"
+#include "util/error.h"
+#include "util/file.h"
+
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* Values per independently seeded block; also the unit of work of a thread. */
+#define BLOCK_VALUES ((size_t)1 << 20)
+#define MAX_THREADS 8
+
+/* Qwen's special token ids (config.json bos/eos for the real vocabulary). */
+#define QWEN_ENDOFTEXT_ID 151643
+#define QWEN_IM_END_ID 151645
+
+/* ---- presets ------------------------------------------------------------ */
+
+void q3_synth_preset_qwen3_0_6b(q3_config *c)
+{
+    memset(c, 0, sizeof *c);
+    c->n_layers = 28;
+    c->dim = 1024;
+    c->ffn_dim = 3072;
+    c->n_heads = 16;
+    c->n_kv_heads = 8;
+    c->head_dim = 128;
+    c->vocab_size = 151936;
+    c->max_seq_len = 40960;
+    c->rms_eps = 1e-6f;
+    c->rope_theta = 1e6f;
+    c->tied_embeddings = true;
+    snprintf(c->torch_dtype, sizeof c->torch_dtype, "bfloat16");
+}
+
+void q3_synth_preset_tiny(q3_config *c)
+{
+    q3_synth_preset_qwen3_0_6b(c);
+    c->n_layers = 2;
+    c->dim = 64;
+    c->ffn_dim = 192;
+    c->n_heads = 4;
+    c->n_kv_heads = 2;
+    c->head_dim = 32;
+    c->vocab_size = 1024;
+}
+
+q3_status q3_synth_preset(const char *name, q3_config *out)
+{
+    if (!strcmp(name, "0.6b") || !strcmp(name, "qwen3-0.6b")) {
+        q3_synth_preset_qwen3_0_6b(out);
+        return Q3_OK;
+    }
+    if (!strcmp(name, "tiny")) {
+        q3_synth_preset_tiny(out);
+        return Q3_OK;
+    }
+    return q3_fail(Q3_ERR_INVALID, "unknown preset \"%s\" (known: 0.6b, tiny)", name);
+}
+
+/* ---- the tensor plan ---------------------------------------------------- */
+
+typedef struct tensor_spec {
+    char name[96];
+    int ndim;
+    int64_t shape[2];
+    int is_norm; /* 1 + 0.05 N(0,1) instead of 0.02 N(0,1) */
+} tensor_spec;
+
+static void spec_set(tensor_spec *t, const char *name, int is_norm, int64_t d0, int64_t d1)
+{
+    snprintf(t->name, sizeof t->name, "%s", name);
+    t->is_norm = is_norm;
+    t->ndim = d1 ? 2 : 1;
+    t->shape[0] = d0;
+    t->shape[1] = d1;
+}
+
+static int plan_count(const q3_config *c) { return 2 + 11 * c->n_layers + !c->tied_embeddings; }
+
+/* Fills specs[plan_count(c)] in file order: embedding, layers, final norm,
+ * lm_head when untied. */
+static void plan_tensors(const q3_config *c, tensor_spec *specs)
+{
+    int64_t hidden = c->dim, inter = c->ffn_dim, hd = c->head_dim;
+    int64_t q_dim = (int64_t)c->n_heads * hd, kv_dim = (int64_t)c->n_kv_heads * hd;
+    tensor_spec *t = specs;
+    char name[96];
+
+    spec_set(t++, "model.embed_tokens.weight", 0, c->vocab_size, hidden);
+    for (int l = 0; l < c->n_layers; l++) {
+#define LAYER(suffix, is_norm, d0, d1)                                  \
+    do {                                                                \
+        snprintf(name, sizeof name, "model.layers.%d.%s", l, suffix);   \
+        spec_set(t++, name, is_norm, d0, d1);                           \
+    } while (0)
+        LAYER("input_layernorm.weight", 1, hidden, 0);
+        LAYER("self_attn.q_proj.weight", 0, q_dim, hidden);
+        LAYER("self_attn.k_proj.weight", 0, kv_dim, hidden);
+        LAYER("self_attn.v_proj.weight", 0, kv_dim, hidden);
+        LAYER("self_attn.o_proj.weight", 0, hidden, q_dim);
+        LAYER("self_attn.q_norm.weight", 1, hd, 0);
+        LAYER("self_attn.k_norm.weight", 1, hd, 0);
+        LAYER("post_attention_layernorm.weight", 1, hidden, 0);
+        LAYER("mlp.gate_proj.weight", 0, inter, hidden);
+        LAYER("mlp.up_proj.weight", 0, inter, hidden);
+        LAYER("mlp.down_proj.weight", 0, hidden, inter);
+#undef LAYER
+    }
+    spec_set(t++, "model.norm.weight", 1, hidden, 0);
+    if (!c->tied_embeddings) spec_set(t++, "lm_head.weight", 0, c->vocab_size, hidden);
+}
+
+static uint64_t spec_numel(const tensor_spec *t)
+{
+    return (uint64_t)t->shape[0] * (uint64_t)(t->ndim == 2 ? t->shape[1] : 1);
+}
+
+uint64_t q3_synth_param_count(const q3_config *c)
+{
+    uint64_t hidden = (uint64_t)c->dim, hd = (uint64_t)c->head_dim;
+    uint64_t q_dim = (uint64_t)c->n_heads * hd, kv_dim = (uint64_t)c->n_kv_heads * hd;
+    uint64_t per_layer = 2 * hidden + 2 * hd                    /* norms */
+                         + 2 * q_dim * hidden + 2 * kv_dim * hidden /* q, o, k, v */
+                         + 3 * (uint64_t)c->ffn_dim * hidden;       /* gate, up, down */
+    uint64_t embed = (uint64_t)c->vocab_size * hidden;
+    return embed * (c->tied_embeddings ? 1 : 2) + per_layer * (uint64_t)c->n_layers + hidden;
+}
+
+/* ---- random numbers ----------------------------------------------------- */
+
+static uint64_t splitmix64(uint64_t *x)
+{
+    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static inline uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+
+typedef struct xoshiro { uint64_t s[4]; } xoshiro;
+
+/* An independent stream for block `block` of tensor `tensor`. */
+static xoshiro stream_for(uint64_t seed, int tensor, uint64_t block)
+{
+    uint64_t x = seed;
+    uint64_t key = splitmix64(&x) ^ ((uint64_t)(tensor + 1) * 0xd1b54a32d192ed03ull) ^
+                   ((block + 1) * 0x8cb92ba72f3d8dd7ull);
+    xoshiro g;
+    for (int i = 0; i < 4; i++) g.s[i] = splitmix64(&key);
+    return g;
+}
+
+static inline uint64_t xoshiro_next(xoshiro *g)
+{
+    uint64_t *s = g->s;
+    uint64_t result = rotl(s[1] * 5, 7) * 9;
+    uint64_t t = s[1] << 17;
+    s[2] ^= s[0];
+    s[3] ^= s[1];
+    s[1] ^= s[2];
+    s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = rotl(s[3], 45);
+    return result;
+}
+
+/* Approximately N(0, 1) from 64 random bits: the sum of four 16-bit
+ * uniforms, centred and scaled to unit variance (Irwin-Hall, n = 4). */
+static inline float approx_normal(uint64_t r)
+{
+    const int32_t mean = 4 * 65535 / 2;            /* 131070 */
+    const float inv_std = 1.7320508f / 65536.0f;   /* 1 / sqrt(4 x 65536^2 / 12) */
+    /* Pairwise sums of the 16-bit fields in two 32-bit lanes, then the lanes. */
+    uint64_t pairs = (r & 0x0000ffff0000ffffull) + (r >> 16 & 0x0000ffff0000ffffull);
+    int32_t sum = (int32_t)((pairs >> 32) + (pairs & 0xffffffffu));
+    return (float)(sum - mean) * inv_std;
+}
+
+/* Fills out with n values of tensor spec t starting at element `first`
+ * (a multiple of BLOCK_VALUES; n <= BLOCK_VALUES), stored as dtype. */
+static void fill_block(const tensor_spec *t, int tensor, uint64_t seed, uint64_t first, size_t n,
+                       q3_dtype dtype, void *out)
+{
+    xoshiro g = stream_for(seed, tensor, first / BLOCK_VALUES);
+    float mean = t->is_norm ? 1.0f : 0.0f;
+    float std = t->is_norm ? (float)Q3_SYNTH_NORM_STD : (float)Q3_SYNTH_MATRIX_STD;
+    if (dtype == Q3_BF16) {
+        uint16_t *o = out;
+        for (size_t i = 0; i < n; i++) o[i] = q3_f32_to_bf16(mean + std * approx_normal(xoshiro_next(&g)));
+    } else {
+        float *o = out;
+        for (size_t i = 0; i < n; i++) o[i] = mean + std * approx_normal(xoshiro_next(&g));
+    }
+}
+
+/* ---- parallel generation ------------------------------------------------ */
+
+typedef struct work_block {
+    int tensor;
+    uint64_t first; /* first element */
+    size_t n;       /* elements */
+} work_block;
+
+typedef struct synth_job {
+    q3_st_writer *w;
+    const tensor_spec *specs;
+    const work_block *blocks;
+    size_t n_blocks;
+    uint64_t seed;
+    q3_dtype dtype;
+    size_t next;           /* next block to claim (atomic) */
+    int failed;            /* set once by the first failing worker (atomic) */
+    q3_status status;      /* that worker's status and message */
+    char message[1024];
+} synth_job;
+
+/* Claims blocks until none are left, generates and writes each. */
+static void *synth_worker(void *arg)
+{
+    synth_job *job = arg;
+    size_t esize = q3_dtype_block_bytes(job->dtype);
+    void *buf = malloc(BLOCK_VALUES * esize);
+    q3_status st = buf ? Q3_OK : q3_fail(Q3_ERR_NOMEM, "out of memory for a weight buffer");
+    while (!st && !__atomic_load_n(&job->failed, __ATOMIC_RELAXED)) {
+        size_t b = __atomic_fetch_add(&job->next, 1, __ATOMIC_RELAXED);
+        if (b >= job->n_blocks) break;
+        const work_block *wb = &job->blocks[b];
+        fill_block(&job->specs[wb->tensor], wb->tensor, job->seed, wb->first, wb->n, job->dtype, buf);
+        st = q3_st_writer_write(job->w, wb->tensor, (size_t)wb->first * esize, buf, wb->n * esize);
+    }
+    free(buf);
+    /* Errors are per thread: hand the first one to the caller's thread. */
+    if (st && !__atomic_exchange_n(&job->failed, 1, __ATOMIC_ACQ_REL)) {
+        job->status = st;
+        snprintf(job->message, sizeof job->message, "%s", q3_last_error());
+    }
+    return NULL;
+}
+
+static int thread_count(size_t n_blocks)
+{
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    int n = cpus < 1 ? 1 : cpus > MAX_THREADS ? MAX_THREADS : (int)cpus;
+    return (size_t)n > n_blocks ? (int)(n_blocks ? n_blocks : 1) : n;
+}
+
+static q3_status write_safetensors(const char *path, uint64_t seed, q3_dtype dtype,
+                                   const tensor_spec *specs, int n_specs)
+{
+    q3_st_writer *w;
+    q3_status st = q3_st_writer_new(path, &w);
+    if (st) return st;
+    size_t n_blocks = 0;
+    for (int i = 0; i < n_specs && !st; i++) {
+        st = q3_st_writer_add(w, specs[i].name, dtype, specs[i].ndim, specs[i].shape);
+        n_blocks += (spec_numel(&specs[i]) + BLOCK_VALUES - 1) / BLOCK_VALUES;
+    }
+    if (!st) st = q3_st_writer_begin_data(w);
+    work_block *blocks = st ? NULL : malloc(n_blocks * sizeof *blocks);
+    if (!st && !blocks) st = q3_fail(Q3_ERR_NOMEM, "%s: out of memory", path);
+    if (st) {
+        q3_st_writer_abort(w);
+        return st;
+    }
+    size_t k = 0;
+    for (int i = 0; i < n_specs; i++) {
+        uint64_t numel = spec_numel(&specs[i]);
+        for (uint64_t first = 0; first < numel; first += BLOCK_VALUES) {
+            size_t n = numel - first < BLOCK_VALUES ? (size_t)(numel - first) : BLOCK_VALUES;
+            blocks[k++] = (work_block){.tensor = i, .first = first, .n = n};
+        }
+    }
+
+    synth_job job = {.w = w, .specs = specs, .blocks = blocks, .n_blocks = n_blocks, .seed = seed,
+                     .dtype = dtype};
+    pthread_t threads[MAX_THREADS];
+    int n_threads = thread_count(n_blocks), started = 0;
+    for (int t = 1; t < n_threads; t++) /* this thread is worker 0 */
+        if (pthread_create(&threads[started], NULL, synth_worker, &job) == 0) started++;
+    synth_worker(&job);
+    for (int t = 0; t < started; t++) pthread_join(threads[t], NULL);
+    free(blocks);
+
+    if (job.failed) {
+        q3_st_writer_abort(w);
+        return q3_fail(job.status, "%s", job.message);
+    }
+    return q3_st_writer_commit(w);
+}
+
+/* ---- config.json -------------------------------------------------------- */
+
+/* A float as Python's json would print it for a config: integral values as
+ * "1000000.0", others with the fewest digits that read back to the same
+ * float ("1e-06", "0.02"). */
+static void format_float(float x, char *buf, size_t cap)
+{
+    if (x == floorf(x) && fabsf(x) < 1e15f) {
+        snprintf(buf, cap, "%.1f", (double)x);
+        return;
+    }
+    for (int digits = 1; digits <= 9; digits++) {
+        snprintf(buf, cap, "%.*g", digits, (double)x);
+        if (strtof(buf, NULL) == x) return;
+    }
+}
+
+/* bos/eos: Qwen's <|endoftext|> and <|im_end|> when the vocabulary holds
+ * them, otherwise the last ids (as small test models do). */
+static void special_ids(const q3_config *c, int *bos, int *eos)
+{
+    if (c->vocab_size > QWEN_IM_END_ID) {
+        *bos = QWEN_ENDOFTEXT_ID;
+        *eos = QWEN_IM_END_ID;
+    } else {
+        *bos = c->vocab_size >= 3 ? c->vocab_size - 3 : 0;
+        *eos = c->vocab_size - 1;
+    }
+}
+
+/* Writes the whole of data to path via path.tmp and a rename. */
+static q3_status write_file_atomically(const char *path, const char *data, size_t n)
+{
+    char tmp[4096];
+    if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp)
+        return q3_fail(Q3_ERR_INVALID, "%s: path too long", path);
+    FILE *f = fopen(tmp, "wb");
+    if (!f) return q3_fail(Q3_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
+    int ok = fwrite(data, 1, n, f) == n;
+    ok = (fclose(f) == 0) && ok;
+    if (!ok) {
+        unlink(tmp);
+        return q3_fail(Q3_ERR_IO, "%s: write failed", tmp);
+    }
+    if (rename(tmp, path) != 0) {
+        q3_status st = q3_fail(Q3_ERR_IO, "%s: cannot rename to %s: %s", tmp, path, strerror(errno));
+        unlink(tmp);
+        return st;
+    }
+    return Q3_OK;
+}
+
+static q3_status write_config_json(const char *path, const q3_config *c, q3_dtype dtype, uint64_t seed)
+{
+    char eps[32], theta[32], text[4096];
+    int bos, eos;
+    format_float(c->rms_eps, eps, sizeof eps);
+    format_float(c->rope_theta, theta, sizeof theta);
+    special_ids(c, &bos, &eos);
+    int n = snprintf(text, sizeof text,
+        "{\n"
+        "  \"architectures\": [\n    \"Qwen3ForCausalLM\"\n  ],\n"
+        "  \"attention_bias\": false,\n"
+        "  \"attention_dropout\": 0.0,\n"
+        "  \"bos_token_id\": %d,\n"
+        "  \"eos_token_id\": %d,\n"
+        "  \"head_dim\": %d,\n"
+        "  \"hidden_act\": \"silu\",\n"
+        "  \"hidden_size\": %d,\n"
+        "  \"initializer_range\": 0.02,\n"
+        "  \"intermediate_size\": %d,\n"
+        "  \"max_position_embeddings\": %d,\n"
+        "  \"max_window_layers\": %d,\n"
+        "  \"model_type\": \"qwen3\",\n"
+        "  \"num_attention_heads\": %d,\n"
+        "  \"num_hidden_layers\": %d,\n"
+        "  \"num_key_value_heads\": %d,\n"
+        "  \"q3_synth_seed\": %llu,\n"
+        "  \"rms_norm_eps\": %s,\n"
+        "  \"rope_scaling\": null,\n"
+        "  \"rope_theta\": %s,\n"
+        "  \"sliding_window\": null,\n"
+        "  \"tie_word_embeddings\": %s,\n"
+        "  \"torch_dtype\": \"%s\",\n"
+        "  \"use_cache\": true,\n"
+        "  \"use_sliding_window\": false,\n"
+        "  \"vocab_size\": %d\n"
+        "}\n",
+        bos, eos, c->head_dim, c->dim, c->ffn_dim, c->max_seq_len, c->n_layers, c->n_heads,
+        c->n_layers, c->n_kv_heads, (unsigned long long)seed, eps, theta,
+        c->tied_embeddings ? "true" : "false", dtype == Q3_BF16 ? "bfloat16" : "float32",
+        c->vocab_size);
+    return write_file_atomically(path, text, (size_t)n);
+}
+
+/* ---- files and folders -------------------------------------------------- */
+
+/* mkdir -p: creates dir and its missing parents. */
+static q3_status make_dirs(const char *dir)
+{
+    char path[4096];
+    if (snprintf(path, sizeof path, "%s", dir) >= (int)sizeof path)
+        return q3_fail(Q3_ERR_INVALID, "%s: path too long", dir);
+    for (char *p = path + 1; ; p++) {
+        if (*p == '/' || *p == 0) {
+            char saved = *p;
+            *p = 0;
+            if (mkdir(path, 0755) != 0 && errno != EEXIST)
+                return q3_fail(Q3_ERR_IO, "%s: cannot create folder: %s", path, strerror(errno));
+            *p = saved;
+            if (!saved) break;
+        }
+    }
+    if (!q3_is_dir(dir)) return q3_fail(Q3_ERR_IO, "%s: exists and is not a folder", dir);
+    return Q3_OK;
+}
+
+static q3_status join_path(char *out, size_t cap, const char *dir, const char *name)
+{
+    if (snprintf(out, cap, "%s/%s", dir, name) >= (int)cap)
+        return q3_fail(Q3_ERR_INVALID, "%s: path too long", dir);
+    return Q3_OK;
+}
+
+static q3_status copy_file(const char *src, const char *dst)
+{
+    char *data;
+    size_t n;
+    q3_status st = q3_read_file(src, (size_t)1 << 30, &data, &n);
+    if (st) return st;
+    st = write_file_atomically(dst, data, n);
+    free(data);
+    return st;
+}
+
+static q3_status copy_tokenizer(const char *tokenizer_dir, const char *dir)
+{
+    static const struct { const char *name; int required; } files[] = {
+        {"tokenizer.json", 1},
+        {"tokenizer_config.json", 0},
+    };
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        char src[4096], dst[4096];
+        q3_status st = join_path(src, sizeof src, tokenizer_dir, files[i].name);
+        if (!st) st = join_path(dst, sizeof dst, dir, files[i].name);
+        if (st) return st;
+        if (!files[i].required && !q3_file_exists(src)) continue;
+        if ((st = copy_file(src, dst))) return q3_fail_wrap(st, "copying the tokenizer");
+    }
+    return Q3_OK;
+}
+
+/* ---- entry point -------------------------------------------------------- */
+
+q3_status q3_synth_write(const char *dir, uint64_t seed, q3_dtype dtype, const q3_config *cfg,
+                         const char *tokenizer_dir)
+{
+    if (dtype != Q3_BF16 && dtype != Q3_F32)
+        return q3_fail(Q3_ERR_UNSUPPORTED, "synth: dtype %s is not supported (bf16 or f32)",
+                       q3_dtype_name(dtype));
+    q3_status st = q3_config_validate(cfg, "synth config");
+    if (st) return st;
+
+    char weights_path[4096], config_path[4096];
+    if ((st = join_path(weights_path, sizeof weights_path, dir, "model.safetensors"))) return st;
+    if ((st = join_path(config_path, sizeof config_path, dir, "config.json"))) return st;
+    if ((st = make_dirs(dir))) return st;
+
+    int n_specs = plan_count(cfg);
+    tensor_spec *specs = calloc((size_t)n_specs, sizeof *specs);
+    if (!specs) return q3_fail(Q3_ERR_NOMEM, "synth: out of memory");
+    plan_tensors(cfg, specs);
+    st = write_safetensors(weights_path, seed, dtype, specs, n_specs);
+    free(specs);
+    if (st) return st;
+
+    if ((st = write_config_json(config_path, cfg, dtype, seed))) return st;
+    if (tokenizer_dir && (st = copy_tokenizer(tokenizer_dir, dir))) return st;
+    return Q3_OK;
+}
