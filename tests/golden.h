@@ -20,7 +20,7 @@ typedef struct golden_case {
     float *logits;   /* [n_rows][vocab] */
 } golden_case;
 
-static char *golden_slurp(const char *path, size_t *len)
+static inline char *golden_slurp(const char *path, size_t *len)
 {
     FILE *f = fopen(path, "rb");
     if (!f) return NULL;
@@ -35,7 +35,7 @@ static char *golden_slurp(const char *path, size_t *len)
     return b;
 }
 
-static void golden_free(golden_case *c)
+static inline void golden_free(golden_case *c)
 {
     free(c->tokens);
     free(c->rows);
@@ -44,7 +44,7 @@ static void golden_free(golden_case *c)
 }
 
 /* Loads <dir>/cases/<name>.json and its logits; returns 0 on success. */
-static int golden_load(const char *dir, const char *name, golden_case *c)
+static inline int golden_load(const char *dir, const char *name, golden_case *c)
 {
     memset(c, 0, sizeof *c);
     char p[512];
@@ -74,7 +74,7 @@ static int golden_load(const char *dir, const char *name, golden_case *c)
 }
 
 /* Lists case names in <dir>/cases (sorted); returns the count. */
-static int golden_list(const char *dir, char names[][128], int max)
+static inline int golden_list(const char *dir, char names[][128], int max)
 {
     char p[512];
     snprintf(p, sizeof p, "%s/cases", dir);
@@ -100,7 +100,7 @@ static int golden_list(const char *dir, char names[][128], int max)
     return n;
 }
 
-static int golden_argmax(const float *x, int n)
+static inline int golden_argmax(const float *x, int n)
 {
     int best = 0;
     for (int i = 1; i < n; i++)
@@ -109,7 +109,7 @@ static int golden_argmax(const float *x, int n)
 }
 
 /* Gap between the two largest values. */
-static float golden_top2_gap(const float *x, int n)
+static inline float golden_top2_gap(const float *x, int n)
 {
     float a = -1e30f, b = -1e30f;
     for (int i = 0; i < n; i++) {
