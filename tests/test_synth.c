@@ -270,13 +270,34 @@ static void test_small_bf16(void)
 
 static void test_small_f32_untied(void)
 {
+    /* A vocabulary of 20000 makes the embedding and lm_head span two of the
+     * generator's 2^20-value blocks. */
     q3_config c = small_config(0);
+    c.vocab_size = 20000;
     c.rope_theta = 10000.0f;
     c.rms_eps = 1e-5f;
     q3_status st = q3_synth_write(path_in("d", NULL), 7, Q3_F32, &c, NULL);
     CHECK(st == Q3_OK, "synth d: %s", q3_last_error());
     check_file("untied f32", "d", &c, Q3_F32);
     check_config_json("untied f32", "d", &c, Q3_F32);
+
+    /* Blocks draw from different streams: the second block does not repeat
+     * the first, and lm_head does not repeat the embedding. */
+    q3_safetensors f;
+    st = q3_safetensors_open(path_in("d", "model.safetensors"), &f);
+    CHECK(st == Q3_OK, "q3_safetensors_open: %s", q3_last_error());
+    if (!st) {
+        const q3_tensor *emb = q3_safetensors_find(&f, "model.embed_tokens.weight");
+        const q3_tensor *head = q3_safetensors_find(&f, "lm_head.weight");
+        CHECK(emb && head && emb->nbytes == 20000u * 64 * 4 && head->nbytes == emb->nbytes,
+              "embedding and lm_head sizes");
+        if (emb && head) {
+            const char *e = emb->data;
+            CHECK(memcmp(e, e + ((size_t)1 << 20) * 4, 4096) != 0, "block 1 differs from block 0");
+            CHECK(memcmp(e, head->data, 4096) != 0, "lm_head differs from the embedding");
+        }
+        q3_safetensors_close(&f);
+    }
 }
 
 static void test_presets(void)
