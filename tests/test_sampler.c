@@ -124,6 +124,17 @@ static void test_greedy(void)
     CHECK(q3_sampler_sample(s, all_neg_inf) == 0, "greedy on all -inf picks id 0");
     q3_sampler_free(s);
 
+    /* A temperature whose inverse overflows is greedy too (no NaN). */
+    p = plain();
+    p.temperature = 1e-40f;
+    s = make(p, 5);
+    for (int i = 0; i < 20; i++) CHECK(q3_sampler_sample(s, later) == 3, "tiny temperature is greedy");
+    q3_sampler_free(s);
+    p.temperature = 1e-30f;
+    s = make(p, 5);
+    for (int i = 0; i < 20; i++) CHECK(q3_sampler_sample(s, later) == 3, "T 1e-30 is near-greedy");
+    q3_sampler_free(s);
+
     /* A full Qwen vocabulary against a brute-force argmax. */
     int v = 151936;
     float *big = malloc((size_t)v * sizeof *big);

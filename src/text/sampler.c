@@ -264,8 +264,10 @@ static kept_set filter(q3_sampler *s, const float *logits)
     memcpy(s->work, logits, v * sizeof *s->work);
     q3_sampler_apply_penalties(s, s->work);
 
-    /* Greedy: the argmax, lowest id on ties. */
-    if (p->temperature <= 0.0f) {
+    /* Greedy: the argmax, lowest id on ties. A temperature so small that
+     * 1/T overflows is the same limit. */
+    float inv_temp = 1.0f / p->temperature;
+    if (p->temperature <= 0.0f || isinf(inv_temp)) {
         size_t best = 0;
         for (size_t i = 1; i < v; i++)
             if (s->work[i] > s->work[best]) best = i;
@@ -280,7 +282,6 @@ static kept_set filter(q3_sampler *s, const float *logits)
     /* Temperature scales every logit by the same positive factor, which keeps
      * their order: so top-k runs on the raw logits and only the survivors get
      * scaled, inside the softmax. */
-    float inv_temp = 1.0f / p->temperature;
     if (p->top_k > 0 && (size_t)p->top_k < v) {
         k.n = (size_t)p->top_k;
         select_top(s->work, v, k.n, s->cand_id, s->cand_p);
