@@ -62,6 +62,7 @@ test: all
 
 deps:
 	sh scripts/install-deps.sh
+	sh scripts/fetch-tokenizer.sh
 
 clean:
 	rm -rf build build-san
