@@ -4,7 +4,7 @@
 set -e
 SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
 need=""
-for p in build-essential libcjson-dev libpcre2-dev libutf8proc-dev npm; do
+for p in build-essential libcjson-dev libpcre2-dev libutf8proc-dev; do
   dpkg -s "$p" >/dev/null 2>&1 || need="$need $p"
 done
 if [ -n "$need" ]; then
