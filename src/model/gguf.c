@@ -14,6 +14,7 @@
 #include <assert.h>
 #include <inttypes.h>
 #include <stdalign.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -256,20 +257,22 @@ static q3_status read_u64(cursor *c, uint64_t *out, const char *what)
 }
 
 /* Reads a GGUF string (u64 length + bytes) of at most max_len bytes into a
- * NUL-terminated arena copy. */
+ * NUL-terminated arena copy. what names the string in messages ("key"). */
 static q3_status read_string(cursor *c, size_t max_len, const char *what, const char **out,
                              size_t *len_out)
 {
+    char what_len[64];
+    snprintf(what_len, sizeof what_len, "%s length", what);
     uint64_t len;
-    if (read_u64(c, &len, what)) return Q3_ERR_FORMAT;
+    if (read_u64(c, &len, what_len)) return Q3_ERR_FORMAT;
     if (len > remaining(c))
-        return q3_fail(Q3_ERR_FORMAT, "%s: length %" PRIu64 " at byte %zu exceeds the %zu bytes left",
-                       what, len, c->pos - 8, remaining(c));
+        return q3_fail(Q3_ERR_FORMAT, "%s %" PRIu64 " at byte %zu exceeds the %zu bytes left", what_len,
+                       len, c->pos - 8, remaining(c));
     if (len > max_len)
-        return q3_fail(Q3_ERR_FORMAT, "%s: length %" PRIu64 " exceeds the limit of %zu bytes", what,
-                       len, max_len);
+        return q3_fail(Q3_ERR_FORMAT, "%s %" PRIu64 " at byte %zu exceeds the limit of %zu bytes", what_len,
+                       len, c->pos - 8, max_len);
     char *s = arena_alloc(c->arena, (size_t)len + 1);
-    if (!s) return q3_fail(Q3_ERR_NOMEM, "out of memory for a %" PRIu64 "-byte string", len);
+    if (!s) return q3_fail(Q3_ERR_NOMEM, "out of memory for a %" PRIu64 "-byte %s", len, what);
     memcpy(s, take(c, (size_t)len, what), (size_t)len);
     s[len] = 0;
     *out = s;
@@ -350,7 +353,8 @@ static q3_status parse_value(cursor *c, q3_gguf_type type, q3_gguf_value *v, int
         return q3_fail(Q3_ERR_NOMEM, "out of memory for an array of %" PRIu64 " values", count);
     for (size_t i = 0; i < (size_t)count; i++) {
         q3_status st = parse_value(c, (q3_gguf_type)elem, &items[i], depth + 1);
-        if (st) return q3_fail_wrap(st, "array element %zu", i);
+        if (st) /* name the element at the outer level only: deep paths add noise */
+            return depth == 0 ? q3_fail_wrap(st, "array element %zu", i) : st;
     }
     v->as.arr.items = items;
     return Q3_OK;
