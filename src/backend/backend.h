@@ -33,5 +33,6 @@ struct q3_backend {
 };
 
 extern q3_backend q3_backend_ref;
+extern q3_backend q3_backend_cuda;
 
 #endif

@@ -3,6 +3,7 @@
 #include <string.h>
 
 const q3_backend *const q3_backends[] = {
+    &q3_backend_cuda,
     &q3_backend_ref,
     NULL,
 };
