@@ -5,6 +5,8 @@
 
 int cmd_info(int argc, char **argv);
 int cmd_logits(int argc, char **argv);
+int cmd_bench(int argc, char **argv);
+int cmd_probe(int argc, char **argv);
 int cmd_chat_template(int argc, char **argv);
 int cmd_synth(int argc, char **argv);
 

@@ -12,6 +12,8 @@ static const struct {
 } commands[] = {
     {"info", cmd_info, "print a model's config, parameters, bytes and KV-cache size"},
     {"logits", cmd_logits, "write the logits of a token sequence (float32 [n][vocab])"},
+    {"bench", cmd_bench, "the split-phase table: prefill ms/chunk, decode ms/token, tok/s, RTFx per unit"},
+    {"probe", cmd_probe, "per-op placement of the prefill and decode graphs under each policy, and why"},
     {"chat-template", cmd_chat_template, "render a conversation with Qwen3's chat template"},
     {"synth", cmd_synth, "write a Qwen3 checkpoint with random weights (0.6B shapes by default)"},
 };

@@ -1,0 +1,288 @@
+/* q3 bench: the split-phase experiment's table on the machine at hand —
+ * prefill ms per chunk and decode ms/token per compute unit, tok/s, RTFx. */
+#include <cjson/cJSON.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/registry.h"
+#include "cli/cli.h"
+#include "cli/defaults.h"
+#include "model/model.h"
+#include "run/bench.h"
+#include "text/tokenizer.h"
+#include "util/file.h"
+
+static const char *usage =
+    "usage: q3 bench [-m MODEL] [--compute-units U1,U2|all] [--chunk 128] [--gen 64] [--drain 15]\n"
+    "                [--repeats 5] [--depth N] [--kv f32|f16|bf16] [--prefill-on U --decode-on U]\n"
+    "                [--json] [--svg FILE]\n"
+    "  Without -m, builds (once, cached in models/) a synthetic Qwen3-0.6B with random BF16 weights.\n"
+    "  Units default to every present unit except the scalar reference (name it to include it: ref).\n";
+
+/* The experiment q3 grows out of (one laptop): prefill of a 128-token chunk
+ * per unit, decode on the GPU. */
+static const struct { const char *unit; double prefill_ms; } experiment_prefill[] = {
+    {"CPU", 46.0}, {"neural accelerator", 12.5}, {"GPU", 9.3}};
+static const double experiment_decode_tok_s = 27.0, experiment_rtfx = 1.80;
+
+typedef struct run {
+    char prefill_unit[16], decode_unit[16];
+    q3_bench_result r;
+    char *sample;
+} run;
+
+static cJSON *stats_json(const q3_stats *s)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "p50", s->p50);
+    cJSON_AddNumberToObject(o, "p99", s->p99);
+    cJSON_AddNumberToObject(o, "mean", s->mean);
+    cJSON_AddNumberToObject(o, "min", s->min);
+    cJSON_AddNumberToObject(o, "max", s->max);
+    cJSON_AddNumberToObject(o, "n", s->n);
+    return o;
+}
+
+static void svg_bar(FILE *f, double y, const char *label, double value, double vmax, const char *color,
+                    const char *unit_text)
+{
+    double w = vmax > 0 ? 420.0 * value / vmax : 0;
+    fprintf(f, "<text x=\"200\" y=\"%.0f\" text-anchor=\"end\" font-size=\"12\">%s</text>\n", y + 13, label);
+    fprintf(f, "<rect x=\"210\" y=\"%.0f\" width=\"%.1f\" height=\"18\" fill=\"%s\"/>\n", y, w, color);
+    fprintf(f, "<text x=\"%.1f\" y=\"%.0f\" font-size=\"12\">%.1f %s</text>\n", 216 + w, y + 13, value, unit_text);
+}
+
+/* Two panels: prefill ms per chunk (lower is better) and decode tok/s with the drain line. */
+static int write_svg(const char *path, const run *runs, int n, int chunk, double drain, const char *model)
+{
+    FILE *f = fopen(path, "w");
+    if (!f) return -1;
+    int rows1 = n + 3, rows2 = n + 1;
+    double h = 90 + 26.0 * rows1 + 60 + 26.0 * rows2 + 30;
+    fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"720\" height=\"%.0f\" font-family=\"sans-serif\">\n", h);
+    fprintf(f, "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n");
+    fprintf(f, "<text x=\"10\" y=\"22\" font-size=\"15\" font-weight=\"bold\">q3 bench: %s</text>\n", model);
+    fprintf(f, "<text x=\"10\" y=\"52\" font-size=\"13\">Prefill: ms per %d-token chunk (lower is better)</text>\n", chunk);
+    double vmax = 0;
+    for (int i = 0; i < n; i++) vmax = runs[i].r.prefill_ms.p50 > vmax ? runs[i].r.prefill_ms.p50 : vmax;
+    for (int i = 0; i < 3; i++) vmax = experiment_prefill[i].prefill_ms > vmax ? experiment_prefill[i].prefill_ms : vmax;
+    double y = 64;
+    for (int i = 0; i < n; i++, y += 26) {
+        char label[64];
+        snprintf(label, sizeof label, "q3 %s", runs[i].prefill_unit);
+        svg_bar(f, y, label, runs[i].r.prefill_ms.p50, vmax, "#3b6ea5", "ms");
+    }
+    for (int i = 0; i < 3; i++, y += 26) {
+        char label[64];
+        snprintf(label, sizeof label, "laptop %s (128 tok)", experiment_prefill[i].unit);
+        svg_bar(f, y, label, experiment_prefill[i].prefill_ms, vmax, "#b0b0b0", "ms");
+    }
+    y += 30;
+    fprintf(f, "<text x=\"10\" y=\"%.0f\" font-size=\"13\">Decode: tokens/s (higher is better); red line: drain %.0f tok/s</text>\n",
+            y, drain);
+    y += 12;
+    vmax = drain * 1.2;
+    for (int i = 0; i < n; i++) vmax = runs[i].r.decode_tok_s > vmax ? runs[i].r.decode_tok_s : vmax;
+    vmax = experiment_decode_tok_s > vmax ? experiment_decode_tok_s : vmax;
+    double y0 = y;
+    for (int i = 0; i < n; i++, y += 26) {
+        char label[64];
+        snprintf(label, sizeof label, "q3 %s", runs[i].decode_unit);
+        svg_bar(f, y, label, runs[i].r.decode_tok_s, vmax, runs[i].r.decode_tok_s > drain ? "#2e8b57" : "#c0392b", "tok/s");
+    }
+    svg_bar(f, y, "laptop GPU", experiment_decode_tok_s, vmax, "#b0b0b0", "tok/s");
+    y += 26;
+    double xd = 210 + 420.0 * drain / vmax;
+    fprintf(f, "<line x1=\"%.1f\" y1=\"%.0f\" x2=\"%.1f\" y2=\"%.0f\" stroke=\"red\" stroke-dasharray=\"4\"/>\n", xd, y0 - 4,
+            xd, y);
+    fprintf(f, "</svg>\n");
+    return fclose(f);
+}
+
+/* Greedy text of a run, for a look at what the model makes (random weights: noise). */
+static char *sample_text(const char *model_dir, int vocab, const int32_t *ids, int n)
+{
+    char p[PATH_MAX];
+    const char *dir = model_dir;
+    snprintf(p, sizeof p, "%s/tokenizer.json", dir);
+    if (!q3_file_exists(p)) {
+        dir = cli_default_tokenizer_dir();
+        if (!dir) return NULL;
+        snprintf(p, sizeof p, "%s/tokenizer.json", dir);
+    }
+    q3_tokenizer *tok;
+    if (q3_tokenizer_load(p, &tok)) return NULL;
+    char *text = NULL;
+    size_t len;
+    /* only a tokenizer made for this vocabulary says anything about these ids */
+    int ok = abs(q3_tokenizer_vocab_size(tok) - vocab) < 1024;
+    for (int i = 0; i < n; i++) ok &= ids[i] < q3_tokenizer_vocab_size(tok);
+    if (!ok || q3_tokenizer_decode(tok, ids, (size_t)n, &text, &len)) text = NULL;
+    q3_tokenizer_free(tok);
+    return text;
+}
+
+int cmd_bench(int argc, char **argv)
+{
+    const char *model = NULL, *units_arg = NULL, *svg = NULL, *prefill_on = NULL, *decode_on = NULL;
+    q3_bench_opts o = {.chunk = 128, .gen = 64, .repeats = 5};
+    double drain = 15;
+    int json = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) { fputs(usage, stdout); return 0; }
+        if (!strcmp(a, "--json")) { json = 1; continue; }
+        if (!v) return cli_error("bench", "option '%s' needs a value\n%s", a, usage);
+        if (!strcmp(a, "-m") || !strcmp(a, "--model")) model = v;
+        else if (!strcmp(a, "--compute-units") || !strcmp(a, "--backend")) units_arg = v;
+        else if (!strcmp(a, "--chunk")) o.chunk = atoi(v);
+        else if (!strcmp(a, "--gen")) o.gen = atoi(v);
+        else if (!strcmp(a, "--repeats")) o.repeats = atoi(v);
+        else if (!strcmp(a, "--depth")) o.depth = atoi(v);
+        else if (!strcmp(a, "--drain")) drain = atof(v);
+        else if (!strcmp(a, "--kv")) o.kv_dtype = v;
+        else if (!strcmp(a, "--svg")) svg = v;
+        else if (!strcmp(a, "--prefill-on")) prefill_on = v;
+        else if (!strcmp(a, "--decode-on")) decode_on = v;
+        else return cli_error("bench", "unknown option '%s'\n%s", a, usage);
+        i++;
+    }
+    if (o.chunk < 1 || o.chunk > 4096 || o.gen < 1 || o.gen > 100000 || o.repeats < 1 || o.repeats > 10000 ||
+        !(drain > 0) || o.depth < 0)
+        return cli_error("bench", "--chunk must be 1..4096, --gen and --repeats positive, --drain > 0");
+    if (!!prefill_on != !!decode_on) return cli_error("bench", "--prefill-on and --decode-on go together");
+    if (!model && !(model = cli_default_model("bench"))) return 1;
+
+    /* the unit pairs to measure */
+    run runs[16];
+    int n_runs = 0;
+    if (prefill_on) {
+        snprintf(runs[0].prefill_unit, 16, "%s", prefill_on);
+        snprintf(runs[0].decode_unit, 16, "%s", decode_on);
+        n_runs = 1;
+    } else if (units_arg && strcmp(units_arg, "all")) {
+        char list[256];
+        snprintf(list, sizeof list, "%s", units_arg);
+        for (char *t = strtok(list, ","); t && n_runs < 16; t = strtok(NULL, ",")) {
+            snprintf(runs[n_runs].prefill_unit, 16, "%s", t);
+            snprintf(runs[n_runs].decode_unit, 16, "%s", t);
+            n_runs++;
+        }
+    } else {
+        int all = units_arg != NULL;
+        for (int i = 0; q3_backends[i] && n_runs < 16; i++) {
+            const q3_backend *b = q3_backends[i];
+            if ((b->present && !b->present(b)) || (b == &q3_backend_ref && !all)) continue;
+            snprintf(runs[n_runs].prefill_unit, 16, "%s", b->name);
+            snprintf(runs[n_runs].decode_unit, 16, "%s", b->name);
+            n_runs++;
+        }
+        if (n_runs == 0) { /* only the reference unit is built in */
+            snprintf(runs[0].prefill_unit, 16, "ref");
+            snprintf(runs[0].decode_unit, 16, "ref");
+            n_runs = 1;
+        }
+    }
+
+    q3_model *m;
+    if (q3_model_open(model, &m)) return cli_error("bench", "%s", q3_last_error());
+    size_t wbytes = q3_model_weight_bytes(m), params = q3_model_param_count(m);
+    if (!json)
+        printf("q3 bench: %s (%.2f B params, %.2f GB of weights), chunk %d, %d decode tokens, drain %.0f tok/s\n",
+               model, (double)params / 1e9, (double)wbytes / 1e9, o.chunk, o.gen, drain);
+    int rc = 0;
+    for (int i = 0; i < n_runs; i++) {
+        o.prefill_unit = runs[i].prefill_unit;
+        o.decode_unit = runs[i].decode_unit;
+        if (!json) fprintf(stderr, "  measuring %s -> %s ...\n", o.prefill_unit, o.decode_unit);
+        if (q3_bench_run(m, &o, &runs[i].r)) {
+            rc = cli_error("bench", "%s -> %s: %s", o.prefill_unit, o.decode_unit, q3_last_error());
+            n_runs = i;
+            break;
+        }
+        runs[i].sample = sample_text(model, m->cfg.vocab_size, runs[i].r.generated, runs[i].r.n_generated);
+    }
+    if (!json) {
+        printf("\n%-13s %-24s %12s %-24s %8s %12s\n", "unit", "prefill ms/chunk p50/p99", "prompt tok/s",
+               "decode ms/tok p50/p99", "tok/s", "RTFx");
+        for (int i = 0; i < n_runs; i++) {
+            const q3_bench_result *r = &runs[i].r;
+            char unit[40], pre[40], dec[40];
+            if (strcmp(runs[i].prefill_unit, runs[i].decode_unit))
+                snprintf(unit, sizeof unit, "%s->%s", runs[i].prefill_unit, runs[i].decode_unit);
+            else
+                snprintf(unit, sizeof unit, "%s", runs[i].prefill_unit);
+            snprintf(pre, sizeof pre, "%.1f / %.1f", r->prefill_ms.p50, r->prefill_ms.p99);
+            snprintf(dec, sizeof dec, "%.2f / %.2f", r->decode_ms.p50, r->decode_ms.p99);
+            double rtfx = r->decode_tok_s / drain;
+            printf("%-13s %-24s %12.1f %-24s %8.2f %7.2f %s\n", unit, pre, r->prompt_tok_s, dec, r->decode_tok_s,
+                   rtfx, rtfx > 1 ? "PASS" : "FAIL");
+        }
+        printf("%-13s %-24s %12s %-24s %8.2f %7.2f (laptop GPU)\n", "experiment", "46.0 CPU/12.5 ANE/9.3 GPU", "-",
+               "-", experiment_decode_tok_s, experiment_rtfx);
+        for (int i = 0; i < n_runs; i++) {
+            const q3_bench_result *r = &runs[i].r;
+            printf("\n%s: prefill %.1f GFLOP/s (%.1f GFLOP per chunk, spread %.1f-%.1f ms over %d runs), "
+                   "K/V hand-off %.2f ms per chunk\n",
+                   runs[i].prefill_unit, r->prefill_flops / (r->prefill_ms.p50 * 1e6), r->prefill_flops / 1e9,
+                   r->prefill_ms.min, r->prefill_ms.max, r->prefill_ms.n, r->handoff_ms);
+            printf("%s: decode streams %.2f GB per token = %.1f GB/s (spread %.2f-%.2f ms over %d tokens)\n",
+                   runs[i].decode_unit, r->decode_bytes / 1e9, r->decode_bytes / (r->decode_ms.mean * 1e6),
+                   r->decode_ms.min, r->decode_ms.max, r->decode_ms.n);
+            if (runs[i].sample) printf("%s: sample (greedy, random weights): %.200s\n", runs[i].decode_unit, runs[i].sample);
+        }
+    } else {
+        cJSON *root = cJSON_CreateObject();
+        cJSON_AddStringToObject(root, "schema", "q3.bench/1");
+        cJSON *jm = cJSON_AddObjectToObject(root, "model");
+        cJSON_AddStringToObject(jm, "path", model);
+        cJSON_AddNumberToObject(jm, "params", (double)params);
+        cJSON_AddNumberToObject(jm, "weight_bytes", (double)wbytes);
+        cJSON *jc = cJSON_AddObjectToObject(root, "settings");
+        cJSON_AddNumberToObject(jc, "chunk", o.chunk);
+        cJSON_AddNumberToObject(jc, "gen", o.gen);
+        cJSON_AddNumberToObject(jc, "repeats", o.repeats);
+        cJSON_AddNumberToObject(jc, "drain_tok_s", drain);
+        cJSON *jr = cJSON_AddArrayToObject(root, "runs");
+        for (int i = 0; i < n_runs; i++) {
+            const q3_bench_result *r = &runs[i].r;
+            cJSON *x = cJSON_CreateObject();
+            cJSON_AddStringToObject(x, "prefill_unit", runs[i].prefill_unit);
+            cJSON_AddStringToObject(x, "decode_unit", runs[i].decode_unit);
+            cJSON_AddItemToObject(x, "prefill_ms", stats_json(&r->prefill_ms));
+            cJSON_AddNumberToObject(x, "prompt_tok_s", r->prompt_tok_s);
+            cJSON_AddItemToObject(x, "decode_ms", stats_json(&r->decode_ms));
+            cJSON_AddNumberToObject(x, "decode_tok_s", r->decode_tok_s);
+            cJSON_AddNumberToObject(x, "rtfx", r->decode_tok_s / drain);
+            cJSON_AddBoolToObject(x, "realtime", r->decode_tok_s > drain);
+            cJSON_AddNumberToObject(x, "handoff_ms", r->handoff_ms);
+            cJSON_AddNumberToObject(x, "prefill_gflop_s", r->prefill_flops / (r->prefill_ms.p50 * 1e6));
+            cJSON_AddNumberToObject(x, "decode_gb_s", r->decode_bytes / (r->decode_ms.mean * 1e6));
+            if (runs[i].sample) cJSON_AddStringToObject(x, "sample_text", runs[i].sample);
+            cJSON_AddItemToArray(jr, x);
+        }
+        cJSON *je = cJSON_AddObjectToObject(root, "experiment");
+        cJSON *jp = cJSON_AddObjectToObject(je, "prefill_ms_per_128");
+        for (int i = 0; i < 3; i++) cJSON_AddNumberToObject(jp, experiment_prefill[i].unit, experiment_prefill[i].prefill_ms);
+        cJSON_AddNumberToObject(je, "decode_tok_s_gpu", experiment_decode_tok_s);
+        cJSON_AddNumberToObject(je, "rtfx_gpu", experiment_rtfx);
+        char *text = cJSON_Print(root);
+        printf("%s\n", text);
+        free(text);
+        cJSON_Delete(root);
+    }
+    if (svg && n_runs > 0) {
+        if (write_svg(svg, runs, n_runs, o.chunk, drain, model))
+            rc = cli_error("bench", "%s: cannot write the chart", svg);
+        else if (!json)
+            printf("\nchart: %s\n", svg);
+    }
+    for (int i = 0; i < n_runs; i++) {
+        free(runs[i].r.generated);
+        free(runs[i].sample);
+    }
+    q3_model_close(m);
+    return rc;
+}

@@ -1,0 +1,242 @@
+/* q3 probe: where each op of the prefill and decode graphs lands under each
+ * compute-units policy, why ops fell back, and a short profiled run. */
+#include <cjson/cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/registry.h"
+#include "cli/cli.h"
+#include "cli/defaults.h"
+#include "plan/policy.h"
+#include "run/executor.h"
+
+static const char *usage =
+    "usage: q3 probe [-m MODEL] [--compute-units POLICY] [--chunk 128] [--json] [--no-profile] [--profile-ref]\n"
+    "  POLICY: ref, cpu_only, cpu_and_gpu, all (default: each in turn)\n"
+    "  Without -m, uses the synthetic Qwen3-0.6B (built once in models/).\n";
+
+typedef struct probe_opts {
+    int chunk, json, profile, profile_ref;
+} probe_opts;
+
+/* A unit admits a graph whole when it refuses none of its ops. */
+static int refused_ops(const q3_plan *p, int u)
+{
+    int n = 0;
+    for (int i = 0; i < p->n_ops; i++) n += p->refusal[(size_t)i * (size_t)p->n_units + (size_t)u] != NULL;
+    return n;
+}
+
+static const char *first_reason(const q3_plan *p, int u)
+{
+    for (int i = 0; i < p->n_ops; i++) {
+        const char *r = p->refusal[(size_t)i * (size_t)p->n_units + (size_t)u];
+        if (r) return r;
+    }
+    return NULL;
+}
+
+static int matmuls_on_ref(const q3_graph *g, const q3_plan *p)
+{
+    for (int i = 0; i < g->n_ops; i++)
+        if (g->ops[i].kind == Q3_OP_MATMUL && p->units[p->unit_of[i]] == &q3_backend_ref) return 1;
+    return 0;
+}
+
+/* Runs the graph once with per-op timing; fills seconds by op kind and by unit. */
+static q3_status profile_graph(const q3_graph *g, const q3_backend *const *units, int n_units, int steps,
+                               double *by_kind, double *by_unit, double *total)
+{
+    q3_runner r;
+    q3_status st = q3_runner_init(&r, g, units, n_units);
+    if (st) return st;
+    q3_kv_cache kv;
+    int ctx = g->rows + steps + 1;
+    if ((st = q3_kv_cache_init(&kv, g->cfg, ctx, r.plan.units[0]->kv_default))) {
+        q3_runner_free(&r);
+        return st;
+    }
+    int32_t *tokens = calloc((size_t)g->rows, sizeof *tokens);
+    for (int i = 0; i < g->rows; i++) tokens[i] = (int32_t)((i * 7919) % g->cfg->vocab_size);
+    q3_runner_run(&r, tokens, g->rows, 0, &kv); /* warm-up */
+    q3_runner_profile(&r, 1);
+    for (int s = 0; s < steps; s++) q3_runner_run(&r, tokens, g->rows, g->kind == Q3_GRAPH_DECODE ? s : 0, &kv);
+    *total = 0;
+    for (int i = 0; i < g->n_ops; i++) {
+        by_kind[g->ops[i].kind] += r.op_seconds[i] / steps;
+        by_unit[r.plan.unit_of[i]] += r.op_seconds[i] / steps;
+        *total += r.op_seconds[i] / steps;
+    }
+    free(tokens);
+    q3_kv_cache_free(&kv);
+    q3_runner_free(&r);
+    return Q3_OK;
+}
+
+static cJSON *probe_graph(const q3_graph *g, const char *gname, const q3_policy *pol, const probe_opts *po)
+{
+    cJSON *jg = cJSON_CreateObject();
+    cJSON_AddStringToObject(jg, "graph", gname);
+    cJSON_AddNumberToObject(jg, "rows", g->rows);
+    cJSON_AddNumberToObject(jg, "n_ops", g->n_ops);
+    const q3_backend *units[Q3_PLAN_MAX_UNITS];
+    int n = q3_policy_units(pol, units);
+    q3_plan p;
+    if (q3_plan_graph(g, units, n, &p)) {
+        cJSON_AddBoolToObject(jg, "admitted", 0);
+        cJSON_AddStringToObject(jg, "reason", q3_last_error());
+        if (!po->json) printf("  %-8s REJECTED: %s\n", gname, q3_last_error());
+        return jg;
+    }
+    cJSON_AddBoolToObject(jg, "admitted", 1);
+    if (!po->json) printf("  %-8s admitted (%d ops):", gname, g->n_ops);
+    cJSON *jp = cJSON_AddObjectToObject(jg, "placement");
+    for (int u = 0; u < n; u++) {
+        int c = q3_plan_count_on(&p, u);
+        cJSON_AddNumberToObject(jp, units[u]->name, c);
+        if (!po->json && c) printf(" %d of %d on %s;", c, g->n_ops, units[u]->name);
+    }
+    if (!po->json) printf("\n");
+    cJSON *ju = cJSON_AddArrayToObject(jg, "units");
+    for (int u = 0; u < n; u++) {
+        int refused = refused_ops(&p, u), asked = 0;
+        for (int i = 0; i < p.n_ops; i++) asked += p.unit_of[i] >= u;
+        cJSON *x = cJSON_CreateObject();
+        cJSON_AddStringToObject(x, "name", units[u]->name);
+        cJSON_AddBoolToObject(x, "present", !units[u]->present || units[u]->present(units[u]));
+        cJSON_AddNumberToObject(x, "refused_ops", refused);
+        cJSON_AddBoolToObject(x, "admits_whole_graph", refused == 0 && asked == p.n_ops);
+        if (refused) cJSON_AddStringToObject(x, "reason", first_reason(&p, u));
+        cJSON_AddItemToArray(ju, x);
+        if (!po->json && refused)
+            printf("           %s refuses %d ops: %s\n", units[u]->name, refused, first_reason(&p, u));
+        else if (!po->json && asked == p.n_ops)
+            printf("           %s admits the whole %s graph\n", units[u]->name, gname);
+    }
+    /* fallbacks: ops not on the policy's first present unit, grouped by kind and reason */
+    int first = 0;
+    while (first < n - 1 && units[first]->present && !units[first]->present(units[first])) first++;
+    cJSON *jf = cJSON_AddArrayToObject(jg, "fallbacks");
+    for (int i = 0; i < p.n_ops; i++) {
+        if (p.unit_of[i] <= first) continue;
+        const char *why = p.refusal[(size_t)i * (size_t)n + (size_t)first];
+        cJSON *x = cJSON_CreateObject();
+        cJSON_AddStringToObject(x, "op", g->ops[i].name);
+        cJSON_AddStringToObject(x, "kind", q3_op_kind_name(g->ops[i].kind));
+        cJSON_AddStringToObject(x, "placed_on", units[p.unit_of[i]]->name);
+        cJSON_AddStringToObject(x, "refused_by", units[first]->name);
+        cJSON_AddStringToObject(x, "reason", why ? why : "");
+        cJSON_AddItemToArray(jf, x);
+    }
+    if (!po->json) {
+        int shown = 0;
+        for (int i = 0; i < p.n_ops && shown < 6; i++) {
+            if (p.unit_of[i] <= first) continue;
+            printf("           fell back: %s (%s) -> %s: %s\n", g->ops[i].name, q3_op_kind_name(g->ops[i].kind),
+                   units[p.unit_of[i]]->name, p.refusal[(size_t)i * (size_t)n + (size_t)first]);
+            shown++;
+        }
+        int total = cJSON_GetArraySize(jf);
+        if (total > shown) printf("           ... and %d more fallbacks\n", total - shown);
+    }
+    if (po->profile) {
+        size_t params = 0;
+        for (int i = 0; i < g->n_ops; i++)
+            if (g->ops[i].weight) params += q3_tensor_numel(g->ops[i].weight);
+        if (matmuls_on_ref(g, &p) && params > 50000000 && !po->profile_ref) {
+            if (!po->json) printf("           profile: skipped (matmuls on the scalar reference unit; --profile-ref to run)\n");
+        } else {
+            double by_kind[Q3_OP_KIND_COUNT] = {0}, by_unit[Q3_PLAN_MAX_UNITS] = {0}, total = 0;
+            int steps = g->kind == Q3_GRAPH_DECODE ? 8 : 1;
+            if (!profile_graph(g, units, n, steps, by_kind, by_unit, &total)) {
+                cJSON *jpr = cJSON_AddObjectToObject(jg, "profile");
+                cJSON_AddNumberToObject(jpr, "ms_per_run", total * 1e3);
+                cJSON *bk = cJSON_AddObjectToObject(jpr, "share_by_kind");
+                cJSON *bu = cJSON_AddObjectToObject(jpr, "share_by_unit");
+                if (!po->json) printf("           profile: %.2f ms per run; by op kind:", total * 1e3);
+                for (int k = 0; k < Q3_OP_KIND_COUNT; k++)
+                    if (by_kind[k] > 0) {
+                        cJSON_AddNumberToObject(bk, q3_op_kind_name((q3_op_kind)k), by_kind[k] / total);
+                        if (!po->json && by_kind[k] / total >= 0.005)
+                            printf(" %s %.1f%%", q3_op_kind_name((q3_op_kind)k), 100 * by_kind[k] / total);
+                    }
+                if (!po->json) printf("\n           by unit:");
+                for (int u = 0; u < n; u++)
+                    if (by_unit[u] > 0) {
+                        cJSON_AddNumberToObject(bu, units[u]->name, by_unit[u] / total);
+                        if (!po->json) printf(" %s %.1f%%", units[u]->name, 100 * by_unit[u] / total);
+                    }
+                if (!po->json) printf("\n");
+            }
+        }
+    }
+    q3_plan_free(&p);
+    return jg;
+}
+
+int cmd_probe(int argc, char **argv)
+{
+    const char *model = NULL, *policy = NULL;
+    probe_opts po = {.chunk = 128, .profile = 1};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) { fputs(usage, stdout); return 0; }
+        if (!strcmp(a, "--json")) { po.json = 1; continue; }
+        if (!strcmp(a, "--no-profile")) { po.profile = 0; continue; }
+        if (!strcmp(a, "--profile-ref")) { po.profile_ref = 1; continue; }
+        if (!v) return cli_error("probe", "option '%s' needs a value\n%s", a, usage);
+        if (!strcmp(a, "-m") || !strcmp(a, "--model")) model = v;
+        else if (!strcmp(a, "--compute-units")) policy = v;
+        else if (!strcmp(a, "--chunk")) po.chunk = atoi(v);
+        else return cli_error("probe", "unknown option '%s'\n%s", a, usage);
+        i++;
+    }
+    if (po.chunk < 1 || po.chunk > 4096) return cli_error("probe", "--chunk must be 1..4096");
+    if (policy && !q3_policy_find(policy)) return cli_error("probe", "unknown policy '%s'\n%s", policy, usage);
+    if (!model && !(model = cli_default_model("probe"))) return 1;
+    q3_model *m;
+    if (q3_model_open(model, &m)) return cli_error("probe", "%s", q3_last_error());
+    q3_graph pre, dec;
+    if (q3_graph_build_prefill(m, po.chunk, false, &pre) || q3_graph_build_decode(m, &dec)) {
+        q3_model_close(m);
+        return cli_error("probe", "%s", q3_last_error());
+    }
+    cJSON *root = cJSON_CreateObject();
+    cJSON_AddStringToObject(root, "schema", "q3.probe/1");
+    cJSON_AddStringToObject(root, "model", model);
+    cJSON *jus = cJSON_AddArrayToObject(root, "units");
+    if (!po.json) printf("q3 probe: %s\ncompute units in this build:\n", model);
+    for (int i = 0; q3_backends[i]; i++) {
+        const q3_backend *b = q3_backends[i];
+        int present = !b->present || b->present(b);
+        cJSON *x = cJSON_CreateObject();
+        cJSON_AddStringToObject(x, "name", b->name);
+        cJSON_AddStringToObject(x, "device", b->device);
+        cJSON_AddBoolToObject(x, "present", present);
+        cJSON_AddItemToArray(jus, x);
+        if (!po.json) printf("  %-6s %-45s %s\n", b->name, b->device, present ? "present" : "device absent");
+    }
+    cJSON *jps = cJSON_AddArrayToObject(root, "policies");
+    for (int i = 0; q3_policies[i].name; i++) {
+        const q3_policy *pol = &q3_policies[i];
+        if (policy && pol != q3_policy_find(policy)) continue;
+        if (!po.json) printf("\npolicy %s (%s)\n", pol->name, pol->about);
+        cJSON *jp = cJSON_CreateObject();
+        cJSON_AddStringToObject(jp, "policy", pol->name);
+        cJSON *jgs = cJSON_AddArrayToObject(jp, "graphs");
+        cJSON_AddItemToArray(jgs, probe_graph(&pre, "prefill", pol, &po));
+        cJSON_AddItemToArray(jgs, probe_graph(&dec, "decode", pol, &po));
+        cJSON_AddItemToArray(jps, jp);
+    }
+    if (po.json) {
+        char *text = cJSON_Print(root);
+        printf("%s\n", text);
+        free(text);
+    }
+    cJSON_Delete(root);
+    q3_graph_free(&pre);
+    q3_graph_free(&dec);
+    q3_model_close(m);
+    return 0;
+}

@@ -1,0 +1,62 @@
+#include "cli/defaults.h"
+
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "cli/cli.h"
+#include "model/synth.h"
+#include "run/executor.h"
+#include "util/error.h"
+#include "util/file.h"
+
+static int has_tokenizer(const char *dir)
+{
+    char p[PATH_MAX];
+    snprintf(p, sizeof p, "%s/tokenizer.json", dir);
+    return q3_file_exists(p);
+}
+
+const char *cli_default_tokenizer_dir(void)
+{
+    static char found[PATH_MAX];
+    const char *env = getenv("Q3_TOKENIZER");
+    if (env && has_tokenizer(env)) return env;
+    if (has_tokenizer("models/qwen3-tokenizer")) return "models/qwen3-tokenizer";
+    char exe[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n > 0) {
+        exe[n] = 0;
+        char *slash = strrchr(exe, '/');
+        if (slash) *slash = 0;
+        snprintf(found, sizeof found, "%s/../models/qwen3-tokenizer", exe);
+        if (has_tokenizer(found)) return found;
+    }
+    return NULL;
+}
+
+const char *cli_default_model(const char *cmd)
+{
+    static char dir[PATH_MAX];
+    const char *root = getenv("Q3_MODELS");
+    if (!root) root = "models";
+    snprintf(dir, sizeof dir, "%s/synth-qwen3-0.6b", root);
+    char p[PATH_MAX];
+    snprintf(p, sizeof p, "%s/model.safetensors", dir);
+    if (q3_file_exists(p)) return dir;
+    mkdir(root, 0755);
+    q3_config cfg;
+    q3_synth_preset_qwen3_0_6b(&cfg);
+    fprintf(stderr, "q3 %s: no model given: writing the synthetic Qwen3-0.6B (random BF16 weights) to %s ...\n", cmd,
+            dir);
+    double t0 = q3_now();
+    if (q3_synth_write(dir, 0, Q3_BF16, &cfg, cli_default_tokenizer_dir())) {
+        cli_error(cmd, "%s", q3_last_error());
+        return NULL;
+    }
+    fprintf(stderr, "q3 %s: wrote it in %.1f s\n", cmd, q3_now() - t0);
+    return dir;
+}

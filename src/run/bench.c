@@ -1,0 +1,115 @@
+#include "run/bench.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/model.h"
+#include "run/session.h"
+#include "util/error.h"
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Percentiles by nearest rank on a sorted copy. */
+void q3_stats_compute(const double *ms, int n, q3_stats *s)
+{
+    memset(s, 0, sizeof *s);
+    if (n <= 0) return;
+    double *v = malloc((size_t)n * sizeof *v);
+    memcpy(v, ms, (size_t)n * sizeof *v);
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    double sum = 0;
+    for (int i = 0; i < n; i++) sum += v[i];
+    s->n = n;
+    s->mean = sum / n;
+    s->min = v[0];
+    s->max = v[n - 1];
+    s->p50 = v[(int)ceil(0.50 * n) - 1];
+    s->p99 = v[(int)ceil(0.99 * n) - 1];
+    free(v);
+}
+
+static int32_t argmax(const float *x, int n)
+{
+    int32_t best = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[best]) best = i;
+    return best;
+}
+
+q3_status q3_bench_run(q3_model *m, const q3_bench_opts *o, q3_bench_result *r)
+{
+    memset(r, 0, sizeof *r);
+    int S = o->chunk > 0 ? o->chunk : 128, gen = o->gen > 0 ? o->gen : 64;
+    int reps = o->repeats > 0 ? o->repeats : 5, depth = o->depth > S ? o->depth : S;
+    int V = m->cfg.vocab_size;
+    q3_session_opts so = {.n_ctx = depth + gen + 2, .chunk = S, .prefill_backend = o->prefill_unit,
+                          .decode_backend = o->decode_unit, .kv_dtype = o->kv_dtype};
+    if (so.n_ctx > m->cfg.max_seq_len)
+        return q3_fail(Q3_ERR_INVALID, "depth %d + %d generated tokens exceed the model's context %d", depth, gen,
+                       m->cfg.max_seq_len);
+    q3_session *s;
+    q3_status st = q3_session_new(m, &so, &s);
+    if (st) return st;
+    int32_t *prompt = malloc((size_t)depth * sizeof *prompt);
+    float *logits = malloc((size_t)V * sizeof *logits);
+    double *ms = malloc((size_t)(reps > gen ? reps : gen) * sizeof *ms);
+    r->generated = malloc((size_t)gen * sizeof *r->generated);
+    if (!prompt || !logits || !ms || !r->generated) {
+        st = q3_fail(Q3_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    uint64_t x = 0x9e3779b97f4a7c15ull;
+    for (int i = 0; i < depth; i++) {
+        if (o->prompt && i < S) {
+            prompt[i] = o->prompt[i];
+        } else {
+            x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+            prompt[i] = (int32_t)(x % (uint64_t)V);
+        }
+    }
+    /* prefill: one warm-up run, then `reps` timed runs of one chunk at position 0 */
+    for (int i = -1; i < reps; i++) {
+        q3_session_reset(s);
+        s->handoff_seconds = 0;
+        double t0 = q3_now();
+        if ((st = q3_session_prefill(s, prompt, (size_t)S, logits, 0))) goto done;
+        if (i >= 0) ms[i] = 1e3 * (q3_now() - t0);
+    }
+    q3_stats_compute(ms, reps, &r->prefill_ms);
+    r->handoff_ms = 1e3 * s->handoff_seconds;
+    r->prompt_tok_s = S / (r->prefill_ms.p50 / 1e3);
+    r->prefill_flops = q3_graph_flops(&s->prefill, S, 0);
+    /* fill the cache to `depth`, then decode greedily: one warm-up step, `gen` timed */
+    if (depth > S && (st = q3_session_prefill(s, prompt + S, (size_t)(depth - S), logits, 0))) goto done;
+    int32_t tok = argmax(logits, V);
+    for (int i = -1; i < gen; i++) {
+        double t0 = q3_now();
+        if ((st = q3_session_decode(s, tok, logits))) goto done;
+        if (i >= 0) ms[i] = 1e3 * (q3_now() - t0);
+        tok = argmax(logits, V);
+        if (i >= 0) r->generated[r->n_generated++] = tok;
+    }
+    q3_stats_compute(ms, gen, &r->decode_ms);
+    r->decode_tok_s = 1e3 / r->decode_ms.mean;
+    /* bytes a decode token streams: every matrix once (the embedding only as the
+       LM head when tied), norms, and the K/V of the positions it attends to */
+    size_t w = q3_model_weight_bytes(m);
+    if (m->w.lm_head != m->w.embed) w -= m->w.embed->nbytes;
+    double kv = (double)(depth + gen / 2) * (double)s->kv.row_bytes * 2.0 * m->cfg.n_layers;
+    r->decode_bytes = (double)w + kv;
+done:
+    if (st) {
+        free(r->generated);
+        r->generated = NULL;
+    }
+    q3_session_free(s);
+    free(prompt);
+    free(logits);
+    free(ms);
+    return st;
+}

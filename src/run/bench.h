@@ -1,0 +1,40 @@
+/* The split-phase benchmark: prefill latency per fixed-size chunk and decode
+ * latency per token, on chosen compute units, with the K/V hand-off between. */
+#ifndef Q3_RUN_BENCH_H
+#define Q3_RUN_BENCH_H
+
+#include <stdint.h>
+#include "q3.h"
+
+typedef struct q3_bench_opts {
+    const char *prefill_unit;  /* compute unit for prefill */
+    const char *decode_unit;   /* compute unit for decode (may differ: split-phase) */
+    const char *kv_dtype;      /* NULL: the decode unit's default */
+    int chunk;                 /* prefill chunk S (tokens per prefill run) */
+    int gen;                   /* decode steps timed */
+    int repeats;               /* prefill runs timed */
+    int depth;                 /* tokens already in the cache before decode is timed (>= chunk) */
+    const int32_t *prompt;     /* [chunk] prompt ids, or NULL for deterministic pseudo-random ids */
+} q3_bench_opts;
+
+typedef struct q3_stats {
+    double p50, p99, mean, min, max; /* milliseconds */
+    int n;
+} q3_stats;
+
+typedef struct q3_bench_result {
+    q3_stats prefill_ms;       /* per chunk of S tokens */
+    q3_stats decode_ms;        /* per token */
+    double prompt_tok_s;       /* S / prefill p50 */
+    double decode_tok_s;       /* 1000 / decode mean */
+    double handoff_ms;         /* per chunk: prefill K/V into the cache */
+    double prefill_flops;      /* per chunk */
+    double decode_bytes;       /* weight + KV bytes streamed per decode token */
+    int32_t *generated;        /* [n_generated] greedy ids (caller frees) */
+    int n_generated;
+} q3_bench_result;
+
+q3_status q3_bench_run(q3_model *m, const q3_bench_opts *o, q3_bench_result *r);
+void q3_stats_compute(const double *ms, int n, q3_stats *out);
+
+#endif

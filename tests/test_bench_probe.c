@@ -1,0 +1,122 @@
+/* q3 bench and q3 probe end to end on a small golden model: the JSON of each
+ * validates against its schema in docs/, the numbers are sane, the chart is
+ * an SVG with its bars, and split-phase runs work. */
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+#include "golden.h"
+#include "schema.h"
+#include "test.h"
+
+static char q3_bin[256];
+
+/* Runs a q3 command line, returns stdout (caller frees) and the exit status. */
+static char *run(const char *args, int *status)
+{
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "%s %s 2>/dev/null", q3_bin, args);
+    FILE *f = popen(cmd, "r");
+    size_t cap = 1 << 16, n = 0;
+    char *out = malloc(cap);
+    size_t got;
+    while ((got = fread(out + n, 1, cap - n - 1, f)) > 0) {
+        n += got;
+        if (n + 1 == cap) out = realloc(out, cap *= 2);
+    }
+    out[n] = 0;
+    *status = pclose(f);
+    return out;
+}
+
+static cJSON *load_schema(const char *path)
+{
+    char *t = golden_slurp(path, NULL);
+    cJSON *s = t ? cJSON_Parse(t) : NULL;
+    free(t);
+    return s;
+}
+
+int main(void)
+{
+    snprintf(q3_bin, sizeof q3_bin, "./%s/q3", getenv("BUILD") ? getenv("BUILD") : "build");
+    cJSON *bench_schema = load_schema("docs/bench.schema.json"), *probe_schema = load_schema("docs/probe.schema.json");
+    CHECK(bench_schema && probe_schema, "schemas parse");
+    if (!bench_schema || !probe_schema) TEST_DONE();
+    char err[600];
+    int st;
+
+    /* bench on the reference unit, with a chart */
+    char *out = run("bench -m " TEST_DATA "/golden/small --compute-units ref --chunk 16 --gen 6 --repeats 3 --json "
+                    "--svg /tmp/q3-test-bench.svg", &st);
+    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "bench exit %d", st);
+    cJSON *doc = cJSON_Parse(out);
+    CHECK(doc != NULL, "bench --json parses: %.200s", out);
+    if (doc) {
+        CHECK(schema_validate(bench_schema, doc, err, sizeof err) == 0, "bench schema: %s", err);
+        cJSON *r0 = cJSON_GetArrayItem(cJSON_GetObjectItem(doc, "runs"), 0);
+        CHECK(r0 && !strcmp(cJSON_GetObjectItem(r0, "prefill_unit")->valuestring, "ref"), "unit ref");
+        double p50 = cJSON_GetObjectItem(cJSON_GetObjectItem(r0, "prefill_ms"), "p50")->valuedouble;
+        double p99 = cJSON_GetObjectItem(cJSON_GetObjectItem(r0, "prefill_ms"), "p99")->valuedouble;
+        double tps = cJSON_GetObjectItem(r0, "decode_tok_s")->valuedouble;
+        double rtfx = cJSON_GetObjectItem(r0, "rtfx")->valuedouble;
+        CHECK(p50 > 0 && p99 >= p50, "prefill p50 %g p99 %g", p50, p99);
+        CHECK(fabs(rtfx - tps / 15.0) < 1e-9 * (1 + rtfx), "RTFx = tok/s / drain");
+        CHECK(cJSON_GetArraySize(cJSON_GetObjectItem(doc, "runs")) == 1, "one run");
+        /* the checker itself can fail: a document missing a field is refused */
+        cJSON_DeleteItemFromObject(r0, "rtfx");
+        CHECK(schema_validate(bench_schema, doc, err, sizeof err) != 0, "schema refuses a run without rtfx");
+        cJSON_Delete(doc);
+    }
+    free(out);
+    char *svg = golden_slurp("/tmp/q3-test-bench.svg", NULL);
+    CHECK(svg && !strncmp(svg, "<svg", 4) && strstr(svg, "</svg>"), "chart is an SVG document");
+    int bars = 0;
+    for (const char *p = svg; p && (p = strstr(p, "<rect")); p++) bars++;
+    CHECK(bars == 1 + 1 + 3 + 2, "background + 1 prefill bar + 3 experiment bars + 2 decode bars: %d", bars);
+    free(svg);
+    remove("/tmp/q3-test-bench.svg");
+
+    /* split-phase: prefill on one unit, decode on another (ref both ways when alone) */
+    out = run("bench -m " TEST_DATA "/golden/tiny --prefill-on ref --decode-on ref --chunk 8 --gen 4 --repeats 2",
+              &st);
+    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0 && strstr(out, "RTFx"), "split-phase table: %.300s", out);
+    free(out);
+    out = run("bench -m " TEST_DATA "/golden/tiny --compute-units nope --chunk 8 --gen 2 --repeats 1", &st);
+    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 1, "unknown unit fails: %d", st);
+    free(out);
+
+    /* probe */
+    out = run("probe -m " TEST_DATA "/golden/tiny --chunk 16 --json", &st);
+    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "probe exit %d", st);
+    doc = cJSON_Parse(out);
+    CHECK(doc != NULL, "probe --json parses: %.200s", out);
+    if (doc) {
+        CHECK(schema_validate(probe_schema, doc, err, sizeof err) == 0, "probe schema: %s", err);
+        const cJSON *pol;
+        int seen_ref = 0;
+        cJSON_ArrayForEach(pol, cJSON_GetObjectItem(doc, "policies")) {
+            const cJSON *g;
+            cJSON_ArrayForEach(g, cJSON_GetObjectItem(pol, "graphs")) {
+                CHECK(cJSON_IsTrue(cJSON_GetObjectItem(g, "admitted")), "every policy admits every graph here");
+                if (!strcmp(cJSON_GetObjectItem(pol, "policy")->valuestring, "ref")) {
+                    int n_ops = cJSON_GetObjectItem(g, "n_ops")->valueint;
+                    const cJSON *on_ref = cJSON_GetObjectItem(cJSON_GetObjectItem(g, "placement"), "ref");
+                    CHECK(on_ref && on_ref->valueint == n_ops, "ref policy: all ops on ref");
+                    CHECK(cJSON_GetObjectItem(g, "profile") != NULL, "profiled run present");
+                    seen_ref++;
+                }
+            }
+        }
+        CHECK(seen_ref == 2, "ref policy has prefill and decode");
+        cJSON_Delete(doc);
+    }
+    free(out);
+    out = run("probe -m " TEST_DATA "/golden/tiny --compute-units all --no-profile", &st);
+    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "probe text exit %d", st);
+    CHECK(strstr(out, "cuda") && strstr(out, "device absent"), "absent CUDA unit named: %.400s", out);
+    free(out);
+    cJSON_Delete(bench_schema);
+    cJSON_Delete(probe_schema);
+    TEST_DONE();
+}
