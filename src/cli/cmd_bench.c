@@ -49,9 +49,9 @@ static void svg_bar(FILE *f, double y, const char *label, double value, double v
                     const char *unit_text)
 {
     double w = vmax > 0 ? 420.0 * value / vmax : 0;
-    fprintf(f, "<text x=\"200\" y=\"%.0f\" text-anchor=\"end\" font-size=\"12\">%s</text>\n", y + 13, label);
-    fprintf(f, "<rect x=\"210\" y=\"%.0f\" width=\"%.1f\" height=\"18\" fill=\"%s\"/>\n", y, w, color);
-    fprintf(f, "<text x=\"%.1f\" y=\"%.0f\" font-size=\"12\">%.1f %s</text>\n", 216 + w, y + 13, value, unit_text);
+    fprintf(f, "<text x=\"240\" y=\"%.0f\" text-anchor=\"end\" font-size=\"12\">%s</text>\n", y + 13, label);
+    fprintf(f, "<rect x=\"250\" y=\"%.0f\" width=\"%.1f\" height=\"18\" fill=\"%s\"/>\n", y, w, color);
+    fprintf(f, "<text x=\"%.1f\" y=\"%.0f\" font-size=\"12\">%.1f %s</text>\n", 256 + w, y + 13, value, unit_text);
 }
 
 /* Two panels: prefill ms per chunk (lower is better) and decode tok/s with the drain line. */
@@ -61,7 +61,7 @@ static int write_svg(const char *path, const run *runs, int n, int chunk, double
     if (!f) return -1;
     int rows1 = n + 3, rows2 = n + 1;
     double h = 90 + 26.0 * rows1 + 60 + 26.0 * rows2 + 30;
-    fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"720\" height=\"%.0f\" font-family=\"sans-serif\">\n", h);
+    fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"780\" height=\"%.0f\" font-family=\"sans-serif\">\n", h);
     fprintf(f, "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n");
     fprintf(f, "<text x=\"10\" y=\"22\" font-size=\"15\" font-weight=\"bold\">q3 bench: %s</text>\n", model);
     fprintf(f, "<text x=\"10\" y=\"52\" font-size=\"13\">Prefill: ms per %d-token chunk (lower is better)</text>\n", chunk);
@@ -94,7 +94,7 @@ static int write_svg(const char *path, const run *runs, int n, int chunk, double
     }
     svg_bar(f, y, "laptop GPU", experiment_decode_tok_s, vmax, "#b0b0b0", "tok/s");
     y += 26;
-    double xd = 210 + 420.0 * drain / vmax;
+    double xd = 250 + 420.0 * drain / vmax;
     fprintf(f, "<line x1=\"%.1f\" y1=\"%.0f\" x2=\"%.1f\" y2=\"%.0f\" stroke=\"red\" stroke-dasharray=\"4\"/>\n", xd, y0 - 4,
             xd, y);
     fprintf(f, "</svg>\n");
