@@ -67,6 +67,8 @@ q3_status q3_session_decode(q3_session *s, int32_t token, float *logits);
 int q3_session_pos(const q3_session *s);   /* tokens in the KV cache */
 int q3_session_n_ctx(const q3_session *s);
 void q3_session_reset(q3_session *s);      /* forget all tokens */
+/* Keeps the first pos tokens and forgets the rest (pos <= q3_session_pos). */
+q3_status q3_session_rewind(q3_session *s, int pos);
 
 #ifdef __cplusplus
 }

@@ -7,6 +7,8 @@ int cmd_info(int argc, char **argv);
 int cmd_logits(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_probe(int argc, char **argv);
+int cmd_run(int argc, char **argv);
+int cmd_chat(int argc, char **argv);
 int cmd_chat_template(int argc, char **argv);
 int cmd_synth(int argc, char **argv);
 

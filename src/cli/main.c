@@ -10,6 +10,8 @@ static const struct {
     int (*fn)(int, char **);
     const char *help;
 } commands[] = {
+    {"run", cmd_run, "generate from a prompt or a conversation, streaming the text"},
+    {"chat", cmd_chat, "talk with a model, turn by turn"},
     {"info", cmd_info, "print a model's config, parameters, bytes and KV-cache size"},
     {"logits", cmd_logits, "write the logits of a token sequence (float32 [n][vocab])"},
     {"bench", cmd_bench, "the split-phase table: prefill ms/chunk, decode ms/token, tok/s, RTFx per unit"},

@@ -177,3 +177,11 @@ q3_status q3_session_decode(q3_session *s, int32_t token, float *logits)
 int q3_session_pos(const q3_session *s) { return s->pos; }
 int q3_session_n_ctx(const q3_session *s) { return s->n_ctx; }
 void q3_session_reset(q3_session *s) { s->pos = 0; }
+
+q3_status q3_session_rewind(q3_session *s, int pos)
+{
+    if (pos < 0 || pos > s->pos)
+        return q3_fail(Q3_ERR_INVALID, "cannot rewind to position %d: the session holds %d tokens", pos, s->pos);
+    s->pos = pos;
+    return Q3_OK;
+}
