@@ -5,21 +5,24 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #include "backend/registry.h"
 #include "cli/cli.h"
 #include "cli/defaults.h"
 #include "model/model.h"
 #include "run/bench.h"
+#include "run/executor.h"
 #include "text/tokenizer.h"
 #include "util/file.h"
 
 static const char *usage =
     "usage: q3 bench [-m MODEL] [--compute-units U1,U2|all] [--chunk 128] [--gen 64] [--drain 15]\n"
-    "                [--repeats 5] [--depth N] [--kv f32|f16|bf16] [--prefill-on U --decode-on U]\n"
+    "                [--repeats 5] [--prompt N] [--depth N] [--kv f32|f16|bf16] [--prefill-on U --decode-on U]\n"
     "                [--json] [--svg FILE]\n"
     "  Without -m, builds (once, cached in models/) a synthetic Qwen3-0.6B with random BF16 weights.\n"
-    "  Units default to every present unit except the scalar reference (name it to include it: ref).\n";
+    "  Units default to every present unit except the scalar reference (name it to include it: ref).\n"
+    "  --prompt N: time prefill of an N-token prompt (in chunks); --depth N: decode with N tokens cached.\n";
 
 /* The experiment q3 grows out of (one laptop): prefill of a 128-token chunk
  * per unit, decode on the GPU. */
@@ -141,6 +144,7 @@ int cmd_bench(int argc, char **argv)
         else if (!strcmp(a, "--gen")) o.gen = atoi(v);
         else if (!strcmp(a, "--repeats")) o.repeats = atoi(v);
         else if (!strcmp(a, "--depth")) o.depth = atoi(v);
+        else if (!strcmp(a, "--prompt")) o.prompt_len = atoi(v);
         else if (!strcmp(a, "--drain")) drain = atof(v);
         else if (!strcmp(a, "--kv")) o.kv_dtype = v;
         else if (!strcmp(a, "--svg")) svg = v;
@@ -150,7 +154,7 @@ int cmd_bench(int argc, char **argv)
         i++;
     }
     if (o.chunk < 1 || o.chunk > 4096 || o.gen < 1 || o.gen > 100000 || o.repeats < 1 || o.repeats > 10000 ||
-        !(drain > 0) || o.depth < 0)
+        !(drain > 0) || o.depth < 0 || o.prompt_len < 0)
         return cli_error("bench", "--chunk must be 1..4096, --gen and --repeats positive, --drain > 0");
     if (!!prefill_on != !!decode_on) return cli_error("bench", "--prefill-on and --decode-on go together");
     if (!model && !(model = cli_default_model("bench"))) return 1;
@@ -186,8 +190,24 @@ int cmd_bench(int argc, char **argv)
         }
     }
 
+    /* time to first token: open the model, prefill 16 tokens, pick the first */
+    double t_open = q3_now();
     q3_model *m;
     if (q3_model_open(model, &m)) return cli_error("bench", "%s", q3_last_error());
+    double ttft_ms = -1;
+    {
+        q3_session *s;
+        q3_session_opts so = {.n_ctx = 64, .chunk = o.chunk, .prefill_backend = runs[0].prefill_unit,
+                              .decode_backend = runs[0].decode_unit, .kv_dtype = o.kv_dtype};
+        int32_t first[16];
+        for (int i = 0; i < 16; i++) first[i] = (int32_t)((i * 7919 + 13) % m->cfg.vocab_size);
+        float *lg = malloc((size_t)m->cfg.vocab_size * sizeof *lg);
+        if (lg && !q3_session_new(m, &so, &s)) {
+            if (!q3_session_prefill(s, first, 16, lg, 0)) ttft_ms = 1e3 * (q3_now() - t_open);
+            q3_session_free(s);
+        }
+        free(lg);
+    }
     size_t wbytes = q3_model_weight_bytes(m), params = q3_model_param_count(m);
     if (!json)
         printf("q3 bench: %s (%.2f B params, %.2f GB of weights), chunk %d, %d decode tokens, drain %.0f tok/s\n",
@@ -204,6 +224,9 @@ int cmd_bench(int argc, char **argv)
         }
         runs[i].sample = sample_text(model, m->cfg.vocab_size, runs[i].r.generated, runs[i].r.n_generated);
     }
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    double peak_rss = (double)ru.ru_maxrss * 1024.0;
     if (!json) {
         printf("\n%-13s %-24s %12s %-24s %8s %12s\n", "unit", "prefill ms/chunk p50/p99", "prompt tok/s",
                "decode ms/tok p50/p99", "tok/s", "RTFx");
@@ -214,7 +237,7 @@ int cmd_bench(int argc, char **argv)
                 snprintf(unit, sizeof unit, "%s->%s", runs[i].prefill_unit, runs[i].decode_unit);
             else
                 snprintf(unit, sizeof unit, "%s", runs[i].prefill_unit);
-            snprintf(pre, sizeof pre, "%.1f / %.1f", r->prefill_ms.p50, r->prefill_ms.p99);
+            snprintf(pre, sizeof pre, "%.1f / %.1f", r->prefill_ms.p50 / r->n_chunks, r->prefill_ms.p99 / r->n_chunks);
             snprintf(dec, sizeof dec, "%.2f / %.2f", r->decode_ms.p50, r->decode_ms.p99);
             double rtfx = r->decode_tok_s / drain;
             printf("%-13s %-24s %12.1f %-24s %8.2f %7.2f %s\n", unit, pre, r->prompt_tok_s, dec, r->decode_tok_s,
@@ -224,15 +247,17 @@ int cmd_bench(int argc, char **argv)
                "-", experiment_decode_tok_s, experiment_rtfx);
         for (int i = 0; i < n_runs; i++) {
             const q3_bench_result *r = &runs[i].r;
-            printf("\n%s: prefill %.1f GFLOP/s (%.1f GFLOP per chunk, spread %.1f-%.1f ms over %d runs), "
+            printf("\n%s: prefill of %d tokens (%d chunks): %.1f GFLOP/s (%.1f GFLOP, spread %.1f-%.1f ms over %d runs), "
                    "K/V hand-off %.2f ms per chunk\n",
-                   runs[i].prefill_unit, r->prefill_flops / (r->prefill_ms.p50 * 1e6), r->prefill_flops / 1e9,
-                   r->prefill_ms.min, r->prefill_ms.max, r->prefill_ms.n, r->handoff_ms);
+                   runs[i].prefill_unit, r->prompt_len, r->n_chunks, r->prefill_flops / (r->prefill_ms.p50 * 1e6),
+                   r->prefill_flops / 1e9, r->prefill_ms.min, r->prefill_ms.max, r->prefill_ms.n, r->handoff_ms);
             printf("%s: decode streams %.2f GB per token = %.1f GB/s (spread %.2f-%.2f ms over %d tokens)\n",
                    runs[i].decode_unit, r->decode_bytes / 1e9, r->decode_bytes / (r->decode_ms.mean * 1e6),
                    r->decode_ms.min, r->decode_ms.max, r->decode_ms.n);
             if (runs[i].sample) printf("%s: sample (greedy, random weights): %.200s\n", runs[i].decode_unit, runs[i].sample);
         }
+        printf("\nopen + first token of a 16-token prompt: %.1f ms; peak resident memory %.0f MB "
+               "(weights %.0f MB, mmapped)\n", ttft_ms, peak_rss / 1e6, (double)wbytes / 1e6);
     } else {
         cJSON *root = cJSON_CreateObject();
         cJSON_AddStringToObject(root, "schema", "q3.bench/1");
@@ -245,13 +270,20 @@ int cmd_bench(int argc, char **argv)
         cJSON_AddNumberToObject(jc, "gen", o.gen);
         cJSON_AddNumberToObject(jc, "repeats", o.repeats);
         cJSON_AddNumberToObject(jc, "drain_tok_s", drain);
+        cJSON_AddNumberToObject(jc, "prompt_len", o.prompt_len > 0 ? o.prompt_len : o.chunk);
+        cJSON_AddNumberToObject(jc, "depth", o.depth);
+        cJSON_AddNumberToObject(root, "ttft_ms", ttft_ms);
+        cJSON_AddNumberToObject(root, "peak_rss_bytes", peak_rss);
         cJSON *jr = cJSON_AddArrayToObject(root, "runs");
         for (int i = 0; i < n_runs; i++) {
             const q3_bench_result *r = &runs[i].r;
             cJSON *x = cJSON_CreateObject();
             cJSON_AddStringToObject(x, "prefill_unit", runs[i].prefill_unit);
             cJSON_AddStringToObject(x, "decode_unit", runs[i].decode_unit);
-            cJSON_AddItemToObject(x, "prefill_ms", stats_json(&r->prefill_ms));
+            q3_stats per_chunk = r->prefill_ms;
+            per_chunk.p50 /= r->n_chunks, per_chunk.p99 /= r->n_chunks, per_chunk.mean /= r->n_chunks;
+            per_chunk.min /= r->n_chunks, per_chunk.max /= r->n_chunks;
+            cJSON_AddItemToObject(x, "prefill_ms", stats_json(&per_chunk));
             cJSON_AddNumberToObject(x, "prompt_tok_s", r->prompt_tok_s);
             cJSON_AddItemToObject(x, "decode_ms", stats_json(&r->decode_ms));
             cJSON_AddNumberToObject(x, "decode_tok_s", r->decode_tok_s);

@@ -45,7 +45,8 @@ q3_status q3_bench_run(q3_model *m, const q3_bench_opts *o, q3_bench_result *r)
 {
     memset(r, 0, sizeof *r);
     int S = o->chunk > 0 ? o->chunk : 128, gen = o->gen > 0 ? o->gen : 64;
-    int reps = o->repeats > 0 ? o->repeats : 5, depth = o->depth > S ? o->depth : S;
+    int P = o->prompt_len > 0 ? o->prompt_len : S;
+    int reps = o->repeats > 0 ? o->repeats : 5, depth = o->depth > P ? o->depth : P;
     int V = m->cfg.vocab_size;
     q3_session_opts so = {.n_ctx = depth + gen + 2, .chunk = S, .prefill_backend = o->prefill_unit,
                           .decode_backend = o->decode_unit, .kv_dtype = o->kv_dtype};
@@ -65,27 +66,30 @@ q3_status q3_bench_run(q3_model *m, const q3_bench_opts *o, q3_bench_result *r)
     }
     uint64_t x = 0x9e3779b97f4a7c15ull;
     for (int i = 0; i < depth; i++) {
-        if (o->prompt && i < S) {
+        if (o->prompt && i < P) {
             prompt[i] = o->prompt[i];
         } else {
             x ^= x << 13, x ^= x >> 7, x ^= x << 17;
             prompt[i] = (int32_t)(x % (uint64_t)V);
         }
     }
-    /* prefill: one warm-up run, then `reps` timed runs of one chunk at position 0 */
+    /* prefill: one warm-up run, then `reps` timed runs of the prompt from position 0 */
     for (int i = -1; i < reps; i++) {
         q3_session_reset(s);
         s->handoff_seconds = 0;
         double t0 = q3_now();
-        if ((st = q3_session_prefill(s, prompt, (size_t)S, logits, 0))) goto done;
+        if ((st = q3_session_prefill(s, prompt, (size_t)P, logits, 0))) goto done;
         if (i >= 0) ms[i] = 1e3 * (q3_now() - t0);
     }
     q3_stats_compute(ms, reps, &r->prefill_ms);
-    r->handoff_ms = 1e3 * s->handoff_seconds;
-    r->prompt_tok_s = S / (r->prefill_ms.p50 / 1e3);
-    r->prefill_flops = q3_graph_flops(&s->prefill, S, 0);
+    r->prompt_len = P;
+    r->n_chunks = (P + S - 1) / S;
+    r->handoff_ms = 1e3 * s->handoff_seconds / r->n_chunks;
+    r->prompt_tok_s = P / (r->prefill_ms.p50 / 1e3);
+    for (int c = 0; c < r->n_chunks; c++)
+        r->prefill_flops += q3_graph_flops(&s->prefill, P - c * S < S ? P - c * S : S, c * S);
     /* fill the cache to `depth`, then decode greedily: one warm-up step, `gen` timed */
-    if (depth > S && (st = q3_session_prefill(s, prompt + S, (size_t)(depth - S), logits, 0))) goto done;
+    if (depth > P && (st = q3_session_prefill(s, prompt + P, (size_t)(depth - P), logits, 0))) goto done;
     int32_t tok = argmax(logits, V);
     for (int i = -1; i < gen; i++) {
         double t0 = q3_now();

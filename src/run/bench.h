@@ -13,7 +13,8 @@ typedef struct q3_bench_opts {
     int chunk;                 /* prefill chunk S (tokens per prefill run) */
     int gen;                   /* decode steps timed */
     int repeats;               /* prefill runs timed */
-    int depth;                 /* tokens already in the cache before decode is timed (>= chunk) */
+    int depth;                 /* tokens already in the cache before decode is timed (>= prompt) */
+    int prompt_len;            /* tokens per timed prefill run (0: one chunk) */
     const int32_t *prompt;     /* [chunk] prompt ids, or NULL for deterministic pseudo-random ids */
 } q3_bench_opts;
 
@@ -23,12 +24,13 @@ typedef struct q3_stats {
 } q3_stats;
 
 typedef struct q3_bench_result {
-    q3_stats prefill_ms;       /* per chunk of S tokens */
+    q3_stats prefill_ms;       /* per prefill run of prompt_len tokens */
+    int prompt_len, n_chunks;  /* tokens and chunks per prefill run */
     q3_stats decode_ms;        /* per token */
-    double prompt_tok_s;       /* S / prefill p50 */
+    double prompt_tok_s;       /* prompt_len / prefill p50 */
     double decode_tok_s;       /* 1000 / decode mean */
     double handoff_ms;         /* per chunk: prefill K/V into the cache */
-    double prefill_flops;      /* per chunk */
+    double prefill_flops;      /* per prefill run */
     double decode_bytes;       /* weight + KV bytes streamed per decode token */
     int32_t *generated;        /* [n_generated] greedy ids (caller frees) */
     int n_generated;
