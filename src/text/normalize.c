@@ -1,0 +1,145 @@
+/* NFC, done only where it can change something.
+ *
+ * A "stable" character is a starter (canonical combining class 0) that NFC keeps as
+ * it is and that never combines with a character before it. NFC never acts across a
+ * stable character, so the text splits, before each stable character, into segments
+ * that normalise independently; a segment made of one stable character is already
+ * NFC. Only the other segments (a character followed by combining marks, Hangul
+ * jamo, ...) go through utf8proc. Text that is all stable -- ASCII, most prose, CJK,
+ * emoji -- is returned as is, without a copy.
+ *
+ * Which characters are stable is worked out once per process from utf8proc's own
+ * tables (so this agrees with utf8proc_NFC by construction): a character is unstable
+ * if its combining class is not 0, if NFC changes it on its own, or if it appears
+ * after the first position of some canonical decomposition (it may then be the second
+ * half of a composition). */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <utf8proc.h>
+
+#include "text/tokenizer_impl.h"
+#include "text/utf8.h"
+#include "util/error.h"
+
+/* ==== the table of unstable characters ========================================== */
+
+/* Canonical decompositions stop at U+2FA1D; above this, stability is ccc == 0. */
+#define NFC_TABLE_LIMIT 0x30000u
+
+static uint8_t unstable_bits[NFC_TABLE_LIMIT / 8];
+static pthread_once_t unstable_once = PTHREAD_ONCE_INIT;
+
+static void mark_unstable(uint32_t cp)
+{
+    if (cp < NFC_TABLE_LIMIT) unstable_bits[cp >> 3] |= (uint8_t)(1u << (cp & 7));
+}
+
+static void build_unstable_table(void)
+{
+    for (uint32_t cp = 0x80; cp < NFC_TABLE_LIMIT; cp++) {
+        if (cp >= 0xD800 && cp <= 0xDFFF) continue;
+        const utf8proc_property_t *p = utf8proc_get_property((utf8proc_int32_t)cp);
+        if (p->combining_class != 0) mark_unstable(cp);
+        if (p->decomp_seqindex == UINT16_MAX && !(cp >= 0xAC00 && cp <= 0xD7A3)) continue;
+
+        utf8proc_int32_t d[32];
+        int last_boundclass = 0;
+        utf8proc_ssize_t k = utf8proc_decompose_char((utf8proc_int32_t)cp, d, 32,
+                                                     UTF8PROC_DECOMPOSE, &last_boundclass);
+        if (k <= 0 || k > 32 || (k == 1 && d[0] == (utf8proc_int32_t)cp)) continue; /* compatibility only */
+        for (utf8proc_ssize_t i = 1; i < k; i++) mark_unstable((uint32_t)d[i]);
+        utf8proc_ssize_t m = utf8proc_normalize_utf32(d, k, UTF8PROC_COMPOSE | UTF8PROC_STABLE);
+        if (m != 1 || d[0] != (utf8proc_int32_t)cp) mark_unstable(cp);
+    }
+    /* Hangul jamo compose algorithmically; keep the whole block out of the fast path. */
+    for (uint32_t cp = 0x1100; cp <= 0x11FF; cp++) mark_unstable(cp);
+}
+
+static inline int is_stable(uint32_t cp)
+{
+    if (cp < 0x80) return 1;
+    if (cp < NFC_TABLE_LIMIT) return !(unstable_bits[cp >> 3] & (1u << (cp & 7)));
+    return utf8proc_get_property((utf8proc_int32_t)cp)->combining_class == 0;
+}
+
+/* ==== NFC ========================================================================== */
+
+/* Appends NFC(s[0..n)) to out. */
+static q3_status nfc_segment(const char *s, size_t n, tk_buf *out)
+{
+    utf8proc_int32_t stack_buf[256], *buf = stack_buf;
+    utf8proc_ssize_t cap = 256;
+    utf8proc_option_t opt = UTF8PROC_STABLE | UTF8PROC_COMPOSE;
+    for (;;) {
+        utf8proc_ssize_t k = utf8proc_decompose((const utf8proc_uint8_t *)s, (utf8proc_ssize_t)n,
+                                                buf, cap, opt);
+        if (k < 0) {
+            if (buf != stack_buf) free(buf);
+            return q3_fail(Q3_ERR_INVALID, "NFC: %s", utf8proc_errmsg(k));
+        }
+        if (k > cap) {
+            if (buf != stack_buf) free(buf);
+            cap = k;
+            buf = malloc((size_t)cap * sizeof *buf);
+            if (!buf) return q3_fail(Q3_ERR_NOMEM, "NFC: out of memory");
+            continue;
+        }
+        utf8proc_ssize_t bytes = utf8proc_reencode(buf, k, opt);
+        int fail = bytes < 0 || tk_buf_append(out, buf, (size_t)bytes);
+        if (buf != stack_buf) free(buf);
+        if (fail) return q3_fail(Q3_ERR_NOMEM, "NFC: out of memory");
+        return Q3_OK;
+    }
+}
+
+q3_status tk_nfc(const char *text, size_t n, tk_buf *out, const char **res, size_t *res_len)
+{
+    const unsigned char *s = (const unsigned char *)text;
+    *res = text;
+    *res_len = n;
+
+    size_t i = 0;
+    /* Skip the ASCII prefix 8 bytes at a time; most text never leaves this loop. */
+    while (i + 8 <= n) {
+        uint64_t w;
+        memcpy(&w, s + i, 8);
+        if (w & 0x8080808080808080ull) break;
+        i += 8;
+    }
+    pthread_once(&unstable_once, build_unstable_table);
+
+    out->len = 0;
+    size_t seg = i ? i - 1 : 0; /* start of the current segment (a stable character, or 0) */
+    size_t copied = 0; /* text[0..copied) is already in out (once out is in use) */
+    int dirty = 0, using_out = 0;
+    while (i <= n) {
+        uint32_t cp = 0;
+        int len = 1, stable = 1;
+        if (i < n && s[i] >= 0x80) {
+            len = q3_utf8_decode_valid(s + i, &cp);
+            stable = is_stable(cp);
+        }
+        if (i == n || stable) {
+            if (dirty) { /* normalise [seg, i) */
+                using_out = 1;
+                if (tk_buf_append(out, text + copied, seg - copied))
+                    return q3_fail(Q3_ERR_NOMEM, "NFC: out of memory");
+                q3_status st = nfc_segment(text + seg, i - seg, out);
+                if (st != Q3_OK) return st;
+                copied = i;
+                dirty = 0;
+            }
+            if (i == n) break;
+            seg = i;
+        } else {
+            dirty = 1;
+        }
+        i += (size_t)len;
+    }
+    if (!using_out) return Q3_OK;
+    if (tk_buf_append(out, text + copied, n - copied)) return q3_fail(Q3_ERR_NOMEM, "NFC: out of memory");
+    *res = out->data;
+    *res_len = out->len;
+    return Q3_OK;
+}

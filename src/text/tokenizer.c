@@ -1,0 +1,624 @@
+/* The tokenizer: building it, encode, decode, the streaming detokenizer, lookups.
+ * (tokenizer.json is read in tokenizer_json.c; BPE itself is in bpe.c.) */
+#include <stdlib.h>
+#include <string.h>
+
+#include "text/tokenizer_impl.h"
+#include "text/utf8.h"
+#include "util/error.h"
+
+/* ==== byte-level alphabet (GPT-2's bytes_to_unicode) ============================= */
+
+/* Printable bytes (33..126, 161..172, 174..255) stand for themselves; the other 68
+ * (0..32, 127..160, 173) are moved, in order, to U+0100..U+0143. Returns the byte that
+ * code point cp stands for, or -1 if cp is not in the alphabet. */
+static int byte_level_to_byte(uint32_t cp)
+{
+    if ((cp >= 33 && cp <= 126) || (cp >= 161 && cp <= 172) || (cp >= 174 && cp <= 255)) return (int)cp;
+    if (cp < 256 || cp >= 256 + 68) return -1;
+    uint32_t k = cp - 256;
+    if (k < 33) return (int)k;
+    if (k < 67) return (int)(127 + (k - 33));
+    return 173;
+}
+
+/* Decodes a byte-level string into raw bytes appended to out. Returns 0; 1 if a
+ * character is outside the alphabet (or bad UTF-8), its byte offset in *bad_at;
+ * -1 out of memory. */
+static int byte_level_decode(const char *bl, size_t n, tk_buf *out, size_t *bad_at)
+{
+    if (out->len + n > out->cap && tk_buf_reserve(out, n)) return -1; /* never longer than the input */
+    const unsigned char *s = (const unsigned char *)bl;
+    unsigned char *dst = (unsigned char *)out->data + out->len;
+    size_t i = 0, w = 0;
+    while (i < n) {
+        unsigned c = s[i];
+        if (c - 33u <= 126u - 33u) { /* printable ASCII stands for itself */
+            dst[w++] = (unsigned char)c;
+            i++;
+            continue;
+        }
+        /* The rest of the alphabet is U+00A1..U+0143: two bytes, lead C2..C5. */
+        if (c >= 0xC2 && c <= 0xC5 && i + 1 < n && (s[i + 1] & 0xC0) == 0x80) {
+            int b = byte_level_to_byte((c & 0x1Fu) << 6 | (s[i + 1] & 0x3Fu));
+            if (b >= 0) {
+                dst[w++] = (unsigned char)b;
+                i += 2;
+                continue;
+            }
+        }
+        *bad_at = i;
+        return 1;
+    }
+    out->len += w;
+    return 0;
+}
+
+/* ==== building ====================================================================== */
+
+q3_status tk_new(const char *name, size_t n_vocab, size_t n_merges, q3_tokenizer **out)
+{
+    *out = NULL;
+    q3_tokenizer *t = calloc(1, sizeof *t);
+    if (!t) return q3_fail(Q3_ERR_NOMEM, "%s: out of memory", name ? name : "tokenizer");
+    t->name = strdup(name ? name : "tokenizer");
+    t->merge_guess = 256;
+    if (!t->name || tk_maps_alloc(t, n_vocab, n_merges) || tk_buf_reserve(&t->bytes, n_vocab * 8)) {
+        q3_tokenizer_free(t);
+        return q3_fail(Q3_ERR_NOMEM, "%s: out of memory", name ? name : "tokenizer");
+    }
+    *out = t;
+    return Q3_OK;
+}
+
+/* Makes ids [0, n) addressable. */
+static q3_status ensure_ids(q3_tokenizer *t, int32_t n)
+{
+    if (n <= t->n_ids) return Q3_OK;
+    int32_t cap = t->n_ids ? t->n_ids : 1024;
+    while (cap < n) cap = cap > TK_MAX_ID / 2 ? TK_MAX_ID : cap * 2;
+    uint32_t *off = realloc(t->tok_off, (size_t)cap * sizeof *off);
+    if (off) t->tok_off = off;
+    uint32_t *len = realloc(t->tok_len, (size_t)cap * sizeof *len);
+    if (len) t->tok_len = len;
+    uint8_t *kind = realloc(t->tok_kind, (size_t)cap);
+    if (kind) t->tok_kind = kind;
+    if (!off || !len || !kind) return q3_fail(Q3_ERR_NOMEM, "%s: out of memory for %d ids", t->name, cap);
+    memset(off + t->n_ids, 0, (size_t)(cap - t->n_ids) * sizeof *off);
+    memset(len + t->n_ids, 0, (size_t)(cap - t->n_ids) * sizeof *len);
+    memset(kind + t->n_ids, TK_KIND_NONE, (size_t)(cap - t->n_ids));
+    t->n_ids = cap; /* trimmed to the largest id + 1 in tk_finish */
+    return Q3_OK;
+}
+
+static q3_status check_id(q3_tokenizer *t, int32_t id, const char *what, const char *text, size_t len)
+{
+    if (id < 0 || id >= TK_MAX_ID)
+        return q3_fail(Q3_ERR_FORMAT, "%s: %s \"%.*s\" has id %d, outside 0..%d", t->name, what,
+                       (int)(len > 60 ? 60 : len), text, (int)id, TK_MAX_ID - 1);
+    return ensure_ids(t, id + 1);
+}
+
+/* Loading is bound by cache misses in the hash maps (6 MB of vocabulary slots, 4 MB of
+ * merge slots), so tokens and merges are added in batches: first every key of the
+ * batch is hashed and its slot prefetched, then the slots are used. */
+
+q3_status tk_add_vocab_batch(q3_tokenizer *t, const tk_str *bl, const int32_t *ids, size_t n)
+{
+    uint64_t h[TK_BATCH];
+    if (n > TK_BATCH) return q3_fail(Q3_ERR_INVALID, "%s: vocabulary batch of %zu", t->name, n);
+    for (size_t k = 0; k < n; k++) {
+        int32_t id = ids[k];
+        const char *s = bl[k].p;
+        int sl = (int)(bl[k].n > 60 ? 60 : bl[k].n);
+        q3_status st = check_id(t, id, "vocabulary token", s, bl[k].n);
+        if (st != Q3_OK) return st;
+        if (t->tok_kind[id] != TK_KIND_NONE)
+            return q3_fail(Q3_ERR_FORMAT, "%s: vocabulary: id %d is given to two tokens (the second is \"%.*s\")",
+                           t->name, (int)id, sl, s);
+        size_t off = t->bytes.len, bad_at = 0;
+        if (off + bl[k].n > UINT32_MAX) return q3_fail(Q3_ERR_FORMAT, "%s: vocabulary too large", t->name);
+        int r = byte_level_decode(s, bl[k].n, &t->bytes, &bad_at);
+        if (r < 0) return q3_fail(Q3_ERR_NOMEM, "%s: out of memory", t->name);
+        if (r > 0)
+            return q3_fail(Q3_ERR_FORMAT,
+                           "%s: vocabulary token %d \"%.*s\": the character at byte %zu is not in the byte-level alphabet",
+                           t->name, (int)id, sl, s, bad_at);
+        size_t len = t->bytes.len - off;
+        if (len == 0) return q3_fail(Q3_ERR_FORMAT, "%s: vocabulary token %d is empty", t->name, (int)id);
+        t->tok_off[id] = (uint32_t)off;
+        t->tok_len[id] = (uint32_t)len;
+        t->tok_kind[id] = TK_KIND_BPE;
+        h[k] = tk_hash_bytes(t->bytes.data + off, len);
+        tk_vocab_prefetch(t, h[k]);
+    }
+    for (size_t k = 0; k < n; k++) {
+        /* Two entries with the same bytes: the first keeps the bytes -> id direction. */
+        int32_t existing;
+        q3_status st = tk_vocab_insert_h(t, ids[k], h[k], &existing);
+        if (st != Q3_OK) return st;
+    }
+    return Q3_OK;
+}
+
+q3_status tk_add_merge_batch(q3_tokenizer *t, const tk_str *a, const tk_str *b, size_t n)
+{
+    if (n > TK_BATCH) return q3_fail(Q3_ERR_INVALID, "%s: merge batch of %zu", t->name, n);
+    /* Both halves of each merge are decoded, contiguously, after the end of the arena
+     * (scratch, dropped at the end). */
+    tk_buf *arena = &t->bytes;
+    size_t base = arena->len, start[TK_BATCH], mid[TK_BATCH], end[TK_BATCH];
+    uint64_t ha[TK_BATCH], hb[TK_BATCH], hab[TK_BATCH];
+    int32_t left[TK_BATCH], right[TK_BATCH], merged[TK_BATCH];
+    q3_status st = Q3_OK;
+    size_t k;
+    for (k = 0; k < n && st == Q3_OK; k++) {
+        size_t bad_at = 0;
+        start[k] = arena->len;
+        int ra = byte_level_decode(a[k].p, a[k].n, arena, &bad_at);
+        mid[k] = arena->len;
+        int rb = ra ? 0 : byte_level_decode(b[k].p, b[k].n, arena, &bad_at);
+        end[k] = arena->len;
+        if (ra < 0 || rb < 0) {
+            st = q3_fail(Q3_ERR_NOMEM, "%s: out of memory", t->name);
+        } else if (ra || rb) {
+            st = q3_fail(Q3_ERR_FORMAT,
+                         "%s: merge %zu (\"%.*s\" \"%.*s\"): the %s part has a character outside the byte-level alphabet",
+                         t->name, t->n_merges + k, (int)(a[k].n > 40 ? 40 : a[k].n), a[k].p,
+                         (int)(b[k].n > 40 ? 40 : b[k].n), b[k].p, ra ? "left" : "right");
+        } else {
+            const char *d = arena->data;
+            ha[k] = tk_hash_bytes(d + start[k], mid[k] - start[k]);
+            hb[k] = tk_hash_bytes(d + mid[k], end[k] - mid[k]);
+            tk_vocab_prefetch(t, ha[k]);
+            tk_vocab_prefetch(t, hb[k]);
+            /* Vocabularies made by BPE training list each merge's result in merge order
+             * (Qwen's: id 256 + rank), so try the id after the previous result first. */
+            int32_t g = t->merge_guess + (int32_t)k;
+            size_t ab = end[k] - start[k];
+            merged[k] = -1;
+            if (g < t->n_ids && t->tok_kind[g] == TK_KIND_BPE && t->tok_len[g] == ab &&
+                memcmp(t->bytes.data + t->tok_off[g], d + start[k], ab) == 0)
+                merged[k] = g;
+            else
+                tk_vocab_prefetch(t, hab[k] = tk_hash_bytes(d + start[k], ab));
+        }
+    }
+    for (k = 0; k < n && st == Q3_OK; k++) {
+        const char *d = arena->data;
+        left[k] = tk_vocab_find_h(t, d + start[k], mid[k] - start[k], ha[k]);
+        right[k] = tk_vocab_find_h(t, d + mid[k], end[k] - mid[k], hb[k]);
+        if (merged[k] < 0) merged[k] = tk_vocab_find_h(t, d + start[k], end[k] - start[k], hab[k]);
+        if (left[k] < 0 || right[k] < 0 || merged[k] < 0) {
+            const char *what = left[k] < 0 ? "its left part" : right[k] < 0 ? "its right part" : "the merged token";
+            st = q3_fail(Q3_ERR_FORMAT, "%s: merge %zu (\"%.*s\" \"%.*s\"): %s is not in the vocabulary",
+                         t->name, t->n_merges + k, (int)(a[k].n > 40 ? 40 : a[k].n), a[k].p,
+                         (int)(b[k].n > 40 ? 40 : b[k].n), b[k].p, what);
+        } else {
+            tk_merge_prefetch(t, left[k], right[k]);
+        }
+    }
+    arena->len = base;
+    for (k = 0; k < n && st == Q3_OK; k++) st = tk_merge_insert(t, left[k], right[k], merged[k]);
+    if (st == Q3_OK && n) t->merge_guess = merged[n - 1] + 1;
+    return st;
+}
+
+q3_status tk_add_vocab(q3_tokenizer *t, const char *bl, size_t bl_len, int32_t id)
+{
+    tk_str s = {bl, bl_len};
+    return tk_add_vocab_batch(t, &s, &id, 1);
+}
+
+q3_status tk_add_merge(q3_tokenizer *t, const char *a, size_t a_len, const char *b, size_t b_len)
+{
+    tk_str sa = {a, a_len}, sb = {b, b_len};
+    return tk_add_merge_batch(t, &sa, &sb, 1);
+}
+
+q3_status tk_add_added(q3_tokenizer *t, const char *content, size_t len, int32_t id, int special,
+                       int lstrip, int rstrip)
+{
+    q3_status st = check_id(t, id, "added token", content, len);
+    if (st != Q3_OK) return st;
+    if (len == 0) return q3_fail(Q3_ERR_FORMAT, "%s: added token %d has empty content", t->name, (int)id);
+    if (q3_utf8_validate(content, len) != len)
+        return q3_fail(Q3_ERR_FORMAT, "%s: added token %d is not valid UTF-8", t->name, (int)id);
+    if (t->tok_kind[id] == TK_KIND_ADDED || t->tok_kind[id] == TK_KIND_SPECIAL)
+        return q3_fail(Q3_ERR_FORMAT, "%s: added token %d (\"%.*s\") is listed twice", t->name, (int)id,
+                       (int)len, content);
+    if (t->tok_kind[id] == TK_KIND_BPE) {
+        /* Also in the vocabulary (allowed when it is the same text). */
+        if (t->tok_len[id] != len || memcmp(t->bytes.data + t->tok_off[id], content, len) != 0)
+            return q3_fail(Q3_ERR_FORMAT,
+                           "%s: added token \"%.*s\" has id %d, which the vocabulary gives to another token",
+                           t->name, (int)len, content, (int)id);
+    } else {
+        size_t off = t->bytes.len;
+        if (off + len > UINT32_MAX) return q3_fail(Q3_ERR_FORMAT, "%s: vocabulary too large", t->name);
+        if (tk_buf_append(&t->bytes, content, len)) return q3_fail(Q3_ERR_NOMEM, "%s: out of memory", t->name);
+        t->tok_off[id] = (uint32_t)off;
+        t->tok_len[id] = (uint32_t)len;
+    }
+    t->tok_kind[id] = special ? TK_KIND_SPECIAL : TK_KIND_ADDED;
+
+    tk_added *a = realloc(t->added, (t->n_added + 1) * sizeof *a);
+    if (!a) return q3_fail(Q3_ERR_NOMEM, "%s: out of memory", t->name);
+    t->added = a;
+    a[t->n_added++] = (tk_added){t->tok_off[id], (uint32_t)len, id, (uint8_t)!!special,
+                                 (uint8_t)!!lstrip, (uint8_t)!!rstrip};
+    return Q3_OK;
+}
+
+static int added_longest_first(const void *pa, const void *pb)
+{
+    const tk_added *a = pa, *b = pb;
+    if (a->len != b->len) return a->len > b->len ? -1 : 1;
+    return a->id < b->id ? -1 : a->id > b->id;
+}
+
+q3_status tk_finish(q3_tokenizer *t, const char *pattern, int nfc)
+{
+    for (int b = 0; b < 256; b++) {
+        unsigned char byte = (unsigned char)b;
+        t->byte_id[b] = tk_vocab_find(t, &byte, 1);
+        if (t->byte_id[b] < 0)
+            return q3_fail(Q3_ERR_FORMAT,
+                           "%s: the vocabulary has no token for the byte 0x%02X (byte-level BPE needs all 256)",
+                           t->name, b);
+    }
+    /* Trim the id range to the largest id present. */
+    int32_t n = t->n_ids;
+    while (n > 0 && t->tok_kind[n - 1] == TK_KIND_NONE) n--;
+    t->n_ids = n;
+    for (int32_t id = 0; id < n; id++)
+        if (t->tok_len[id] > t->max_token_len) t->max_token_len = t->tok_len[id];
+
+    qsort(t->added, t->n_added, sizeof *t->added, added_longest_first);
+    for (size_t i = 0; i < t->n_added; i++)
+        t->added_first[(unsigned char)t->bytes.data[t->added[i].off]] = 1;
+
+    t->nfc = nfc;
+    if (nfc) { /* builds the process-wide NFC table now rather than in the first encode */
+        const char *r;
+        size_t rl;
+        tk_buf none = {0};
+        tk_nfc("", 0, &none, &r, &rl);
+    }
+    return tk_splitter_init(&t->split, pattern, 1, t->name);
+}
+
+void q3_tokenizer_free(q3_tokenizer *t)
+{
+    if (!t) return;
+    free(t->name);
+    free(t->tok_off);
+    free(t->tok_len);
+    free(t->tok_kind);
+    tk_buf_free(&t->bytes);
+    free(t->vocab_slots);
+    free(t->merge_slots);
+    free(t->added);
+    tk_splitter_free(&t->split);
+    free(t);
+}
+
+/* ==== from parts ===================================================================== */
+
+q3_status q3_tokenizer_from_parts(const q3_tokenizer_parts *p, const char *name, q3_tokenizer **out)
+{
+    *out = NULL;
+    if (!name) name = "tokenizer";
+    if (!p || (p->n_vocab && !p->vocab) || (p->n_merges && !p->merges) || (p->n_added && !p->added))
+        return q3_fail(Q3_ERR_INVALID, "%s: tokenizer parts: a count is set but its array is NULL", name);
+    if (p->n_vocab > TK_MAX_ID)
+        return q3_fail(Q3_ERR_FORMAT, "%s: %zu vocabulary entries, more than %d", name, p->n_vocab, TK_MAX_ID);
+
+    q3_tokenizer *t;
+    q3_status st = tk_new(name, p->n_vocab, p->n_merges, &t);
+    if (st != Q3_OK) return st;
+
+    /* An id that is an added token takes the added token's content, not vocab[id]. */
+    uint8_t *is_added = calloc(p->n_vocab + 1, 1);
+    if (!is_added) {
+        q3_tokenizer_free(t);
+        return q3_fail(Q3_ERR_NOMEM, "%s: out of memory", name);
+    }
+    for (size_t i = 0; i < p->n_added; i++)
+        if (p->added[i].id >= 0 && (size_t)p->added[i].id < p->n_vocab) is_added[p->added[i].id] = 1;
+
+    for (size_t i = 0; i < p->n_vocab && st == Q3_OK; i++)
+        if (p->vocab[i] && !is_added[i]) st = tk_add_vocab(t, p->vocab[i], strlen(p->vocab[i]), (int32_t)i);
+    free(is_added);
+
+    for (size_t i = 0; i < p->n_merges && st == Q3_OK; i++) {
+        const char *m = p->merges[i];
+        const char *sp = m ? strchr(m, ' ') : NULL;
+        if (!sp || strchr(sp + 1, ' ') || sp == m || !sp[1])
+            st = q3_fail(Q3_ERR_FORMAT, "%s: merge %zu (\"%s\") is not two tokens separated by one space",
+                         name, i, m ? m : "(null)");
+        else
+            st = tk_add_merge(t, m, (size_t)(sp - m), sp + 1, strlen(sp + 1));
+    }
+    for (size_t i = 0; i < p->n_added && st == Q3_OK; i++) {
+        const q3_added_token *a = &p->added[i];
+        if (!a->content) st = q3_fail(Q3_ERR_FORMAT, "%s: added token %d has no content", name, (int)a->id);
+        else st = tk_add_added(t, a->content, strlen(a->content), a->id, a->special, a->lstrip, a->rstrip);
+    }
+    if (st == Q3_OK) st = tk_finish(t, p->split_regex ? p->split_regex : TK_QWEN2_PATTERN, p->nfc);
+    if (st != Q3_OK) {
+        q3_tokenizer_free(t);
+        return st;
+    }
+    *out = t;
+    return Q3_OK;
+}
+
+/* ==== encode =========================================================================== */
+
+void q3_tokens_free(q3_tokens *t)
+{
+    free(t->ids);
+    t->ids = NULL;
+    t->n = t->cap = 0;
+}
+
+static inline int is_white_space(uint32_t cp)
+{
+    return (cp >= 0x09 && cp <= 0x0D) || cp == 0x20 || cp == 0x85 || cp == 0xA0 || cp == 0x1680 ||
+           (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 || cp == 0x202F ||
+           cp == 0x205F || cp == 0x3000;
+}
+
+/* An added token found in the text: it covers [start, end). */
+typedef struct added_match {
+    size_t start, end;
+    int32_t id;
+} added_match;
+
+/* Finds the leftmost added token at or after `from` (the longest of those starting
+ * there), with lstrip/rstrip whitespace folded in (lstrip never reaches before
+ * `floor`). Returns 0 if there is none. */
+static int find_added(const q3_tokenizer *t, const char *text, size_t len, size_t from, size_t floor,
+                      unsigned flags, added_match *m)
+{
+    if (!t->n_added) return 0;
+    const unsigned char *s = (const unsigned char *)text;
+    for (size_t p = from; p < len; p++) {
+        if (!t->added_first[s[p]]) continue;
+        for (size_t k = 0; k < t->n_added; k++) {
+            const tk_added *a = &t->added[k];
+            if (a->special && (flags & Q3_ENCODE_SPECIAL_AS_TEXT)) continue;
+            if (a->len > len - p || memcmp(s + p, t->bytes.data + a->off, a->len) != 0) continue;
+            size_t start = p, end = p + a->len;
+            if (a->lstrip) {
+                while (start > floor) {
+                    size_t q = start - 1;
+                    while (q > floor && (s[q] & 0xC0) == 0x80) q--;
+                    uint32_t cp;
+                    q3_utf8_decode_valid(s + q, &cp);
+                    if (!is_white_space(cp)) break;
+                    start = q;
+                }
+            }
+            if (a->rstrip) {
+                while (end < len) {
+                    uint32_t cp;
+                    int k2 = q3_utf8_decode_valid(s + end, &cp);
+                    if (!is_white_space(cp)) break;
+                    end += (size_t)k2;
+                }
+            }
+            m->start = start;
+            m->end = end;
+            m->id = a->id;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* Encodes text without added tokens: NFC, split, BPE each piece. */
+static q3_status encode_plain(const q3_tokenizer *t, tk_scratch *sc, const char *text, size_t len,
+                              q3_tokens *out)
+{
+    if (len == 0) return Q3_OK;
+    const char *s = text;
+    size_t n = len;
+    if (t->nfc) {
+        q3_status st = tk_nfc(text, len, &sc->nfc, &s, &n);
+        if (st != Q3_OK) return st;
+    }
+    if (t->split.kind == TK_SPLIT_PCRE2 && !sc->md) {
+        sc->md = pcre2_match_data_create_from_pattern(t->split.re, NULL);
+        if (!sc->md) return q3_fail(Q3_ERR_NOMEM, "%s: out of memory", t->name);
+    }
+    tk_split_iter it = {.sp = &t->split, .s = (const unsigned char *)s, .n = n, .md = sc->md};
+    size_t ps, pe;
+    int r;
+    while ((r = tk_split_next(&it, &ps, &pe)) == 1) {
+        q3_status st = tk_bpe_piece(t, sc, (const unsigned char *)s + ps, pe - ps, out);
+        if (st != Q3_OK) return st;
+    }
+    return r < 0 ? q3_fail_wrap(Q3_ERR_INVALID, "%s", t->name) : Q3_OK;
+}
+
+q3_status q3_tokenizer_encode_append(const q3_tokenizer *t, const char *text, size_t len,
+                                     unsigned flags, q3_tokens *out)
+{
+    if (!text && len) return q3_fail(Q3_ERR_INVALID, "encode: text is NULL");
+    size_t bad = q3_utf8_validate(text, len);
+    if (bad < len)
+        return q3_fail(Q3_ERR_INVALID, "encode: invalid UTF-8 at byte offset %zu (byte 0x%02X)", bad,
+                       (unsigned)(unsigned char)text[bad]);
+    size_t n0 = out->n;
+    tk_scratch sc = {0};
+    q3_status st = Q3_OK;
+    size_t pos = 0;
+    while (pos < len && st == Q3_OK) {
+        added_match m = {0};
+        int found = find_added(t, text, len, pos, pos, flags, &m);
+        size_t plain_end = found ? m.start : len;
+        st = encode_plain(t, &sc, text + pos, plain_end - pos, out);
+        if (st == Q3_OK && found) {
+            if (tk_tokens_reserve(out, 1)) st = q3_fail(Q3_ERR_NOMEM, "%s: out of memory", t->name);
+            else out->ids[out->n++] = m.id;
+        }
+        pos = found ? m.end : len;
+    }
+    tk_scratch_free(&sc);
+    if (st != Q3_OK) out->n = n0;
+    return st;
+}
+
+q3_status q3_tokenizer_encode(const q3_tokenizer *t, const char *text, size_t len, int32_t **ids,
+                              size_t *n_ids)
+{
+    q3_tokens toks = {0};
+    *ids = NULL;
+    *n_ids = 0;
+    q3_status st = q3_tokenizer_encode_append(t, text, len, Q3_ENCODE_DEFAULT, &toks);
+    if (st != Q3_OK) {
+        q3_tokens_free(&toks);
+        return st;
+    }
+    *ids = toks.ids;
+    *n_ids = toks.n;
+    return Q3_OK;
+}
+
+/* ==== decode ============================================================================ */
+
+static q3_status check_decode_id(const q3_tokenizer *t, int32_t id, size_t at)
+{
+    if (id < 0 || id >= t->n_ids || t->tok_kind[id] == TK_KIND_NONE)
+        return q3_fail(Q3_ERR_INVALID, "decode: id %d (at position %zu) is not a token (vocabulary: 0..%d)",
+                       (int)id, at, (int)t->n_ids - 1);
+    return Q3_OK;
+}
+
+q3_status q3_tokenizer_decode(const q3_tokenizer *t, const int32_t *ids, size_t n, char **text, size_t *len)
+{
+    *text = NULL;
+    if (len) *len = 0;
+    size_t total = 0;
+    for (size_t i = 0; i < n; i++) {
+        q3_status st = check_decode_id(t, ids[i], i);
+        if (st != Q3_OK) return st;
+        total += t->tok_len[ids[i]];
+    }
+    char *buf = malloc(total + 1);
+    if (!buf) return q3_fail(Q3_ERR_NOMEM, "decode: out of memory for %zu bytes", total);
+    size_t w = 0;
+    for (size_t i = 0; i < n; i++) {
+        memcpy(buf + w, t->bytes.data + t->tok_off[ids[i]], t->tok_len[ids[i]]);
+        w += t->tok_len[ids[i]];
+    }
+    buf[w] = 0;
+    *text = buf;
+    if (len) *len = w;
+    return Q3_OK;
+}
+
+/* ==== streaming detokenizer =============================================================== */
+
+void q3_detok_init(q3_detok *d, const q3_tokenizer *tok)
+{
+    memset(d, 0, sizeof *d);
+    d->tok = tok;
+}
+
+void q3_detok_free(q3_detok *d)
+{
+    free(d->buf);
+    memset(d, 0, sizeof *d);
+}
+
+/* Emits the held bytes followed by in[0..n) into d->buf: whole characters pass, bad
+ * bytes become U+FFFD, an unfinished character at the end is held back (if final,
+ * it becomes U+FFFD too). */
+static q3_status detok_emit(q3_detok *d, const char *in, size_t n, int final, const char **text, size_t *len)
+{
+    size_t total = d->n_held + n;
+    size_t need = 4 * total + 4; /* output (<= 3 bytes per input byte) then the input */
+    if (need > d->cap) {
+        char *p = realloc(d->buf, need);
+        if (!p) return q3_fail(Q3_ERR_NOMEM, "detokenizer: out of memory");
+        d->buf = p;
+        d->cap = need;
+    }
+    unsigned char *src = (unsigned char *)d->buf + 3 * total + 3;
+    memcpy(src, d->held, d->n_held);
+    if (n) memcpy(src + d->n_held, in, n);
+    d->n_held = 0;
+
+    char *dst = d->buf;
+    size_t i = 0, w = 0;
+    while (i < total) {
+        uint32_t cp;
+        int k = q3_utf8_next(src + i, total - i, &cp);
+        if (k > 0) {
+            memcpy(dst + w, src + i, (size_t)k);
+            w += (size_t)k;
+            i += (size_t)k;
+        } else if (k == 0 && !final) {
+            d->n_held = total - i; /* <= 3 */
+            memcpy(d->held, src + i, d->n_held);
+            break;
+        } else {
+            memcpy(dst + w, Q3_UTF8_REPLACEMENT, 3);
+            w += 3;
+            i += k < 0 ? (size_t)-k : total - i;
+        }
+    }
+    *text = dst;
+    *len = w;
+    return Q3_OK;
+}
+
+q3_status q3_detok_push(q3_detok *d, int32_t id, const char **text, size_t *len)
+{
+    *text = "";
+    *len = 0;
+    q3_status st = check_decode_id(d->tok, id, 0);
+    if (st != Q3_OK) return st;
+    const q3_tokenizer *t = d->tok;
+    return detok_emit(d, t->bytes.data + t->tok_off[id], t->tok_len[id], 0, text, len);
+}
+
+q3_status q3_detok_flush(q3_detok *d, const char **text, size_t *len)
+{
+    return detok_emit(d, NULL, 0, 1, text, len);
+}
+
+/* ==== lookups =============================================================================== */
+
+int32_t q3_tokenizer_vocab_size(const q3_tokenizer *t) { return t->n_ids; }
+
+int32_t q3_tokenizer_token_id(const q3_tokenizer *t, const char *text, size_t len)
+{
+    for (size_t i = 0; i < t->n_added; i++)
+        if (t->added[i].len == len && memcmp(t->bytes.data + t->added[i].off, text, len) == 0)
+            return t->added[i].id;
+    return len ? tk_vocab_find(t, text, len) : -1;
+}
+
+const char *q3_tokenizer_token_bytes(const q3_tokenizer *t, int32_t id, size_t *len)
+{
+    if (id < 0 || id >= t->n_ids || t->tok_kind[id] == TK_KIND_NONE) {
+        *len = 0;
+        return NULL;
+    }
+    *len = t->tok_len[id];
+    return t->bytes.data + t->tok_off[id];
+}
+
+int q3_tokenizer_is_added(const q3_tokenizer *t, int32_t id)
+{
+    return id >= 0 && id < t->n_ids && t->tok_kind[id] >= TK_KIND_ADDED;
+}
+
+int q3_tokenizer_is_special(const q3_tokenizer *t, int32_t id)
+{
+    return id >= 0 && id < t->n_ids && t->tok_kind[id] == TK_KIND_SPECIAL;
+}
