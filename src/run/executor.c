@@ -22,7 +22,7 @@ q3_status q3_runner_init(q3_runner *r, const q3_graph *g, const q3_backend *cons
     size_t total = 0;
     for (int v = 0; v < g->n_values; v++)
         total += ((size_t)g->values[v].rows * (size_t)g->values[v].cols * sizeof(float) + 63) & ~(size_t)63;
-    r->buf = calloc((size_t)g->n_values, sizeof *r->buf);
+    r->buf = calloc(g->n_values > 0 ? (size_t)g->n_values : 1, sizeof *r->buf);
     r->arena = aligned_alloc(64, total ? total : 64);
     if (!r->buf || !r->arena) {
         q3_runner_free(r);
