@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "model/gguf.h"
 #include "util/error.h"
 #include "util/file.h"
 
@@ -220,6 +221,7 @@ void q3_model_close(q3_model *m)
     for (int i = 0; i < m->n_files; i++) q3_safetensors_close(&m->files[i]);
     free(m->files);
     free(m->w.layers);
+    q3_gguf_close(m->gguf);
     free(m->path);
     free(m);
 }

@@ -1,9 +1,172 @@
-/* Opening a model from a GGUF file: the reader lands with the GGUF issue. */
+/* Opening a model from a GGUF file (as llama.cpp's converter writes Qwen3):
+ * the config from the qwen3.* metadata, the weights bound by llama.cpp's
+ * tensor names and checked against that config. The q3_gguf handle (the
+ * mapping) is kept in m->gguf and closed by q3_model_close. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/gguf.h"
 #include "model/model.h"
 #include "util/error.h"
 
+/* ---- the config from metadata -------------------------------------------- */
+
+/* A positive count stored under key (any integer type); fails naming the key. */
+static q3_status get_count(const q3_gguf *g, const char *key, int *out)
+{
+    uint32_t v;
+    q3_status st = q3_gguf_get_u32(g, key, &v);
+    if (st) return st;
+    if (v == 0 || v > (1u << 30))
+        return q3_fail(Q3_ERR_INVALID, "%s: metadata key '%s' = %u is out of range", q3_gguf_path(g), key, v);
+    *out = (int)v;
+    return Q3_OK;
+}
+
+/* Like get_count, but def when the key is absent. */
+static q3_status get_count_or(const q3_gguf *g, const char *key, int def, int *out)
+{
+    if (!q3_gguf_find(g, key)) {
+        *out = def;
+        return Q3_OK;
+    }
+    return get_count(g, key, out);
+}
+
+/* feed_forward_length: a number, or (for some architectures) one per layer,
+ * which must then all be equal for a dense Qwen3. */
+static q3_status get_ffn(const q3_gguf *g, const char *key, int n_layers, int *out)
+{
+    const q3_gguf_value *v = q3_gguf_find(g, key);
+    if (!v || v->type != Q3_GGUF_ARRAY) return get_count(g, key, out);
+    if (v->as.arr.items || v->as.arr.count != (size_t)n_layers || !n_layers)
+        return q3_fail(Q3_ERR_FORMAT, "%s: metadata key '%s' is an array, but not of %d numbers (one per layer)",
+                       q3_gguf_path(g), key, n_layers);
+    int64_t first = q3_gguf_arr_i64(v, 0);
+    for (size_t i = 1; i < v->as.arr.count; i++)
+        if (q3_gguf_arr_i64(v, i) != first)
+            return q3_fail(Q3_ERR_UNSUPPORTED, "%s: '%s' differs between layers; q3 runs dense Qwen3 models only",
+                           q3_gguf_path(g), key);
+    if (first <= 0 || first > (1 << 30))
+        return q3_fail(Q3_ERR_INVALID, "%s: metadata key '%s' = %lld is out of range", q3_gguf_path(g), key,
+                       (long long)first);
+    *out = (int)first;
+    return Q3_OK;
+}
+
+/* A readable name for general.file_type (llama_ftype), kept in torch_dtype. */
+static const char *file_type_name(uint32_t ft)
+{
+    switch (ft) {
+    case 0: return "float32";
+    case 1: return "float16";
+    case 2: return "q4_0";
+    case 7: return "q8_0";
+    case 32: return "bfloat16";
+    default: return "";
+    }
+}
+
+static q3_status read_config(const q3_gguf *g, q3_config *c)
+{
+    const char *path = q3_gguf_path(g);
+    const char *arch;
+    q3_status st = q3_gguf_get_str(g, "general.architecture", &arch);
+    if (st) return st;
+    if (strcmp(arch, "qwen3"))
+        return q3_fail(Q3_ERR_UNSUPPORTED, "%s: general.architecture is \"%s\"; q3 runs \"qwen3\" models only", path,
+                       arch);
+    memset(c, 0, sizeof *c);
+    if ((st = get_count(g, "qwen3.block_count", &c->n_layers)) ||
+        (st = get_count(g, "qwen3.embedding_length", &c->dim)) ||
+        (st = get_ffn(g, "qwen3.feed_forward_length", c->n_layers, &c->ffn_dim)) ||
+        (st = get_count(g, "qwen3.attention.head_count", &c->n_heads)) ||
+        (st = get_count_or(g, "qwen3.attention.head_count_kv", c->n_heads, &c->n_kv_heads)) ||
+        (st = get_count_or(g, "qwen3.attention.key_length", c->dim / c->n_heads, &c->head_dim)) ||
+        (st = get_count(g, "qwen3.context_length", &c->max_seq_len)) ||
+        (st = q3_gguf_get_f32(g, "qwen3.rope.freq_base", &c->rope_theta)) ||
+        (st = q3_gguf_get_f32(g, "qwen3.attention.layer_norm_rms_epsilon", &c->rms_eps)))
+        return st;
+    if (!(c->rope_theta > 0 && c->rope_theta < 1e30f))
+        return q3_fail(Q3_ERR_INVALID, "%s: qwen3.rope.freq_base %g is out of range", path, c->rope_theta);
+    int v_len, rot;
+    if ((st = get_count_or(g, "qwen3.attention.value_length", c->head_dim, &v_len))) return st;
+    if (v_len != c->head_dim)
+        return q3_fail(Q3_ERR_UNSUPPORTED, "%s: attention.value_length %d differs from key_length %d", path, v_len,
+                       c->head_dim);
+    if ((st = get_count_or(g, "qwen3.rope.dimension_count", c->head_dim, &rot))) return st;
+    if (rot != c->head_dim)
+        return q3_fail(Q3_ERR_UNSUPPORTED, "%s: rope.dimension_count %d: q3 rotates whole heads (%d)", path, rot,
+                       c->head_dim);
+    const char *scaling = NULL;
+    if (q3_gguf_find(g, "qwen3.rope.scaling.type") &&
+        !q3_gguf_get_str(g, "qwen3.rope.scaling.type", &scaling) && strcmp(scaling, "none"))
+        return q3_fail(Q3_ERR_UNSUPPORTED, "%s: RoPE scaling \"%s\" is not supported", path, scaling);
+
+    /* the vocabulary is as large as the embedding */
+    const q3_tensor *embd = q3_gguf_find_tensor(g, "token_embd.weight");
+    if (!embd) return q3_fail(Q3_ERR_FORMAT, "%s: missing tensor \"token_embd.weight\"", path);
+    if (embd->ndim != 2 || embd->shape[0] <= 0 || embd->shape[0] > (1 << 24))
+        return q3_fail(Q3_ERR_FORMAT, "%s: tensor \"token_embd.weight\" is not a [vocab][dim] matrix", path);
+    c->vocab_size = (int)embd->shape[0];
+    c->tied_embeddings = q3_gguf_find_tensor(g, "output.weight") == NULL;
+    uint32_t ft;
+    if (q3_gguf_find(g, "general.file_type") && !q3_gguf_get_u32(g, "general.file_type", &ft))
+        snprintf(c->torch_dtype, sizeof c->torch_dtype, "%s", file_type_name(ft));
+    return q3_config_validate(c, path);
+}
+
+/* ---- weights ------------------------------------------------------------------ */
+
+static q3_status bind(const q3_gguf *g, const char *name, int ndim, int64_t d0, int64_t d1, const q3_tensor **out)
+{
+    int64_t shape[2] = {d0, d1};
+    return q3_model_bind_tensor(q3_gguf_path(g), q3_gguf_find_tensor(g, name), name, ndim, shape, out);
+}
+
+static q3_status bind_weights(const q3_gguf *g, q3_model *m)
+{
+    const q3_config *c = &m->cfg;
+    q3_weights *w = &m->w;
+    q3_status st;
+    int64_t q_dim = (int64_t)c->n_heads * c->head_dim, kv_dim = (int64_t)c->n_kv_heads * c->head_dim;
+    if ((st = bind(g, "token_embd.weight", 2, c->vocab_size, c->dim, &w->embed))) return st;
+    if ((st = bind(g, "output_norm.weight", 1, c->dim, 0, &w->out_norm))) return st;
+    if (c->tied_embeddings) w->lm_head = w->embed;
+    else if ((st = bind(g, "output.weight", 2, c->vocab_size, c->dim, &w->lm_head))) return st;
+    w->layers = calloc((size_t)c->n_layers, sizeof *w->layers);
+    if (!w->layers) return q3_fail(Q3_ERR_NOMEM, "out of memory");
+    for (int l = 0; l < c->n_layers; l++) {
+        q3_layer_weights *L = &w->layers[l];
+        char n[64];
+#define B(field, suffix, nd, a, b)                              \
+    snprintf(n, sizeof n, "blk.%d.%s.weight", l, suffix);       \
+    if ((st = bind(g, n, nd, a, b, &L->field))) return st;
+        B(attn_norm, "attn_norm", 1, c->dim, 0);
+        B(wq, "attn_q", 2, q_dim, c->dim);
+        B(wk, "attn_k", 2, kv_dim, c->dim);
+        B(wv, "attn_v", 2, kv_dim, c->dim);
+        B(wo, "attn_output", 2, c->dim, q_dim);
+        B(q_norm, "attn_q_norm", 1, c->head_dim, 0);
+        B(k_norm, "attn_k_norm", 1, c->head_dim, 0);
+        B(ffn_norm, "ffn_norm", 1, c->dim, 0);
+        B(w_gate, "ffn_gate", 2, c->ffn_dim, c->dim);
+        B(w_up, "ffn_up", 2, c->ffn_dim, c->dim);
+        B(w_down, "ffn_down", 2, c->dim, c->ffn_dim);
+#undef B
+    }
+    return Q3_OK;
+}
+
+/* Called by q3_model_open for a path ending in .gguf; on failure the caller
+ * closes m (and with it m->gguf). */
 q3_status q3_model_open_gguf(const char *path, q3_model *m)
 {
-    (void)m;
-    return q3_fail(Q3_ERR_UNSUPPORTED, "%s: GGUF models are not supported yet", path);
+    q3_gguf *g;
+    q3_status st = q3_gguf_open(path, &g);
+    if (st) return st;
+    m->gguf = g;
+    if ((st = read_config(g, &m->cfg))) return st;
+    return bind_weights(g, m);
 }

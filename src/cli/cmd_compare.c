@@ -1,0 +1,198 @@
+/* q3 compare: what quantizing the weights costs in accuracy. For each type the
+ * model is quantized (through a temporary GGUF), and token sequences are run
+ * through both it and the model as given; the report has the KL divergence of
+ * the next-token distribution and the top-1 agreement. */
+#include <cjson/cJSON.h>
+#include <dirent.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cli/cli.h"
+#include "model/convert.h"
+#include "util/file.h"
+
+#define DEFAULT_CASES "tests/data/golden/small/cases"
+#define MAX_TYPES 8
+
+static void compare_usage(FILE *f)
+{
+    fprintf(f,
+            "usage: q3 compare -m MODEL [--types q8_0,q4_0] [--cases DIR] [--backend NAME]\n"
+            "\n"
+            "Quantizes MODEL to each type and runs token sequences through the quantized model\n"
+            "and MODEL as given, then prints per type: the mean and max KL divergence of the\n"
+            "next-token distribution from MODEL's (nats), top-1 agreement, the largest logit\n"
+            "difference and the weights' size.\n"
+            "\n"
+            "  --types LIST    comma-separated: f16, bf16, q8_0, q4_0 (default q8_0,q4_0)\n"
+            "  --cases DIR     token sequences: the \"tokens\" of every DIR/*.json (duplicates run\n"
+            "                  once); default MODEL/cases if present, else " DEFAULT_CASES "\n"
+            "  --backend NAME  compute unit (default ref: the scalar reference)\n");
+}
+
+typedef struct seqs {
+    int32_t **ids;
+    size_t *lens;
+    size_t n, cap;
+} seqs;
+
+static void seqs_free(seqs *s)
+{
+    for (size_t i = 0; i < s->n; i++) free(s->ids[i]);
+    free(s->ids);
+    free(s->lens);
+}
+
+static int same_seq(const seqs *s, const int32_t *ids, size_t n)
+{
+    for (size_t i = 0; i < s->n; i++)
+        if (s->lens[i] == n && !memcmp(s->ids[i], ids, n * sizeof *ids)) return 1;
+    return 0;
+}
+
+static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+/* Reads the "tokens" of every .json file in dir, sorted by file name, without duplicates. */
+static int read_cases(const char *dir, int vocab, seqs *s)
+{
+    DIR *d = opendir(dir);
+    if (!d) return cli_error("compare", "%s: cannot open the cases folder", dir);
+    char *names[4096];
+    size_t n_names = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) && n_names < 4096) {
+        size_t l = strlen(e->d_name);
+        if (l > 5 && !strcmp(e->d_name + l - 5, ".json")) names[n_names++] = strdup(e->d_name);
+    }
+    closedir(d);
+    qsort(names, n_names, sizeof names[0], cmp_str);
+    int rc = 0;
+    for (size_t k = 0; k < n_names && !rc; k++) {
+        char p[PATH_MAX];
+        snprintf(p, sizeof p, "%s/%s", dir, names[k]);
+        char *text;
+        if (q3_read_file(p, 64u << 20, &text, NULL)) {
+            rc = cli_error("compare", "%s", q3_last_error());
+            break;
+        }
+        cJSON *j = cJSON_Parse(text);
+        free(text);
+        const cJSON *toks = cJSON_GetObjectItemCaseSensitive(j, "tokens"), *t;
+        if (!cJSON_IsArray(toks)) {
+            cJSON_Delete(j);
+            continue; /* not a case file */
+        }
+        size_t n = (size_t)cJSON_GetArraySize(toks), i = 0;
+        int32_t *ids = malloc((n ? n : 1) * sizeof *ids);
+        cJSON_ArrayForEach(t, toks) {
+            if (!cJSON_IsNumber(t) || t->valuedouble < 0 || t->valuedouble >= vocab) {
+                rc = cli_error("compare", "%s: tokens[%zu] is not an id below the model's vocabulary (%d)", p, i,
+                               vocab);
+                break;
+            }
+            ids[i++] = t->valueint;
+        }
+        cJSON_Delete(j);
+        if (rc || !n || same_seq(s, ids, n)) {
+            free(ids);
+            continue;
+        }
+        if (s->n == s->cap) {
+            s->cap = s->cap ? 2 * s->cap : 16;
+            s->ids = realloc(s->ids, s->cap * sizeof *s->ids);
+            s->lens = realloc(s->lens, s->cap * sizeof *s->lens);
+        }
+        s->ids[s->n] = ids;
+        s->lens[s->n++] = n;
+    }
+    for (size_t k = 0; k < n_names; k++) free(names[k]);
+    if (!rc && !s->n) rc = cli_error("compare", "%s: no *.json file with \"tokens\"", dir);
+    return rc;
+}
+
+int cmd_compare(int argc, char **argv)
+{
+    const char *model = NULL, *types_arg = "q8_0,q4_0", *cases = NULL, *backend = "ref";
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            compare_usage(stdout);
+            return 0;
+        }
+        if (i + 1 >= argc) {
+            compare_usage(stderr);
+            return cli_error("compare", "unknown option or missing value: %s", a);
+        }
+        const char *v = argv[++i];
+        if (!strcmp(a, "-m") || !strcmp(a, "--model")) model = v;
+        else if (!strcmp(a, "--types") || !strcmp(a, "--type")) types_arg = v;
+        else if (!strcmp(a, "--cases")) cases = v;
+        else if (!strcmp(a, "--backend")) backend = v;
+        else {
+            compare_usage(stderr);
+            return cli_error("compare", "unknown option: %s", a);
+        }
+    }
+    if (!model) {
+        compare_usage(stderr);
+        return cli_error("compare", "no model given (-m MODEL)");
+    }
+    q3_dtype types[MAX_TYPES];
+    size_t n_types = 0;
+    char list[256];
+    snprintf(list, sizeof list, "%s", types_arg);
+    for (char *save, *t = strtok_r(list, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        int d = q3_dtype_from_name(t);
+        if (d < 0 || d == Q3_F32)
+            return cli_error("compare", "--types: \"%s\" is not one of f16, bf16, q8_0, q4_0", t);
+        if (n_types == MAX_TYPES) return cli_error("compare", "--types: at most %d types", MAX_TYPES);
+        types[n_types++] = (q3_dtype)d;
+    }
+    if (!n_types) return cli_error("compare", "--types is empty");
+
+    char cases_dir[PATH_MAX];
+    if (cases) snprintf(cases_dir, sizeof cases_dir, "%s", cases);
+    else {
+        snprintf(cases_dir, sizeof cases_dir, "%s/cases", model);
+        if (!q3_is_dir(cases_dir)) snprintf(cases_dir, sizeof cases_dir, "%s", DEFAULT_CASES);
+    }
+
+    q3_model *m;
+    if (q3_model_open(model, &m)) return cli_error("compare", "%s", q3_last_error());
+    seqs s = {0};
+    int rc = read_cases(cases_dir, m->cfg.vocab_size, &s);
+    if (rc) {
+        q3_model_close(m);
+        seqs_free(&s);
+        return rc;
+    }
+    size_t positions = 0;
+    for (size_t i = 0; i < s.n; i++) positions += s.lens[i];
+    printf("model %s: %d layers, hidden %d, vocab %d, weights %s (%.1f MB)\n", model, m->cfg.n_layers, m->cfg.dim,
+           m->cfg.vocab_size, q3_dtype_name(m->w.layers[0].wq->dtype), (double)q3_model_weight_bytes(m) / 1e6);
+    printf("%zu sequences from %s, %zu positions, unit %s\n\n", s.n, cases_dir, positions, backend);
+
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    q3_quant_report rep[MAX_TYPES];
+    q3_status st = q3_convert_compare(m, types, n_types, (const int32_t *const *)s.ids, s.lens, s.n, backend, rep);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    if (st) {
+        rc = cli_error("compare", "%s", q3_last_error());
+    } else {
+        printf("%-6s %10s %12s %12s %12s %14s\n", "type", "weights MB", "KL mean", "KL max", "top-1 agree",
+               "max |dlogit|");
+        for (size_t k = 0; k < n_types; k++)
+            printf("%-6s %10.1f %12.3e %12.3e %11.2f%% %14.4f\n", q3_dtype_name(rep[k].type),
+                   (double)rep[k].weight_bytes / 1e6, rep[k].kl_mean, rep[k].kl_max, 100.0 * rep[k].top1_agree,
+                   rep[k].max_abs_logit);
+        printf("\n(KL in nats, of the %s model's next-token distribution from MODEL's; %.1f s)\n", "quantized",
+               (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9);
+    }
+    seqs_free(&s);
+    q3_model_close(m);
+    return rc;
+}

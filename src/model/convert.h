@@ -1,0 +1,92 @@
+/* Converting a model to a GGUF file that llama.cpp and q3 load (arch qwen3),
+ * and measuring what quantization costs in accuracy.
+ *
+ * What is written, in order (as llama.cpp's convert_hf_to_gguf.py writes Qwen3):
+ *   general.architecture "qwen3", general.type "model", general.name
+ *   qwen3.context_length, embedding_length, block_count, feed_forward_length,
+ *         attention.head_count, attention.head_count_kv, attention.key_length,
+ *         attention.value_length, rope.freq_base, attention.layer_norm_rms_epsilon
+ *   general.file_type (llama_ftype: 0 F32, 1 F16, 32 BF16, 7 Q8_0, 2 Q4_0),
+ *   general.quantization_version 2
+ *   tokenizer.ggml.model "gpt2", .pre "qwen2", .tokens (byte-level strings by id, added
+ *         tokens as their text, ids without a token as "[PAD<id>]"), .token_type (1 normal,
+ *         3 control = a special added token, 4 user-defined = a non-special added token,
+ *         5 unused = padding), .merges ("left right"), .bos/.eos/.padding_token_id,
+ *         .add_bos_token, tokenizer.chat_template (when the folder has one)
+ *   tensors with llama.cpp's names: token_embd, blk.N.{attn_norm, attn_q, attn_k, attn_v,
+ *         attn_output, attn_q_norm, attn_k_norm, ffn_norm, ffn_gate, ffn_up, ffn_down},
+ *         output_norm, output (only when the embeddings are not tied); ".weight" each.
+ * Norms (1-D) are F32; every 2-D weight is in the chosen type, except that a matrix
+ * whose rows are not whole 32-value blocks stays F16 when Q8_0/Q4_0 is asked for (as
+ * llama.cpp's converter falls back). Q8_0/Q4_0 come from src/model/quantize.h, so they
+ * are the bytes llama.cpp's quantizer makes from the same F32 values. */
+#ifndef Q3_MODEL_CONVERT_H
+#define Q3_MODEL_CONVERT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model/dtype.h"
+#include "model/gguf.h"
+#include "model/gguf_write.h"
+#include "model/model.h"
+#include "q3.h"
+
+typedef struct q3_convert_opts {
+    q3_dtype type;             /* type of the 2-D weights: F32, F16, BF16, Q8_0 or Q4_0 */
+    const char *tokenizer_dir; /* a folder with tokenizer.json (+ tokenizer_config.json); NULL:
+                                  the model's own (its folder, or the source GGUF's metadata) */
+    int no_tokenizer;          /* write tokenizer.ggml.model "none" and no vocabulary (a model
+                                  without a tokenizer, for tests and accuracy runs) */
+    const char *name;          /* general.name; NULL: the source's base name */
+    q3_gguf_progress_fn progress; /* called after each tensor (may be NULL) */
+    void *user;
+} q3_convert_opts;
+
+/* The llama_ftype code of general.file_type for a weight type. */
+uint32_t q3_convert_file_type(q3_dtype t);
+
+/* The type a tensor of this shape is stored in when `want` is asked for. */
+q3_dtype q3_convert_tensor_type(q3_dtype want, int ndim, const int64_t *shape);
+
+/* Converts an open model (from a folder or a GGUF) to a GGUF file at out_path
+ * (written as out_path.tmp, renamed when complete). Fails with Q3_ERR_INVALID (a type
+ * q3 cannot write), Q3_ERR_IO (no tokenizer found, an unwritable path) or whatever
+ * reading the tokenizer files reports; the message names the file. */
+q3_status q3_convert_model(const q3_model *m, const char *out_path, const q3_convert_opts *o);
+
+/* Opens model_path (a Hugging Face folder or a .gguf) and converts it. */
+q3_status q3_convert(const char *model_path, const char *out_path, const q3_convert_opts *o);
+
+/* Adds tokenizer.* metadata read from dir/tokenizer.json and dir/tokenizer_config.json
+ * (and dir/chat_template.jinja) for a model of vocab_size ids. config_json (may be NULL)
+ * is the model's config.json, where bos/eos ids are taken from when the tokenizer's
+ * config does not name them. */
+q3_status q3_convert_add_tokenizer(q3_gguf_writer *w, const char *dir, const char *config_json,
+                                   int vocab_size);
+
+/* Adds one metadata pair copied from a GGUF value (strings, bools, 32/64-bit integers,
+ * f32, arrays of strings and of integers or f32). Q3_ERR_UNSUPPORTED for other types. */
+q3_status q3_convert_copy_kv(q3_gguf_writer *w, const char *key, const q3_gguf_value *v);
+
+/* ---- accuracy of quantized weights ------------------------------------------------ */
+
+typedef struct q3_quant_report {
+    q3_dtype type;          /* the weight type measured */
+    size_t n_positions;     /* next-token distributions compared */
+    double kl_mean, kl_max; /* KL(reference || quantized) of the next-token distribution, nats */
+    double top1_agree;      /* fraction of positions where the argmax is the same */
+    double max_abs_logit;   /* largest |logit difference| seen */
+    size_t weight_bytes;    /* bytes of the quantized model's weights */
+} q3_quant_report;
+
+/* For each of types[0..n_types): converts ref to that type (through a temporary GGUF
+ * under $TMPDIR or /tmp, removed at once), runs the token sequences seqs[i][0..lens[i])
+ * through both models on compute unit `backend` (NULL: the default), one prefill each,
+ * and compares the next-token distributions at every position. out[k] receives the
+ * report for types[k]. */
+q3_status q3_convert_compare(q3_model *ref, const q3_dtype *types, size_t n_types,
+                             const int32_t *const *seqs, const size_t *lens, size_t n_seqs,
+                             const char *backend, q3_quant_report *out);
+
+#endif
