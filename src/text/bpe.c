@@ -72,9 +72,16 @@ uint64_t tk_hash_bytes(const void *p, size_t n)
         s += 8;
         n -= 8;
     }
-    if (n) {
+    if (n) { /* the last 1..7 bytes, without a variable-length memcpy */
         uint64_t w = 0;
-        memcpy(&w, s, n);
+        if (n >= 4) {
+            uint32_t lo, hi;
+            memcpy(&lo, s, 4);
+            memcpy(&hi, s + n - 4, 4); /* overlaps lo when n < 8 */
+            w = (uint64_t)hi << 32 | lo;
+        } else {
+            w = (uint64_t)s[0] | (uint64_t)s[n / 2] << 8 | (uint64_t)s[n - 1] << 16;
+        }
         h = (h ^ (w * 0x87c37b91114253d5ull)) * 0x4cf5ad432745937full;
     }
     return mix64(h);
@@ -104,9 +111,9 @@ static int vocab_alloc(q3_tokenizer *t, size_t n)
 static int merge_alloc(q3_tokenizer *t, size_t n)
 {
     uint32_t size = table_size_for(n);
-    tk_merge_slot *slots = malloc((size_t)size * sizeof *slots);
+    uint64_t *slots = malloc((size_t)size * sizeof *slots);
     if (!slots) return -1;
-    memset(slots, 0xFF, (size_t)size * sizeof *slots); /* key = UINT64_MAX */
+    memset(slots, 0xFF, (size_t)size * sizeof *slots); /* TK_SLOT_EMPTY */
     free(t->merge_slots);
     t->merge_slots = slots;
     t->merge_mask = size - 1;
@@ -118,10 +125,21 @@ int tk_maps_alloc(q3_tokenizer *t, size_t n_vocab, size_t n_merges)
     return vocab_alloc(t, n_vocab) || merge_alloc(t, n_merges) ? -1 : 0;
 }
 
+/* Bytes 0..7 of a key, zero-padded (no variable-length memcpy: this is hot). */
 static inline uint64_t key_head(const void *bytes, size_t n)
 {
-    uint64_t h = 0;
-    memcpy(&h, bytes, n < 8 ? n : 8);
+    const unsigned char *s = bytes;
+    uint64_t h;
+    if (n >= 8) {
+        memcpy(&h, s, 8);
+    } else if (n >= 4) {
+        uint32_t lo, hi;
+        memcpy(&lo, s, 4);
+        memcpy(&hi, s + n - 4, 4); /* overlapping bytes land where lo has them */
+        h = lo | (uint64_t)hi << (8 * (n - 4));
+    } else {
+        h = n ? (uint64_t)s[0] | (uint64_t)s[n / 2] << (8 * (n / 2)) | (uint64_t)s[n - 1] << (8 * (n - 1)) : 0;
+    }
     return h;
 }
 
@@ -184,48 +202,66 @@ q3_status tk_vocab_insert_h(q3_tokenizer *t, int32_t id, uint64_t h, int32_t *ex
     return Q3_OK;
 }
 
-/* ==== merge map: (left, right) -> (rank, merged) ============================ */
+/* ==== merge map: (left, right) -> rank ====================================== */
 
-static inline uint64_t pair_key(int32_t left, int32_t right)
+/* A slot packs left id (20 bits), right id (20 bits) and rank (24 bits) into 8 bytes,
+ * so the 151k merges of Qwen take 2 MB: the size of this machine's L2, where random
+ * lookups cost ~20 ns instead of ~200. The merged token is t->merge_result[rank]. */
+#define TK_SLOT_EMPTY UINT64_MAX
+
+static inline uint64_t pair_key(int32_t left, int32_t right) /* 40 bits */
 {
-    return (uint64_t)(uint32_t)left << 32 | (uint32_t)right;
+    return (uint64_t)(uint32_t)left << TK_ID_BITS | (uint32_t)right;
 }
 
-/* The slot of pair (left, right), or NULL if they do not merge. */
-static inline const tk_merge_slot *merge_find(const q3_tokenizer *t, int32_t left, int32_t right)
+static inline uint32_t pair_home(const q3_tokenizer *t, uint64_t key)
+{
+    return (uint32_t)mix64(key) & t->merge_mask;
+}
+
+/* The rank of merging (left, right), or INT32_MAX if they do not merge. */
+static inline int32_t merge_rank(const q3_tokenizer *t, int32_t left, int32_t right)
 {
     uint64_t key = pair_key(left, right);
     uint32_t mask = t->merge_mask;
-    for (uint32_t i = (uint32_t)mix64(key) & mask;; i = (i + 1) & mask) {
-        const tk_merge_slot *s = &t->merge_slots[i];
-        if (s->key == key) return s;
-        if (s->key == UINT64_MAX) return NULL;
+    for (uint32_t i = pair_home(t, key);; i = (i + 1) & mask) {
+        uint64_t s = t->merge_slots[i];
+        if (s >> TK_RANK_BITS == key) return (int32_t)(s & ((1u << TK_RANK_BITS) - 1));
+        if (s == TK_SLOT_EMPTY) return INT32_MAX;
     }
 }
 
 void tk_merge_prefetch(const q3_tokenizer *t, int32_t left, int32_t right)
 {
-    __builtin_prefetch(&t->merge_slots[(uint32_t)mix64(pair_key(left, right)) & t->merge_mask]);
+    __builtin_prefetch(&t->merge_slots[pair_home(t, pair_key(left, right))]);
 }
 
-static void merge_put(q3_tokenizer *t, uint64_t key, int32_t rank, int32_t merged)
+static void merge_put(q3_tokenizer *t, uint64_t slot)
 {
     uint32_t mask = t->merge_mask;
-    uint32_t i = (uint32_t)mix64(key) & mask;
-    while (t->merge_slots[i].key != UINT64_MAX) i = (i + 1) & mask;
-    t->merge_slots[i].key = key;
-    t->merge_slots[i].rank = rank;
-    t->merge_slots[i].merged = merged;
+    uint32_t i = pair_home(t, slot >> TK_RANK_BITS);
+    while (t->merge_slots[i] != TK_SLOT_EMPTY) i = (i + 1) & mask;
+    t->merge_slots[i] = slot;
 }
 
 /* Rank = number of merges listed before this one. A pair listed twice keeps its
  * first (lower) rank. */
 q3_status tk_merge_insert(q3_tokenizer *t, int32_t left, int32_t right, int32_t merged)
 {
+    if (t->n_merges >= TK_MAX_MERGES)
+        return q3_fail(Q3_ERR_FORMAT, "%s: more than %d merges", t->name, TK_MAX_MERGES);
+    if (t->n_merges == t->merge_result_cap) {
+        size_t cap = t->merge_result_cap ? t->merge_result_cap * 2 : 4096;
+        int32_t *r = realloc(t->merge_result, cap * sizeof *r);
+        if (!r) return q3_fail(Q3_ERR_NOMEM, "%s: out of memory for the merges", t->name);
+        t->merge_result = r;
+        t->merge_result_cap = cap;
+    }
     int32_t rank = (int32_t)t->n_merges++;
-    if (merge_find(t, left, right)) return Q3_OK;
+    t->merge_result[rank] = merged;
+    if (merge_rank(t, left, right) != INT32_MAX) return Q3_OK;
     if ((t->n_merges + 1) * 3 > ((size_t)t->merge_mask + 1) * 2) {
-        tk_merge_slot *old = t->merge_slots;
+        uint64_t *old = t->merge_slots;
         size_t old_size = (size_t)t->merge_mask + 1;
         t->merge_slots = NULL;
         if (merge_alloc(t, old_size * 2)) {
@@ -233,10 +269,28 @@ q3_status tk_merge_insert(q3_tokenizer *t, int32_t left, int32_t right, int32_t 
             return q3_fail(Q3_ERR_NOMEM, "%s: out of memory for the merges", t->name);
         }
         for (size_t i = 0; i < old_size; i++)
-            if (old[i].key != UINT64_MAX) merge_put(t, old[i].key, old[i].rank, old[i].merged);
+            if (old[i] != TK_SLOT_EMPTY) merge_put(t, old[i]);
         free(old);
     }
-    merge_put(t, pair_key(left, right), rank, merged);
+    merge_put(t, pair_key(left, right) << TK_RANK_BITS | (uint64_t)rank);
+    return Q3_OK;
+}
+
+q3_status tk_build_byte_pairs(q3_tokenizer *t)
+{
+    if (!t->byte_pair_rank) t->byte_pair_rank = malloc(256 * 256 * sizeof *t->byte_pair_rank);
+    if (!t->byte_pair_rank) return q3_fail(Q3_ERR_NOMEM, "%s: out of memory", t->name);
+    for (int i = 0; i < 256 * 256; i++) t->byte_pair_rank[i] = INT32_MAX;
+    /* One sequential pass over the merges (not 65536 random lookups). */
+    for (uint32_t i = 0; i <= t->merge_mask; i++) {
+        uint64_t s = t->merge_slots[i];
+        if (s == TK_SLOT_EMPTY) continue;
+        int32_t left = (int32_t)(s >> (TK_RANK_BITS + TK_ID_BITS)), right = (int32_t)((s >> TK_RANK_BITS) & ((1u << TK_ID_BITS) - 1));
+        if (t->tok_len[left] != 1 || t->tok_len[right] != 1) continue;
+        unsigned char a = (unsigned char)t->bytes.data[t->tok_off[left]], b = (unsigned char)t->bytes.data[t->tok_off[right]];
+        if (t->byte_id[a] == left && t->byte_id[b] == right)
+            t->byte_pair_rank[a * 256 + b] = (int32_t)(s & ((1u << TK_RANK_BITS) - 1));
+    }
     return Q3_OK;
 }
 
@@ -250,7 +304,6 @@ void tk_scratch_free(tk_scratch *sc)
     free(sc->prev);
     free(sc->next);
     free(sc->rank);
-    free(sc->merged);
     free(sc->heap);
     free(sc->cache);
     tk_buf_free(&sc->cache_keys);
@@ -263,7 +316,7 @@ static int scratch_reserve(tk_scratch *sc, size_t n)
     if (n <= sc->cap) return 0;
     size_t cap = sc->cap ? sc->cap : 64;
     while (cap < n) cap *= 2;
-    int32_t **arrays[] = {&sc->sym, &sc->prev, &sc->next, &sc->rank, &sc->merged};
+    int32_t **arrays[] = {&sc->sym, &sc->prev, &sc->next, &sc->rank};
     for (size_t k = 0; k < sizeof arrays / sizeof arrays[0]; k++) {
         int32_t *p = realloc(*arrays[k], cap * sizeof(int32_t));
         if (!p) return -1;
@@ -276,20 +329,18 @@ static int scratch_reserve(tk_scratch *sc, size_t n)
     return 0;
 }
 
-/* rank[i] / merged[i] describe the pair (sym[i], sym[next[i]]); INT_MAX: no merge. */
+/* rank[i] is the rank of the pair (sym[i], sym[next[i]]); INT32_MAX: no merge. */
 static inline void set_pair(const q3_tokenizer *t, tk_scratch *sc, int32_t i)
 {
     int32_t j = sc->next[i];
-    const tk_merge_slot *m = j >= 0 ? merge_find(t, sc->sym[i], sc->sym[j]) : NULL;
-    sc->rank[i] = m ? m->rank : INT_MAX;
-    sc->merged[i] = m ? m->merged : -1;
+    sc->rank[i] = j >= 0 ? merge_rank(t, sc->sym[i], sc->sym[j]) : INT32_MAX;
 }
 
 /* Merges the pair at i with its right neighbour; refreshes the two pairs it touches. */
 static inline void merge_at(const q3_tokenizer *t, tk_scratch *sc, int32_t i)
 {
     int32_t j = sc->next[i];
-    sc->sym[i] = sc->merged[i];
+    sc->sym[i] = t->merge_result[sc->rank[i]];
     sc->sym[j] = -1; /* dead */
     sc->next[i] = sc->next[j];
     if (sc->next[j] >= 0) sc->prev[sc->next[j]] = i;
@@ -332,7 +383,7 @@ static uint64_t heap_pop(uint64_t *h, size_t *n)
 q3_status tk_bpe_uncached(const q3_tokenizer *t, tk_scratch *sc, const unsigned char *piece,
                           size_t n, int use_heap, q3_tokens *out)
 {
-    if (n > (size_t)INT32_MAX / 2)
+    if (n > (size_t)INT32_MAX / 4)
         return q3_fail(Q3_ERR_INVALID, "%s: a pre-tokenizer piece of %zu bytes is too long",
                        t->name, n);
     if (scratch_reserve(sc, n) || tk_tokens_reserve(out, n))
@@ -345,17 +396,19 @@ q3_status tk_bpe_uncached(const q3_tokenizer *t, tk_scratch *sc, const unsigned 
             return Q3_OK;
         }
     }
+    /* The first round of pairs are byte pairs: a 256 KB table, no hashing. */
     int32_t ni = (int32_t)n;
     for (int32_t i = 0; i < ni; i++) {
         sc->sym[i] = t->byte_id[piece[i]];
         sc->prev[i] = i - 1;
-        sc->next[i] = i + 1 < ni ? i + 1 : -1;
+        sc->next[i] = i + 1;
+        sc->rank[i] = i + 1 < ni ? t->byte_pair_rank[piece[i] * 256 + piece[i + 1]] : INT32_MAX;
     }
-    for (int32_t i = 0; i < ni; i++) set_pair(t, sc, i);
+    sc->next[ni - 1] = -1;
 
     if (!use_heap) {
         for (;;) {
-            int32_t best = INT_MAX, at = -1;
+            int32_t best = INT32_MAX, at = -1;
             for (int32_t i = 0; i >= 0; i = sc->next[i])
                 if (sc->rank[i] < best) best = sc->rank[i], at = i;
             if (at < 0) break;
@@ -364,16 +417,16 @@ q3_status tk_bpe_uncached(const q3_tokenizer *t, tk_scratch *sc, const unsigned 
     } else {
         size_t hn = 0;
         for (int32_t i = 0; i < ni; i++)
-            if (sc->rank[i] != INT_MAX) heap_push(sc->heap, &hn, (uint64_t)sc->rank[i] << 32 | (uint32_t)i);
+            if (sc->rank[i] != INT32_MAX) heap_push(sc->heap, &hn, (uint64_t)sc->rank[i] << 32 | (uint32_t)i);
         while (hn) {
             uint64_t top = heap_pop(sc->heap, &hn);
             int32_t i = (int32_t)(uint32_t)top, r = (int32_t)(top >> 32);
             /* Stale if i was merged away or its pair changed since the push. */
             if (sc->sym[i] < 0 || sc->rank[i] != r) continue;
             merge_at(t, sc, i);
-            if (sc->rank[i] != INT_MAX) heap_push(sc->heap, &hn, (uint64_t)sc->rank[i] << 32 | (uint32_t)i);
+            if (sc->rank[i] != INT32_MAX) heap_push(sc->heap, &hn, (uint64_t)sc->rank[i] << 32 | (uint32_t)i);
             int32_t p = sc->prev[i];
-            if (p >= 0 && sc->rank[p] != INT_MAX)
+            if (p >= 0 && sc->rank[p] != INT32_MAX)
                 heap_push(sc->heap, &hn, (uint64_t)sc->rank[p] << 32 | (uint32_t)p);
         }
     }
@@ -383,12 +436,23 @@ q3_status tk_bpe_uncached(const q3_tokenizer *t, tk_scratch *sc, const unsigned 
 
 /* ==== the piece cache ======================================================== */
 
-/* Pieces longer than this are not cached (they rarely repeat). */
-#define TK_CACHE_MAX_PIECE 128
+/* The cache lives as long as its scratch (see the pool in tokenizer.c), so it is
+ * bounded: past these limits it starts over. */
+#define TK_CACHE_MAX_PIECE 4096
+#define TK_CACHE_MAX_ENTRIES (1u << 17)
+#define TK_CACHE_MAX_BYTES ((size_t)16 << 20)
+
+static void cache_clear(tk_scratch *sc)
+{
+    if (sc->cache) memset(sc->cache, 0, ((size_t)sc->cache_mask + 1) * sizeof *sc->cache);
+    sc->cache_used = 0;
+    sc->cache_keys.len = 0;
+    sc->cache_ids_len = 0;
+}
 
 static int cache_grow(tk_scratch *sc)
 {
-    uint32_t size = sc->cache ? (sc->cache_mask + 1) * 2 : 4096;
+    uint32_t size = sc->cache ? (sc->cache_mask + 1) * 2 : 1024;
     tk_cache_slot *slots = calloc(size, sizeof *slots); /* key_len 0 = empty */
     if (!slots) return -1;
     if (sc->cache) {
@@ -438,12 +502,16 @@ q3_status tk_bpe_piece(const q3_tokenizer *t, tk_scratch *sc, const unsigned cha
     if (st != Q3_OK) return st;
     size_t k = out->n - first;
 
-    /* Remember it; on allocation failure (or a cache past 4 GiB) just do not cache. */
+    /* Remember it (on allocation failure, just do not). */
+    if (sc->cache_used >= TK_CACHE_MAX_ENTRIES || sc->cache_keys.len + n > TK_CACHE_MAX_BYTES ||
+        sc->cache_ids_len + k > TK_CACHE_MAX_BYTES / sizeof(int32_t)) {
+        cache_clear(sc);
+        for (i = h & sc->cache_mask; sc->cache[i].key_len; i = (i + 1) & sc->cache_mask) {}
+    }
     if ((sc->cache_used + 1) * 2 > sc->cache_mask + 1) {
         if (cache_grow(sc)) return Q3_OK;
         for (i = h & sc->cache_mask; sc->cache[i].key_len; i = (i + 1) & sc->cache_mask) {}
     }
-    if (sc->cache_keys.len + n > UINT32_MAX || sc->cache_ids_len + k > UINT32_MAX) return Q3_OK;
     if (sc->cache_ids_len + k > sc->cache_ids_cap) {
         size_t cap = sc->cache_ids_cap ? sc->cache_ids_cap * 2 : 4096;
         while (cap < sc->cache_ids_len + k) cap *= 2;

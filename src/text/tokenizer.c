@@ -1,5 +1,6 @@
 /* The tokenizer: building it, encode, decode, the streaming detokenizer, lookups.
  * (tokenizer.json is read in tokenizer_json.c; BPE itself is in bpe.c.) */
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -22,6 +23,17 @@ static int byte_level_to_byte(uint32_t cp)
     return 173;
 }
 
+/* The byte of each two-byte character of the alphabet (U+00A1..U+0143: lead byte
+ * C2..C5), indexed by (lead - 0xC2) << 6 | (continuation & 0x3F); -1 if none. */
+static int16_t two_byte_to_byte[256];
+static pthread_once_t two_byte_once = PTHREAD_ONCE_INIT;
+
+static void build_two_byte_table(void)
+{
+    for (unsigned i = 0; i < 256; i++)
+        two_byte_to_byte[i] = (int16_t)byte_level_to_byte(((0xC2 + (i >> 6)) & 0x1Fu) << 6 | (i & 0x3F));
+}
+
 /* Decodes a byte-level string into raw bytes appended to out. Returns 0; 1 if a
  * character is outside the alphabet (or bad UTF-8), its byte offset in *bad_at;
  * -1 out of memory. */
@@ -38,9 +50,9 @@ static int byte_level_decode(const char *bl, size_t n, tk_buf *out, size_t *bad_
             i++;
             continue;
         }
-        /* The rest of the alphabet is U+00A1..U+0143: two bytes, lead C2..C5. */
-        if (c >= 0xC2 && c <= 0xC5 && i + 1 < n && (s[i + 1] & 0xC0) == 0x80) {
-            int b = byte_level_to_byte((c & 0x1Fu) << 6 | (s[i + 1] & 0x3Fu));
+        unsigned lead = c - 0xC2u;
+        if (lead < 4 && i + 1 < n && (s[i + 1] & 0xC0) == 0x80) {
+            int b = two_byte_to_byte[lead << 6 | (s[i + 1] & 0x3Fu)];
             if (b >= 0) {
                 dst[w++] = (unsigned char)b;
                 i += 2;
@@ -59,8 +71,10 @@ static int byte_level_decode(const char *bl, size_t n, tk_buf *out, size_t *bad_
 q3_status tk_new(const char *name, size_t n_vocab, size_t n_merges, q3_tokenizer **out)
 {
     *out = NULL;
+    pthread_once(&two_byte_once, build_two_byte_table);
     q3_tokenizer *t = calloc(1, sizeof *t);
     if (!t) return q3_fail(Q3_ERR_NOMEM, "%s: out of memory", name ? name : "tokenizer");
+    pthread_mutex_init(&t->pool_lock, NULL);
     t->name = strdup(name ? name : "tokenizer");
     t->merge_guess = 256;
     if (!t->name || tk_maps_alloc(t, n_vocab, n_merges) || tk_buf_reserve(&t->bytes, n_vocab * 8)) {
@@ -267,6 +281,8 @@ q3_status tk_finish(q3_tokenizer *t, const char *pattern, int nfc)
                            "%s: the vocabulary has no token for the byte 0x%02X (byte-level BPE needs all 256)",
                            t->name, b);
     }
+    q3_status st = tk_build_byte_pairs(t);
+    if (st != Q3_OK) return st;
     /* Trim the id range to the largest id present. */
     int32_t n = t->n_ids;
     while (n > 0 && t->tok_kind[n - 1] == TK_KIND_NONE) n--;
@@ -298,8 +314,15 @@ void q3_tokenizer_free(q3_tokenizer *t)
     tk_buf_free(&t->bytes);
     free(t->vocab_slots);
     free(t->merge_slots);
+    free(t->merge_result);
+    free(t->byte_pair_rank);
     free(t->added);
     tk_splitter_free(&t->split);
+    for (int i = 0; i < t->n_pool; i++) {
+        tk_scratch_free(t->pool[i]);
+        free(t->pool[i]);
+    }
+    pthread_mutex_destroy(&t->pool_lock);
     free(t);
 }
 
@@ -418,6 +441,32 @@ static int find_added(const q3_tokenizer *t, const char *text, size_t len, size_
     return 0;
 }
 
+/* A scratch from the tokenizer's pool, or a new one (NULL: out of memory). */
+static tk_scratch *scratch_acquire(const q3_tokenizer *ct)
+{
+    q3_tokenizer *t = (q3_tokenizer *)ct; /* the pool is the mutable part (see tokenizer_impl.h) */
+    tk_scratch *sc = NULL;
+    pthread_mutex_lock(&t->pool_lock);
+    if (t->n_pool) sc = t->pool[--t->n_pool];
+    pthread_mutex_unlock(&t->pool_lock);
+    return sc ? sc : calloc(1, sizeof *sc);
+}
+
+static void scratch_release(const q3_tokenizer *ct, tk_scratch *sc)
+{
+    q3_tokenizer *t = (q3_tokenizer *)ct;
+    pthread_mutex_lock(&t->pool_lock);
+    if (t->n_pool < TK_POOL) {
+        t->pool[t->n_pool++] = sc;
+        sc = NULL;
+    }
+    pthread_mutex_unlock(&t->pool_lock);
+    if (sc) {
+        tk_scratch_free(sc);
+        free(sc);
+    }
+}
+
 /* Encodes text without added tokens: NFC, split, BPE each piece. */
 static q3_status encode_plain(const q3_tokenizer *t, tk_scratch *sc, const char *text, size_t len,
                               q3_tokens *out)
@@ -452,21 +501,22 @@ q3_status q3_tokenizer_encode_append(const q3_tokenizer *t, const char *text, si
         return q3_fail(Q3_ERR_INVALID, "encode: invalid UTF-8 at byte offset %zu (byte 0x%02X)", bad,
                        (unsigned)(unsigned char)text[bad]);
     size_t n0 = out->n;
-    tk_scratch sc = {0};
+    tk_scratch *sc = scratch_acquire(t);
+    if (!sc) return q3_fail(Q3_ERR_NOMEM, "%s: out of memory", t->name);
     q3_status st = Q3_OK;
     size_t pos = 0;
     while (pos < len && st == Q3_OK) {
         added_match m = {0};
         int found = find_added(t, text, len, pos, pos, flags, &m);
         size_t plain_end = found ? m.start : len;
-        st = encode_plain(t, &sc, text + pos, plain_end - pos, out);
+        st = encode_plain(t, sc, text + pos, plain_end - pos, out);
         if (st == Q3_OK && found) {
             if (tk_tokens_reserve(out, 1)) st = q3_fail(Q3_ERR_NOMEM, "%s: out of memory", t->name);
             else out->ids[out->n++] = m.id;
         }
         pos = found ? m.end : len;
     }
-    tk_scratch_free(&sc);
+    scratch_release(t, sc);
     if (st != Q3_OK) out->n = n0;
     return st;
 }

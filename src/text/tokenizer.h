@@ -6,9 +6,9 @@
  *          piece is turned into ids by byte-level BPE (merges applied by rank).
  * decode:  ids -> the tokens' bytes (added tokens as their text).
  *
- * A q3_tokenizer is immutable once built: any number of threads may encode and
- * decode with the same one at once (each encode call keeps its scratch and its
- * piece cache to itself). */
+ * A q3_tokenizer does not change once built: any number of threads may encode and
+ * decode with the same one at once. (Internally it keeps, under a lock, a few idle
+ * scratch areas with their piece -> ids caches, for the next encode calls.) */
 #ifndef Q3_TEXT_TOKENIZER_H
 #define Q3_TEXT_TOKENIZER_H
 

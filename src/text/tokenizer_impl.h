@@ -11,6 +11,7 @@
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -25,8 +26,12 @@
 #define TK_GPT2_PATTERN                                                                    \
     "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+"
 
-/* Ids are stored in arrays indexed by id; larger ones are refused. */
-#define TK_MAX_ID (1 << 24)
+/* Ids are stored in arrays indexed by id, and packed in 20 bits in the merge map;
+ * larger ones are refused. Ranks take 24 bits. */
+#define TK_ID_BITS 20
+#define TK_RANK_BITS 24
+#define TK_MAX_ID ((1 << TK_ID_BITS) - 1)
+#define TK_MAX_MERGES ((1 << TK_RANK_BITS) - 1)
 
 /* ---- growable byte buffer ---------------------------------------------- */
 
@@ -52,13 +57,6 @@ typedef struct tk_vocab_slot {
     uint32_t off;  /* key bytes in the token arena */
     uint64_t head; /* key bytes 0..7, zero-padded */
 } tk_vocab_slot;
-
-/* (left id, right id) -> (rank, merged id). */
-typedef struct tk_merge_slot {
-    uint64_t key; /* left << 32 | right; UINT64_MAX: empty */
-    int32_t rank;
-    int32_t merged;
-} tk_merge_slot;
 
 /* ---- the splitter --------------------------------------------------------- */
 
@@ -105,6 +103,9 @@ q3_status tk_nfc(const char *s, size_t n, tk_buf *out, const char **res, size_t 
 
 /* ---- the tokenizer ---------------------------------------------------------------- */
 
+/* How many idle scratches a tokenizer keeps (about one per encoding thread). */
+#define TK_POOL 8
+
 enum { TK_KIND_NONE = 0, TK_KIND_BPE = 1, TK_KIND_ADDED = 2, TK_KIND_SPECIAL = 3 };
 
 typedef struct tk_added {
@@ -130,10 +131,13 @@ struct q3_tokenizer {
     size_t n_bpe;
     int32_t byte_id[256]; /* the token of each single byte */
 
-    /* Merges: (left, right) -> (rank, merged). */
-    tk_merge_slot *merge_slots;
+    /* Merges: (left, right) -> rank (see bpe.c for the slot layout); rank -> merged id. */
+    uint64_t *merge_slots;
     uint32_t merge_mask;
     size_t n_merges;
+    int32_t *merge_result;     /* [n_merges] the token each merge makes */
+    size_t merge_result_cap;
+    int32_t *byte_pair_rank;   /* [256 * 256] rank of merging two single-byte tokens, or INT32_MAX */
     int ignore_merges; /* a piece that is a whole vocabulary token is taken as is */
     int32_t merge_guess; /* while loading: the likely id of the next merge's result */
 
@@ -144,6 +148,12 @@ struct q3_tokenizer {
 
     int nfc;
     tk_splitter split;
+
+    /* Scratch (and piece caches) of finished encode calls, for the next ones. Encode
+     * takes a const tokenizer: this pool is its only mutable part, under the lock. */
+    pthread_mutex_t pool_lock;
+    struct tk_scratch *pool[TK_POOL];
+    int n_pool;
 };
 
 /* ---- building (tokenizer.c); the JSON reader and from_parts both use these ------- */
@@ -184,6 +194,8 @@ void tk_merge_prefetch(const q3_tokenizer *t, int32_t left, int32_t right);
 q3_status tk_vocab_insert_h(q3_tokenizer *t, int32_t id, uint64_t h, int32_t *existing);
 q3_status tk_merge_insert(q3_tokenizer *t, int32_t left, int32_t right, int32_t merged);
 int tk_maps_alloc(q3_tokenizer *t, size_t n_vocab, size_t n_merges); /* 0 ok, -1 nomem */
+/* Fills byte_pair_rank (needs byte_id). */
+q3_status tk_build_byte_pairs(q3_tokenizer *t);
 
 /* ---- encoding scratch (bpe.c): one per encode call, never shared ------------------ */
 
@@ -198,7 +210,7 @@ typedef struct tk_scratch {
     pcre2_match_data *md;
     /* BPE working arrays, [cap] each */
     size_t cap;
-    int32_t *sym, *prev, *next, *rank, *merged;
+    int32_t *sym, *prev, *next, *rank;
     uint64_t *heap; /* rank << 32 | position */
     /* piece -> ids cache */
     tk_cache_slot *cache;

@@ -7,13 +7,17 @@
  * merges straight into the tokenizer without building anything. The small parts
  * (added_tokens, normalizer, pre_tokenizer, model options) are parsed with cJSON. */
 #include <cjson/cJSON.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "text/tokenizer_impl.h"
 #include "text/utf8.h"
 #include "util/error.h"
-#include "util/file.h"
 
 #define TK_JSON_MAX_BYTES ((size_t)1 << 30)
 #define TK_JSON_MAX_DEPTH 512
@@ -42,9 +46,28 @@ static q3_status jfail(jscan *j, const char *at, const char *what)
                    (size_t)(at - j->base), line, what);
 }
 
+/* tokenizer.json is pretty-printed: a third of it is runs of spaces, skipped 8 at a time. */
 static inline void skip_ws(jscan *j)
 {
-    while (j->p < j->end && (*j->p == ' ' || *j->p == '\n' || *j->p == '\r' || *j->p == '\t')) j->p++;
+    const char *p = j->p, *end = j->end;
+    for (;;) {
+        while (end - p >= 8) {
+            uint64_t w;
+            memcpy(&w, p, 8);
+            uint64_t x = w ^ 0x2020202020202020ull; /* zero bytes where there are spaces */
+            if (x) {
+                p += __builtin_ctzll(x) / 8; /* little-endian: the first non-space */
+                break;
+            }
+            p += 8;
+        }
+        if (p < end && (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t')) {
+            p++;
+            continue;
+        }
+        break;
+    }
+    j->p = p;
 }
 
 /* Consumes character c (after whitespace). */
@@ -315,6 +338,7 @@ static q3_status read_vocab(jscan *j, q3_tokenizer *t, batch *B)
     for (;;) {
         const char *key;
         size_t key_len;
+        __builtin_prefetch(j->p + 1024); /* the file streams in from memory */
         q3_status st = next_member(j, &first, &key, &key_len);
         if (st != Q3_OK) return st;
         if (!key) return B->n ? flush_vocab(B, t) : Q3_OK;
@@ -346,6 +370,7 @@ static q3_status read_merges(jscan *j, q3_tokenizer *t, batch *B)
     if (j->p < j->end && *j->p == ']') { j->p++; return Q3_OK; }
     for (size_t i = 0;; i++) {
         size_t k = B->n;
+        __builtin_prefetch(j->p + 1024); /* the file streams in from memory */
         skip_ws(j);
         if (j->p < j->end && *j->p == '"') { /* "left right" */
             const char *s;
@@ -654,17 +679,27 @@ done:
 q3_status q3_tokenizer_load(const char *path, q3_tokenizer **out)
 {
     *out = NULL;
-    q3_mapping map;
-    q3_status st = q3_map_file(path, &map); /* no copy of the 11 MB */
-    if (st != Q3_OK) return st;
-    if (map.size > TK_JSON_MAX_BYTES) {
-        q3_unmap_file(&map);
-        return q3_fail(Q3_ERR_FORMAT, "%s: %zu bytes, more than a tokenizer.json can be", path, map.size);
+    /* Mapped, not read: no copy of the 11 MB; MAP_POPULATE sets up all its pages in
+     * one go rather than a fault every few pages. */
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) return q3_fail(Q3_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    struct stat sb;
+    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        close(fd);
+        return q3_fail(Q3_ERR_IO, "%s: not a regular file", path);
     }
-    const char *buf = map.data ? map.data : "";
-    jscan j = {.base = buf, .p = buf, .end = buf + map.size, .path = path};
-    st = load_json(&j, out);
+    size_t size = (size_t)sb.st_size;
+    if (size > TK_JSON_MAX_BYTES) {
+        close(fd);
+        return q3_fail(Q3_ERR_FORMAT, "%s: %zu bytes, more than a tokenizer.json can be", path, size);
+    }
+    void *data = size ? mmap(NULL, size, PROT_READ, MAP_PRIVATE | MAP_POPULATE, fd, 0) : NULL;
+    close(fd);
+    if (data == MAP_FAILED) return q3_fail(Q3_ERR_IO, "%s: mmap failed: %s", path, strerror(errno));
+    const char *buf = data ? data : "";
+    jscan j = {.base = buf, .p = buf, .end = buf + size, .path = path};
+    q3_status st = load_json(&j, out);
     tk_buf_free(&j.tmp);
-    q3_unmap_file(&map);
+    if (data) munmap(data, size);
     return st;
 }
