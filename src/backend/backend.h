@@ -33,6 +33,7 @@ struct q3_backend {
 };
 
 extern q3_backend q3_backend_ref;
+extern q3_backend q3_backend_cpu;
 extern q3_backend q3_backend_cuda;
 
 #endif

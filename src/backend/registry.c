@@ -4,6 +4,7 @@
 
 const q3_backend *const q3_backends[] = {
     &q3_backend_cuda,
+    &q3_backend_cpu,
     &q3_backend_ref,
     NULL,
 };

@@ -1,0 +1,108 @@
+/* The kernels of the cpu unit, one table per instruction set (AVX-512 with
+ * BF16/VNNI, AVX2+FMA), chosen once at start-up by cpu_backend.c.
+ *
+ * Determinism contract (what the golden tests' mode agreement relies on):
+ * every output value is a fixed function of its own inputs, never of the
+ * number of rows in the run, of where a row sits in a tile, or of how work
+ * was split across threads. Concretely:
+ *  - MATMUL: out[r][o] accumulates in vector lanes along k in one fixed order
+ *    and is reduced by one fixed lane tree, the same in the GEMM (rows > 1)
+ *    and the GEMV (rows == 1) kernels;
+ *  - ATTENTION: a query walks its keys in blocks aligned to absolute key
+ *    positions, with per-key dot products and the online-softmax update done
+ *    by the same code in prefill and decode;
+ *  - elementwise ops handle tails with masks, never with a scalar path that
+ *    rounds differently. */
+#ifndef Q3_BACKEND_CPU_KERNELS_H
+#define Q3_BACKEND_CPU_KERNELS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model/dtype.h"
+
+/* ---- matmul ---------------------------------------------------------------- */
+
+/* One MATMUL: y[r][o] = sum_i x[r][i] * w[o][i] for r < m, o < n. */
+typedef struct q3_cpu_matmul {
+    const void *w;         /* [n][k] of wtype, rows w_row_bytes apart (the mapped weight) */
+    q3_dtype wtype;        /* F32, F16 or BF16 */
+    size_t w_row_bytes;
+    const float *x;        /* [m][k], rows ldx floats apart */
+    size_t ldx;
+    float *y;              /* [m][n], rows ldy floats apart */
+    size_t ldy;
+    int m, n, k;
+} q3_cpu_matmul;
+
+/* ---- attention ---------------------------------------------------------------- */
+
+/* One ATTENTION op. Key t of a KV head lives in the cache for t < n_cached and
+ * in the chunk rows (already rounded to kv_dtype, as the cache would hold
+ * them) for t >= n_cached. Query row r sees keys [0, n_keys(r)):
+ * n_cached + r + 1 in prefill (chunk != NULL), n_cached in decode. */
+typedef struct q3_cpu_attn {
+    int n_heads, n_kv_heads, head_dim;
+    const float *q;        /* [rows][n_heads * head_dim], rows ldq floats apart */
+    size_t ldq;
+    float *out;            /* same layout as q, rows ldo floats apart */
+    size_t ldo;
+    q3_dtype kv_dtype;     /* F32, F16 or BF16 */
+    int n_cached;
+    const void *k_cache, *v_cache; /* row t at + t * cache_row_bytes */
+    size_t cache_row_bytes;
+    const void *k_chunk, *v_chunk; /* NULL in decode; row j = key n_cached + j */
+    size_t chunk_row_bytes;
+    float scale;           /* 1 / sqrt(head_dim) */
+} q3_cpu_attn;
+
+/* Query rows a prefill attention work item covers (queries of one KV head). */
+#define Q3_CPU_ATTN_ROWS 8
+
+/* ---- the tables ------------------------------------------------------------------ */
+
+/* MATMUL. Every thread calls prepare once (it packs x into its own scratch of
+ * scratch(mm) bytes, 64-byte aligned), then range for each output range
+ * [o0, o1) it takes. Ranges should start at multiples of granule(mm) (tiles
+ * then never straddle two ranges; results do not depend on it). */
+typedef struct q3_cpu_mm_kernels {
+    size_t (*scratch)(const q3_cpu_matmul *mm);
+    int (*granule)(const q3_cpu_matmul *mm);
+    void (*prepare)(const q3_cpu_matmul *mm, void *scratch);
+    void (*range)(const q3_cpu_matmul *mm, void *scratch, int o0, int o1);
+} q3_cpu_mm_kernels;
+
+/* ATTENTION of query rows [row0, row0 + nrows) and every query head of KV
+ * head kvh, with scratch(a, nrows) bytes of 64-byte aligned scratch. */
+typedef struct q3_cpu_attn_kernels {
+    size_t (*scratch)(const q3_cpu_attn *a, int nrows);
+    void (*run)(const q3_cpu_attn *a, void *scratch, int kvh, int row0, int nrows);
+} q3_cpu_attn_kernels;
+
+/* Elementwise ops over one row (or n values). */
+typedef struct q3_cpu_ew_kernels {
+    /* out = x * rsqrt(mean(x^2) + eps) * w; out may be x */
+    void (*rmsnorm)(const float *x, const float *w, float *out, int n, float eps);
+    /* rotate_half RoPE of n_heads heads of hd, in place; cs, sn: [hd/2] for this position */
+    void (*rope)(float *x, const float *cs, const float *sn, int n_heads, int hd);
+    void (*add)(const float *a, const float *b, float *out, size_t n);
+    void (*swiglu)(const float *g, const float *u, float *out, size_t n); /* silu(g) * u */
+    /* F32/F16/BF16 rows; from_f32 rounds bit for bit like q3_row_from_f32 */
+    void (*to_f32)(q3_dtype t, const void *src, float *dst, size_t n);
+    void (*from_f32)(q3_dtype t, const float *src, void *dst, size_t n);
+} q3_cpu_ew_kernels;
+
+typedef struct q3_cpu_isa {
+    const char *name;           /* "avx512-bf16", "avx2" */
+    bool bf16_activations;      /* BF16-weight matmuls round activations to BF16 */
+    const q3_cpu_mm_kernels *mm;
+    const q3_cpu_attn_kernels *attn;
+    const q3_cpu_ew_kernels *ew;
+} q3_cpu_isa;
+
+extern const q3_cpu_mm_kernels q3_cpu_mm_avx512, q3_cpu_mm_avx2;
+extern const q3_cpu_attn_kernels q3_cpu_attn_avx512, q3_cpu_attn_avx2;
+extern const q3_cpu_ew_kernels q3_cpu_ew_avx512, q3_cpu_ew_avx2;
+
+#endif

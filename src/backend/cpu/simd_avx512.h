@@ -1,0 +1,96 @@
+/* Small AVX-512 building blocks shared by the *_avx512.c kernel files
+ * (include only from files compiled with the AVX-512 flags). */
+#ifndef Q3_BACKEND_CPU_SIMD_AVX512_H
+#define Q3_BACKEND_CPU_SIMD_AVX512_H
+
+#include <immintrin.h>
+#include <stdint.h>
+
+#define Q3_INLINE static inline __attribute__((always_inline))
+
+/* ---- the canonical lane-sum tree ------------------------------------------------ */
+
+/* Sums the 16 lanes of each of v0..v3; returns the four sums in lanes 0..3.
+ * Every vector is summed by the same tree whatever its neighbours are:
+ *   a_j = v_j + v_{j+8}; b_j = a_j + a_{j+4}; total = (b_0 + b_2) + (b_1 + b_3).
+ * All dot products of the unit end here, so a row's result does not depend
+ * on which tile (or kernel) computed it. */
+Q3_INLINE __m128 q3_reduce4(__m512 v0, __m512 v1, __m512 v2, __m512 v3)
+{
+    __m512 a01 = _mm512_add_ps(_mm512_shuffle_f32x4(v0, v1, _MM_SHUFFLE(1, 0, 1, 0)),
+                               _mm512_shuffle_f32x4(v0, v1, _MM_SHUFFLE(3, 2, 3, 2)));
+    __m512 a23 = _mm512_add_ps(_mm512_shuffle_f32x4(v2, v3, _MM_SHUFFLE(1, 0, 1, 0)),
+                               _mm512_shuffle_f32x4(v2, v3, _MM_SHUFFLE(3, 2, 3, 2)));
+    __m512 b = _mm512_add_ps(_mm512_shuffle_f32x4(a01, a23, _MM_SHUFFLE(2, 0, 2, 0)),
+                             _mm512_shuffle_f32x4(a01, a23, _MM_SHUFFLE(3, 1, 3, 1)));
+    __m512 c = _mm512_add_ps(b, _mm512_permute_ps(b, _MM_SHUFFLE(1, 0, 3, 2)));
+    __m512 d = _mm512_add_ps(c, _mm512_permute_ps(c, _MM_SHUFFLE(2, 3, 0, 1)));
+    return _mm512_castps512_ps128(_mm512_permutexvar_ps(_mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 12, 8, 4, 0), d));
+}
+
+/* The lane sum of one vector, by the same tree. */
+Q3_INLINE float q3_hsum(__m512 v)
+{
+    __m512 z = _mm512_setzero_ps();
+    return _mm_cvtss_f32(q3_reduce4(v, z, z, z));
+}
+
+/* ---- exp ---------------------------------------------------------------------------- */
+
+/* 2^x to ~2 ulp: exactly 1 at x = 0; 0 (or a denormal) far below -126; +inf
+ * above 128. Taylor polynomial of degree 7 on [-1/2, 1/2], then scalef. */
+Q3_INLINE __m512 q3_exp2_ps(__m512 x)
+{
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-160.0f)), _mm512_set1_ps(160.0f));
+    __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 f = _mm512_sub_ps(x, n);
+    __m512 p = _mm512_set1_ps(1.525273380405984e-05f);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.5403530393381606e-04f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3333558146428443e-03f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.618129107628477e-03f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.550410866482158e-02f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.402265069591007e-01f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931471805599453e-01f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, n);
+}
+
+/* ---- element conversions ------------------------------------------------------------ */
+
+/* 16 BF16 / F16 values (masked: missing lanes read as 0) to F32, exactly. */
+Q3_INLINE __m512 q3_load_bf16x16(const uint16_t *p, __mmask16 m)
+{
+    __m256i h = _mm256_maskz_loadu_epi16(m, p);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+Q3_INLINE __m512 q3_load_f16x16(const uint16_t *p, __mmask16 m)
+{
+    return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p));
+}
+
+/* 16 floats to BF16 rounding to nearest even, NaN kept quiet: bit for bit
+ * q3_f32_to_bf16 (vcvtneps2bf16 would flush denormals). */
+Q3_INLINE __m256i q3_cvt_bf16x16(__m512 v)
+{
+    __m512i u = _mm512_castps_si512(v);
+    __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), lsb), 16);
+    __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
+                                            _mm512_set1_epi32(0x7f800000));
+    r = _mm512_mask_or_epi32(r, nan, _mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
+    return _mm512_cvtepi32_epi16(r);
+}
+
+/* 16 floats to F16 rounding to nearest even (F16C handles denormals and overflow
+ * as q3_f32_to_f16 does). */
+Q3_INLINE __m256i q3_cvt_f16x16(__m512 v)
+{
+    return _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
+
+/* Mask of the first n lanes (n may exceed the width). */
+Q3_INLINE __mmask16 q3_mask16(int n) { return n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << n) - 1); }
+Q3_INLINE __mmask32 q3_mask32(int n) { return n >= 32 ? (__mmask32)0xffffffffu : (__mmask32)((1u << n) - 1); }
+
+#endif
