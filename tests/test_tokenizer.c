@@ -29,6 +29,16 @@ static double now_ms(void)
 
 /* ==== helpers ================================================================== */
 
+/* A deterministic xorshift generator for the randomised checks. */
+static uint64_t rng_state = 0x1234567887654321ull;
+static uint32_t rng_next(void)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (uint32_t)rng_state;
+}
+
 typedef struct jsonl {
     cJSON **rows;
     char **lines;
@@ -388,6 +398,43 @@ static void test_broken_files(void)
         }
         free(buf);
     }
+    /* A small valid file, then thousands of random corruptions of it: each must load
+     * or fail cleanly (run under SAN=1 to catch memory errors). */
+    static const char small[] =
+        "{\"added_tokens\": [{\"id\": 5, \"content\": \"<e>\", \"special\": true}],"
+        " \"normalizer\": {\"type\": \"NFC\"},"
+        " \"pre_tokenizer\": {\"type\": \"Sequence\", \"pretokenizers\": [{\"type\": \"Split\","
+        " \"pattern\": {\"Regex\": \"\\\\s+|\\\\S+\"}, \"behavior\": \"Isolated\", \"invert\": false},"
+        " {\"type\": \"ByteLevel\", \"add_prefix_space\": false, \"use_regex\": false}]},"
+        " \"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1, \"ab\": 2, \"\\u0120\": 3, \"\\u0120ab\": 4},"
+        " \"merges\": [\"a b\", [\"\\u0120\", \"ab\"]]}}";
+    /* This vocabulary lacks most bytes: load fails in tk_finish, after everything else ran. */
+    q3_tokenizer *t2;
+    write_file(path, small, sizeof small - 1);
+    CHECK(q3_tokenizer_load(path, &t2) == Q3_ERR_FORMAT, "small: %s", q3_last_error());
+    CHECK_CONTAINS(q3_last_error(), "no token for the byte 0x00");
+    char mutated[sizeof small + 8];
+    size_t loaded = 0;
+    for (int k = 0; k < 3000; k++) {
+        size_t n = sizeof small - 1;
+        memcpy(mutated, small, n);
+        int edits = 1 + (int)(rng_next() % 3);
+        for (int e = 0; e < edits && n > 1; e++) {
+            size_t at = rng_next() % n;
+            switch (rng_next() % 4) {
+            case 0: mutated[at] = (char)(rng_next() & 0xFF); break;             /* any byte */
+            case 1: mutated[at] = "{}[]\",:\\ 0u"[rng_next() % 12]; break;     /* JSON syntax */
+            case 2: n = at; break;                                             /* truncate */
+            case 3: memmove(mutated + at, mutated + at + 1, n - at - 1); n--; break; /* delete */
+            }
+        }
+        write_file(path, mutated, n);
+        q3_tokenizer *t3 = NULL;
+        if (q3_tokenizer_load(path, &t3) == Q3_OK) loaded++;
+        else CHECK(t3 == NULL && strstr(q3_last_error(), path), "corrupt file %d: \"%s\"", k, q3_last_error());
+        q3_tokenizer_free(t3);
+    }
+    CHECK(loaded == 0, "%zu corrupt files loaded", loaded);
     unlink(path);
 }
 
@@ -470,14 +517,7 @@ static void test_streaming(const q3_tokenizer *tok)
 
 /* A deterministic generator of awkward strings: letters, digits, marks, spaces of all
  * kinds, CR/LF, apostrophes, CJK, emoji, ... */
-static uint64_t rng_state = 0x1234567887654321ull;
-static uint32_t rng(void)
-{
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (uint32_t)rng_state;
-}
+#define rng rng_next
 
 static size_t random_text(char *out, size_t max_chars)
 {
