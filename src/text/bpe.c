@@ -470,11 +470,23 @@ static int cache_grow(tk_scratch *sc)
     return 0;
 }
 
+/* The ids of a cached entry, appended to out. */
+static inline q3_status cache_emit(const q3_tokenizer *t, const tk_scratch *sc, const tk_cache_slot *s,
+                                   q3_tokens *out)
+{
+    if (out->n + s->n_ids > out->cap && tk_tokens_reserve(out, s->n_ids))
+        return q3_fail(Q3_ERR_NOMEM, "%s: out of memory for the token ids", t->name);
+    if (s->n_ids == 1) out->ids[out->n] = (int32_t)s->ids;
+    else memcpy(out->ids + out->n, sc->cache_ids + s->ids, s->n_ids * sizeof(int32_t));
+    out->n += s->n_ids;
+    return Q3_OK;
+}
+
 q3_status tk_bpe_piece(const q3_tokenizer *t, tk_scratch *sc, const unsigned char *piece,
                        size_t n, q3_tokens *out)
 {
     if (n == 1) { /* every byte is a token */
-        if (tk_tokens_reserve(out, 1))
+        if (out->n == out->cap && tk_tokens_reserve(out, 1))
             return q3_fail(Q3_ERR_NOMEM, "%s: out of memory for the token ids", t->name);
         out->ids[out->n++] = t->byte_id[piece[0]];
         return Q3_OK;
@@ -484,17 +496,14 @@ q3_status tk_bpe_piece(const q3_tokenizer *t, tk_scratch *sc, const unsigned cha
     if (!sc->cache && cache_grow(sc))
         return q3_fail(Q3_ERR_NOMEM, "%s: out of memory for the piece cache", t->name);
     uint32_t h = (uint32_t)tk_hash_bytes(piece, n);
+    uint64_t head = key_head(piece, n);
     uint32_t i = h & sc->cache_mask;
     for (;; i = (i + 1) & sc->cache_mask) {
-        tk_cache_slot *s = &sc->cache[i];
+        const tk_cache_slot *s = &sc->cache[i];
         if (!s->key_len) break;
-        if (s->hash == h && s->key_len == n && memcmp(sc->cache_keys.data + s->key_off, piece, n) == 0) {
-            if (tk_tokens_reserve(out, s->n_ids))
-                return q3_fail(Q3_ERR_NOMEM, "%s: out of memory for the token ids", t->name);
-            memcpy(out->ids + out->n, sc->cache_ids + s->ids_off, s->n_ids * sizeof(int32_t));
-            out->n += s->n_ids;
-            return Q3_OK;
-        }
+        if (s->hash == h && s->key_len == n && s->head == head &&
+            (n <= 8 || memcmp(sc->cache_keys.data + s->key_off, piece + 8, n - 8) == 0))
+            return cache_emit(t, sc, s, out);
     }
 
     size_t first = out->n;
@@ -512,20 +521,27 @@ q3_status tk_bpe_piece(const q3_tokenizer *t, tk_scratch *sc, const unsigned cha
         if (cache_grow(sc)) return Q3_OK;
         for (i = h & sc->cache_mask; sc->cache[i].key_len; i = (i + 1) & sc->cache_mask) {}
     }
-    if (sc->cache_ids_len + k > sc->cache_ids_cap) {
-        size_t cap = sc->cache_ids_cap ? sc->cache_ids_cap * 2 : 4096;
-        while (cap < sc->cache_ids_len + k) cap *= 2;
-        int32_t *p = realloc(sc->cache_ids, cap * sizeof *p);
-        if (!p) return Q3_OK;
-        sc->cache_ids = p;
-        sc->cache_ids_cap = cap;
+    tk_cache_slot slot = {.head = head, .hash = h, .key_len = (uint32_t)n, .n_ids = (uint32_t)k};
+    if (n > 8) { /* the bytes past the head */
+        slot.key_off = (uint32_t)sc->cache_keys.len;
+        if (tk_buf_append(&sc->cache_keys, piece + 8, n - 8)) return Q3_OK;
     }
-    size_t key_off = sc->cache_keys.len;
-    if (tk_buf_append(&sc->cache_keys, piece, n)) return Q3_OK;
-    memcpy(sc->cache_ids + sc->cache_ids_len, out->ids + first, k * sizeof(int32_t));
-    sc->cache[i] = (tk_cache_slot){h, (uint32_t)key_off, (uint32_t)n,
-                                   (uint32_t)sc->cache_ids_len, (uint32_t)k};
-    sc->cache_ids_len += k;
+    if (k == 1) {
+        slot.ids = (uint32_t)out->ids[first];
+    } else {
+        if (sc->cache_ids_len + k > sc->cache_ids_cap) {
+            size_t cap = sc->cache_ids_cap ? sc->cache_ids_cap * 2 : 4096;
+            while (cap < sc->cache_ids_len + k) cap *= 2;
+            int32_t *p = realloc(sc->cache_ids, cap * sizeof *p);
+            if (!p) return Q3_OK;
+            sc->cache_ids = p;
+            sc->cache_ids_cap = cap;
+        }
+        memcpy(sc->cache_ids + sc->cache_ids_len, out->ids + first, k * sizeof(int32_t));
+        slot.ids = (uint32_t)sc->cache_ids_len;
+        sc->cache_ids_len += k;
+    }
+    sc->cache[i] = slot;
     sc->cache_used++;
     return Q3_OK;
 }

@@ -93,52 +93,75 @@ static q3_status nfc_segment(const char *s, size_t n, tk_buf *out)
     }
 }
 
+/* Appends text[from, to) to out. */
+static q3_status copy_through(const char *text, size_t from, size_t to, tk_buf *out)
+{
+    if (tk_buf_append(out, text + from, to - from)) return q3_fail(Q3_ERR_NOMEM, "NFC: out of memory");
+    return Q3_OK;
+}
+
 q3_status tk_nfc(const char *text, size_t n, tk_buf *out, const char **res, size_t *res_len)
 {
     const unsigned char *s = (const unsigned char *)text;
     *res = text;
     *res_len = n;
-
-    size_t i = 0;
-    /* Skip the ASCII prefix 8 bytes at a time; most text never leaves this loop. */
-    while (i + 8 <= n) {
-        uint64_t w;
-        memcpy(&w, s + i, 8);
-        if (w & 0x8080808080808080ull) break;
-        i += 8;
-    }
     pthread_once(&unstable_once, build_unstable_table);
 
     out->len = 0;
-    size_t seg = i ? i - 1 : 0; /* start of the current segment (a stable character, or 0) */
+    size_t seg = 0;    /* start of the current segment (a stable character, or 0) */
     size_t copied = 0; /* text[0..copied) is already in out (once out is in use) */
     int dirty = 0, using_out = 0;
-    while (i <= n) {
-        uint32_t cp = 0;
-        int len = 1, stable = 1;
-        if (i < n && s[i] >= 0x80) {
-            len = q3_utf8_decode_valid(s + i, &cp);
-            stable = is_stable(cp);
-        }
-        if (i == n || stable) {
-            if (dirty) { /* normalise [seg, i) */
-                using_out = 1;
-                if (tk_buf_append(out, text + copied, seg - copied))
-                    return q3_fail(Q3_ERR_NOMEM, "NFC: out of memory");
-                q3_status st = nfc_segment(text + seg, i - seg, out);
+    size_t i = 0;
+    while (i < n) {
+        if (s[i] < 0x80) {
+            /* ASCII is stable: it ends a dirty segment. Then skip its run, 8 bytes at a time. */
+            if (dirty) {
+                q3_status st = copy_through(text, copied, seg, out);
+                if (st == Q3_OK) st = nfc_segment(text + seg, i - seg, out);
                 if (st != Q3_OK) return st;
                 copied = i;
                 dirty = 0;
+                using_out = 1;
             }
-            if (i == n) break;
+            size_t j = i + 1;
+            while (j + 8 <= n) {
+                uint64_t w;
+                memcpy(&w, s + j, 8);
+                if (w & 0x8080808080808080ull) break;
+                j += 8;
+            }
+            while (j < n && s[j] < 0x80) j++;
+            seg = j - 1;
+            i = j;
+            continue;
+        }
+        uint32_t cp;
+        int len = q3_utf8_decode_valid(s + i, &cp);
+        if (is_stable(cp)) {
+            if (dirty) {
+                q3_status st = copy_through(text, copied, seg, out);
+                if (st == Q3_OK) st = nfc_segment(text + seg, i - seg, out);
+                if (st != Q3_OK) return st;
+                copied = i;
+                dirty = 0;
+                using_out = 1;
+            }
             seg = i;
         } else {
             dirty = 1;
         }
         i += (size_t)len;
     }
+    if (dirty) {
+        q3_status st = copy_through(text, copied, seg, out);
+        if (st == Q3_OK) st = nfc_segment(text + seg, n - seg, out);
+        if (st != Q3_OK) return st;
+        copied = n;
+        using_out = 1;
+    }
     if (!using_out) return Q3_OK;
-    if (tk_buf_append(out, text + copied, n - copied)) return q3_fail(Q3_ERR_NOMEM, "NFC: out of memory");
+    q3_status st = copy_through(text, copied, n, out);
+    if (st != Q3_OK) return st;
     *res = out->data;
     *res_len = out->len;
     return Q3_OK;

@@ -7,6 +7,7 @@
  *   - a hand-written matcher for Qwen2's pattern, taken when the file's pattern is
  *     exactly that one: no regex engine calls per piece, and its \p{L}/\p{N} come from
  *     utf8proc (a newer Unicode than PCRE2 10.42's, closer to the reference's 16.0). */
+#include <pthread.h>
 #include <string.h>
 #include <utf8proc.h>
 
@@ -39,9 +40,8 @@ static inline int is_white_space_nonascii(uint32_t cp)
            cp == 0x202F || cp == 0x205F || cp == 0x3000;
 }
 
-static inline unsigned class_of_cp(uint32_t cp)
+static unsigned class_from_utf8proc(uint32_t cp)
 {
-    if (cp < 0x80) return ascii_class[cp];
     if (is_white_space_nonascii(cp)) return C_WS;
     switch (utf8proc_category((utf8proc_int32_t)cp)) {
     case UTF8PROC_CATEGORY_LU: case UTF8PROC_CATEGORY_LL: case UTF8PROC_CATEGORY_LT:
@@ -54,8 +54,30 @@ static inline unsigned class_of_cp(uint32_t cp)
     }
 }
 
+/* The classes of the Basic Multilingual Plane, one byte each (64 KB, built once per
+ * process on first use: CJK and other non-ASCII text then costs a table lookup a
+ * character instead of a call into utf8proc). */
+static unsigned char bmp_class[0x10000];
+static pthread_once_t bmp_once = PTHREAD_ONCE_INIT;
+
+static void build_bmp_class(void)
+{
+    for (uint32_t cp = 0; cp < 0x10000; cp++)
+        bmp_class[cp] = (unsigned char)(cp < 0x80 ? ascii_class[cp] : class_from_utf8proc(cp));
+}
+
+static inline unsigned class_of_cp(uint32_t cp)
+{
+    if (cp < 0x80) return ascii_class[cp];
+    if (cp < 0x10000) {
+        pthread_once(&bmp_once, build_bmp_class);
+        return bmp_class[cp];
+    }
+    return class_from_utf8proc(cp);
+}
+
 /* The class of the character at s[i] (valid UTF-8, i < n); its length in *len. */
-static inline unsigned class_at(const unsigned char *s, size_t i, int *len)
+static inline __attribute__((always_inline)) unsigned class_at(const unsigned char *s, size_t i, int *len)
 {
     if (s[i] < 0x80) { *len = 1; return ascii_class[s[i]]; }
     uint32_t cp;
@@ -65,7 +87,7 @@ static inline unsigned class_at(const unsigned char *s, size_t i, int *len)
 
 /* End of the run of characters starting at i whose class has a bit of `mask` set
  * (or, with invert, has none of them). */
-static inline size_t run_end(const unsigned char *s, size_t n, size_t i, unsigned mask, int invert)
+static inline __attribute__((always_inline)) size_t run_end(const unsigned char *s, size_t n, size_t i, unsigned mask, int invert)
 {
     while (i < n) {
         if (s[i] < 0x80) {

@@ -291,8 +291,13 @@ q3_status tk_finish(q3_tokenizer *t, const char *pattern, int nfc)
         if (t->tok_len[id] > t->max_token_len) t->max_token_len = t->tok_len[id];
 
     qsort(t->added, t->n_added, sizeof *t->added, added_longest_first);
-    for (size_t i = 0; i < t->n_added; i++)
-        t->added_first[(unsigned char)t->bytes.data[t->added[i].off]] = 1;
+    t->added_one_first = -1;
+    for (size_t i = 0; i < t->n_added; i++) {
+        unsigned char first = (unsigned char)t->bytes.data[t->added[i].off];
+        t->added_first[first] = 1;
+        t->added_one_first = i == 0 || t->added_one_first == first ? first : -2;
+    }
+    if (t->added_one_first < 0) t->added_one_first = -1;
 
     t->nfc = nfc;
     if (nfc) { /* builds the process-wide NFC table now rather than in the first encode */
@@ -408,7 +413,13 @@ static int find_added(const q3_tokenizer *t, const char *text, size_t len, size_
     if (!t->n_added) return 0;
     const unsigned char *s = (const unsigned char *)text;
     for (size_t p = from; p < len; p++) {
-        if (!t->added_first[s[p]]) continue;
+        if (t->added_one_first >= 0) { /* all start with the same byte ('<' in Qwen): memchr */
+            const unsigned char *q = memchr(s + p, t->added_one_first, len - p);
+            if (!q) return 0;
+            p = (size_t)(q - s);
+        } else if (!t->added_first[s[p]]) {
+            continue;
+        }
         for (size_t k = 0; k < t->n_added; k++) {
             const tk_added *a = &t->added[k];
             if (a->special && (flags & Q3_ENCODE_SPECIAL_AS_TEXT)) continue;

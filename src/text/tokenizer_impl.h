@@ -145,6 +145,7 @@ struct q3_tokenizer {
     tk_added *added;
     size_t n_added;
     uint8_t added_first[256]; /* 1 if some added token starts with this byte */
+    int added_one_first;      /* the first byte of every added token, if they share it; else -1 */
 
     int nfc;
     tk_splitter split;
@@ -200,9 +201,13 @@ q3_status tk_build_byte_pairs(q3_tokenizer *t);
 /* ---- encoding scratch (bpe.c): one per encode call, never shared ------------------ */
 
 typedef struct tk_cache_slot {
+    uint64_t head;    /* key bytes 0..7, zero-padded */
     uint32_t hash;
-    uint32_t key_off, key_len; /* in cache_keys */
-    uint32_t ids_off, n_ids;   /* in cache_ids */
+    uint32_t key_len; /* 0: empty slot */
+    uint32_t key_off; /* key bytes 8.. in cache_keys (when key_len > 8) */
+    uint32_t n_ids;
+    uint32_t ids;     /* n_ids == 1: the id itself; else the offset of the ids in cache_ids */
+    uint32_t unused;
 } tk_cache_slot;
 
 typedef struct tk_scratch {
