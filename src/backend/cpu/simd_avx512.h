@@ -89,8 +89,14 @@ Q3_INLINE __m256i q3_cvt_f16x16(__m512 v)
     return _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
 }
 
-/* Mask of the first n lanes (n may exceed the width). */
-Q3_INLINE __mmask16 q3_mask16(int n) { return n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << n) - 1); }
-Q3_INLINE __mmask32 q3_mask32(int n) { return n >= 32 ? (__mmask32)0xffffffffu : (__mmask32)((1u << n) - 1); }
+/* Mask of the first n lanes (n may be negative or exceed the width). */
+Q3_INLINE __mmask16 q3_mask16(int n)
+{
+    return n >= 16 ? (__mmask16)0xffff : n <= 0 ? (__mmask16)0 : (__mmask16)((1u << n) - 1);
+}
+Q3_INLINE __mmask32 q3_mask32(int n)
+{
+    return n >= 32 ? (__mmask32)0xffffffffu : n <= 0 ? (__mmask32)0 : (__mmask32)((1u << n) - 1);
+}
 
 #endif

@@ -1,0 +1,463 @@
+/* The cpu unit against the reference unit, op by op, on hand-built one-op
+ * graphs with random data and shapes that are not multiples of the vector
+ * width: every op, F32/F16/BF16 weights, F32/F16/BF16 KV caches, on each
+ * kernel table the CPU has (AVX-512 BF16, AVX2). Also checks the promises
+ * the golden tests' mode agreement rests on: a GEMV row equals the same row
+ * of a GEMM bit for bit, and decode attention equals prefill attention. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/cpu_features.h"
+#include "test.h"
+
+/* ---- random data ---------------------------------------------------------------- */
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+
+static uint32_t rnd(void)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (uint32_t)(rng_state >> 32);
+}
+
+static float frand(float lo, float hi) { return lo + (hi - lo) * (float)(rnd() >> 8) * (1.0f / 16777216.0f); }
+
+static void fill(float *p, size_t n, float lo, float hi)
+{
+    for (size_t i = 0; i < n; i++) p[i] = frand(lo, hi);
+}
+
+/* ---- a one-op graph ------------------------------------------------------------------- */
+
+#define MAX_VALUES 4
+
+typedef struct rig {
+    q3_config cfg;
+    q3_graph g;
+    q3_value values[MAX_VALUES];
+    q3_op op;
+    float *init[MAX_VALUES];   /* initial contents of each value */
+    float *out[2];             /* the op's output after each unit ran */
+    q3_kv_cache kv[2];         /* one cache per unit, same initial contents */
+    bool has_kv;
+    int32_t tokens[256];
+    int n_real, pos;
+} rig;
+
+static void rig_config(rig *R, int n_heads, int n_kv_heads, int head_dim)
+{
+    memset(R, 0, sizeof *R);
+    R->cfg = (q3_config){.n_layers = 2, .dim = 64, .ffn_dim = 96, .n_heads = n_heads, .n_kv_heads = n_kv_heads,
+                         .head_dim = head_dim, .vocab_size = 300, .max_seq_len = 4096, .rms_eps = 1e-6f,
+                         .rope_theta = 1e6f};
+    R->g.cfg = &R->cfg;
+    R->g.values = R->values;
+    R->g.ops = &R->op;
+    R->g.n_ops = 1;
+    for (int i = 0; i < 3; i++) R->op.in[i] = -1;
+    R->op.out = -1;
+}
+
+static int rig_value(rig *R, int rows, int cols, float lo, float hi)
+{
+    int v = R->g.n_values++;
+    R->values[v] = (q3_value){.rows = rows, .cols = cols};
+    snprintf(R->values[v].name, sizeof R->values[v].name, "v%d", v);
+    R->init[v] = calloc((size_t)rows * cols, sizeof(float));
+    fill(R->init[v], (size_t)rows * cols, lo, hi);
+    return v;
+}
+
+/* A KV cache for both units with positions [0, filled) set to random K/V. */
+static void rig_kv(rig *R, q3_dtype dtype, int n_ctx, int filled)
+{
+    R->has_kv = true;
+    int kv_dim = R->cfg.n_kv_heads * R->cfg.head_dim;
+    float *row = malloc((size_t)kv_dim * sizeof *row);
+    for (int u = 0; u < 2; u++) q3_kv_cache_init(&R->kv[u], &R->cfg, n_ctx, dtype);
+    for (int l = 0; l < R->cfg.n_layers; l++)
+        for (int t = 0; t < filled; t++) {
+            fill(row, (size_t)kv_dim, -2, 2);
+            q3_row_from_f32(dtype, row, q3_kv_k_row(&R->kv[0], l, t), (size_t)kv_dim);
+            fill(row, (size_t)kv_dim, -2, 2);
+            q3_row_from_f32(dtype, row, q3_kv_v_row(&R->kv[0], l, t), (size_t)kv_dim);
+        }
+    size_t bytes = (size_t)R->cfg.n_layers * (size_t)n_ctx * R->kv[0].row_bytes;
+    memcpy(R->kv[1].k, R->kv[0].k, bytes);
+    memcpy(R->kv[1].v, R->kv[0].v, bytes);
+    free(row);
+}
+
+/* Runs the op on unit u (0 = ref, 1 = cpu) over fresh copies of the values. */
+static void rig_run(rig *R, int u)
+{
+    const q3_backend *b = u == 0 ? &q3_backend_ref : &q3_backend_cpu;
+    float *buf[MAX_VALUES];
+    for (int v = 0; v < R->g.n_values; v++) {
+        size_t n = (size_t)R->values[v].rows * R->values[v].cols;
+        buf[v] = malloc(n * sizeof(float));
+        memcpy(buf[v], R->init[v], n * sizeof(float));
+    }
+    q3_exec e = {.g = &R->g, .buf = buf, .tokens = R->tokens, .n_real = R->n_real, .pos = R->pos,
+                 .kv = R->has_kv ? &R->kv[u] : NULL};
+    CHECK(b->refuses(b, &R->g, &R->op) == NULL, "%s refuses %s", b->name, q3_op_kind_name(R->op.kind));
+    b->run(b, &e, &R->op);
+    free(R->out[u]);
+    R->out[u] = NULL;
+    for (int v = 0; v < R->g.n_values; v++) {
+        if (v == R->op.out) R->out[u] = buf[v];
+        else free(buf[v]);
+    }
+}
+
+static void rig_free(rig *R)
+{
+    for (int v = 0; v < R->g.n_values; v++) free(R->init[v]);
+    free(R->out[0]);
+    free(R->out[1]);
+    if (R->has_kv)
+        for (int u = 0; u < 2; u++) q3_kv_cache_free(&R->kv[u]);
+}
+
+/* Largest |cpu - ref| / (abs_tol + rel_tol * |ref|) over the live rows of the output. */
+static double rig_worst(const rig *R, double abs_tol, double rel_tol)
+{
+    const q3_value *o = &R->values[R->op.out];
+    int rows = o->rows == 1 ? 1 : R->n_real;
+    double worst = 0;
+    for (size_t i = 0; i < (size_t)rows * o->cols; i++) {
+        double d = fabs((double)R->out[1][i] - R->out[0][i]) / (abs_tol + rel_tol * fabs(R->out[0][i]));
+        if (!(d <= worst)) worst = d; /* NaN counts */
+    }
+    return worst;
+}
+
+/* A weight tensor of dtype t over random values: [rows][cols], or [cols] when
+ * rows is 0 (a norm). The caller frees .data. */
+static q3_tensor make_weight(q3_dtype t, int rows, int cols, float lo, float hi)
+{
+    q3_tensor w = {.dtype = t, .ndim = rows > 0 ? 2 : 1};
+    if (rows > 0) {
+        w.shape[0] = rows;
+        w.shape[1] = cols;
+    } else {
+        w.shape[0] = cols;
+    }
+    snprintf(w.name, sizeof w.name, "w");
+    size_t n = (size_t)(rows > 0 ? rows : 1) * cols;
+    float *f = malloc(n * sizeof *f);
+    fill(f, n, lo, hi);
+    w.nbytes = q3_dtype_row_bytes(t, n);
+    void *data = malloc(w.nbytes);
+    q3_row_from_f32(t, f, data, n);
+    w.data = data;
+    free(f);
+    return w;
+}
+
+static const q3_dtype wtypes[] = {Q3_F32, Q3_F16, Q3_BF16};
+static const q3_dtype kvtypes[] = {Q3_F32, Q3_F16, Q3_BF16};
+
+/* Rounds n values to dtype t and back, as a cache (or BF16 packing) would. */
+static void round_to(q3_dtype t, float *p, size_t n)
+{
+    uint16_t *tmp = malloc(n * sizeof *tmp);
+    if (t != Q3_F32) {
+        q3_row_from_f32(t, p, tmp, n);
+        q3_row_to_f32(t, tmp, p, n);
+    }
+    free(tmp);
+}
+
+/* ---- matmul ----------------------------------------------------------------------------- */
+
+static void test_matmul(const char *isa)
+{
+    static const int ms[] = {1, 2, 3, 5, 8, 13};
+    static const int ns[] = {1, 3, 8, 17, 61, 130};
+    static const int ks[] = {1, 7, 16, 33, 100, 515, 1100};
+    bool bf16_act = q3_cpu_isa_current()->bf16_activations;
+    for (size_t ti = 0; ti < 3; ti++)
+        for (size_t a = 0; a < sizeof ms / sizeof *ms; a++)
+            for (size_t b = 0; b < sizeof ns / sizeof *ns; b++)
+                for (size_t c = 0; c < sizeof ks / sizeof *ks; c++) {
+                    int m = ms[a], n = ns[b], k = ks[c];
+                    if ((a + b + c) % 3 && k > 100) continue; /* keep the run short */
+                    rig R;
+                    rig_config(&R, 4, 2, 8);
+                    q3_tensor w = make_weight(wtypes[ti], n, k, -1, 1);
+                    int x = rig_value(&R, m, k, -1, 1), y = rig_value(&R, m, n, 0, 0);
+                    R.op = (q3_op){.kind = Q3_OP_MATMUL, .out = y, .in = {x, -1, -1}, .weight = &w};
+                    R.n_real = m;
+                    rig_run(&R, 0);
+                    rig_run(&R, 1);
+                    /* BF16 weights on the BF16 path: each activation rounded to BF16 (2^-9
+                       relative), so |error| <= 2^-9 sum |x||w| <= 2^-9 k (|x|, |w| <= 1) */
+                    double tol = wtypes[ti] == Q3_BF16 && bf16_act ? 0x1p-9 * k + 1e-5 : 2e-6 * k + 1e-6;
+                    double worst = rig_worst(&R, tol, 0);
+                    CHECK(worst <= 1, "[%s] matmul %s m=%d n=%d k=%d: error %.3g of tolerance", isa,
+                          q3_dtype_name(wtypes[ti]), m, n, k, worst);
+                    if (wtypes[ti] == Q3_BF16 && bf16_act) {
+                        /* activations already BF16: only the F32 summation order differs */
+                        round_to(Q3_BF16, R.init[x], (size_t)m * k);
+                        rig_run(&R, 0);
+                        rig_run(&R, 1);
+                        worst = rig_worst(&R, 2e-6 * k + 1e-6, 0);
+                        CHECK(worst <= 1, "[%s] matmul bf16 (BF16 inputs) m=%d n=%d k=%d: error %.3g of tolerance", isa,
+                              m, n, k, worst);
+                    }
+                    /* each row alone (GEMV) must equal its row of the GEMM bit for bit */
+                    if (m > 1) {
+                        float *gemm = R.out[1];
+                        R.out[1] = NULL;
+                        int diff_rows = 0;
+                        for (int r = 0; r < m; r++) {
+                            memcpy(R.init[x], R.init[x] + (size_t)r * k, (size_t)k * sizeof(float));
+                            R.values[x].rows = R.values[y].rows = 1;
+                            R.n_real = 1;
+                            rig_run(&R, 1);
+                            diff_rows += memcmp(R.out[1], gemm + (size_t)r * n, (size_t)n * sizeof(float)) != 0;
+                            /* back to m rows (row 0 of init now holds row r: no longer needed) */
+                            R.values[x].rows = R.values[y].rows = m;
+                        }
+                        CHECK(diff_rows == 0, "[%s] matmul %s m=%d n=%d k=%d: %d GEMV rows differ from the GEMM", isa,
+                              q3_dtype_name(wtypes[ti]), m, n, k, diff_rows);
+                        free(gemm);
+                    }
+                    rig_free(&R);
+                    free((void *)w.data);
+                }
+}
+
+/* ---- attention ---------------------------------------------------------------------------- */
+
+static void test_attention(const char *isa)
+{
+    static const int shapes[][3] = {{4, 2, 8}, {2, 2, 20}, {8, 2, 64}, {16, 8, 128}, {6, 3, 36}};
+    static const int cases[][2] = {{0, 1}, {0, 7}, {3, 5}, {17, 16}, {40, 33}}; /* pos, rows */
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
+        for (size_t kt = 0; kt < 3; kt++)
+            for (size_t ci = 0; ci < sizeof cases / sizeof *cases; ci++) {
+                int nh = shapes[s][0], nkv = shapes[s][1], hd = shapes[s][2];
+                int pos = cases[ci][0], rows = cases[ci][1];
+                q3_dtype kvt = kvtypes[kt];
+                int kv_dim = nkv * hd;
+                /* prefill: past [0, pos) from the cache, the chunk's rows from the op's inputs */
+                rig R;
+                rig_config(&R, nh, nkv, hd);
+                int q = rig_value(&R, rows, nh * hd, -1.5f, 1.5f);
+                int k = rig_value(&R, rows, kv_dim, -2, 2), v = rig_value(&R, rows, kv_dim, -2, 2);
+                int o = rig_value(&R, rows, nh * hd, 0, 0);
+                round_to(kvt, R.init[k], (size_t)rows * kv_dim);
+                round_to(kvt, R.init[v], (size_t)rows * kv_dim);
+                rig_kv(&R, kvt, pos + rows + 1, pos);
+                R.op = (q3_op){.kind = Q3_OP_ATTENTION, .layer = 1, .out = o, .in = {q, k, v}, .reads_state = true};
+                R.n_real = rows;
+                R.pos = pos;
+                rig_run(&R, 0);
+                rig_run(&R, 1);
+                double worst = rig_worst(&R, 2e-6, 2e-5);
+                CHECK(worst <= 1, "[%s] prefill attention %d/%d x %d, kv %s, pos %d rows %d: error %.3g of tolerance",
+                      isa, nh, nkv, hd, q3_dtype_name(kvt), pos, rows, worst);
+
+                /* decode of each row with its K/V in the cache: bit-identical to prefill */
+                float *prefill_out = R.out[1];
+                R.out[1] = NULL;
+                size_t rb = R.kv[1].row_bytes;
+                for (int t = 0; t < rows; t++) {
+                    q3_row_from_f32(kvt, R.init[k] + (size_t)t * kv_dim, q3_kv_k_row(&R.kv[1], 1, pos + t), (size_t)kv_dim);
+                    q3_row_from_f32(kvt, R.init[v] + (size_t)t * kv_dim, q3_kv_v_row(&R.kv[1], 1, pos + t), (size_t)kv_dim);
+                }
+                memcpy(q3_kv_k_row(&R.kv[0], 1, 0), q3_kv_k_row(&R.kv[1], 1, 0), (size_t)(pos + rows) * rb);
+                memcpy(q3_kv_v_row(&R.kv[0], 1, 0), q3_kv_v_row(&R.kv[1], 1, 0), (size_t)(pos + rows) * rb);
+                int bad = 0;
+                double dec_worst = 0;
+                float *q_all = R.init[q];
+                for (int t = 0; t < rows; t++) {
+                    rig D;
+                    rig_config(&D, nh, nkv, hd);
+                    int dq = rig_value(&D, 1, nh * hd, 0, 0), dout = rig_value(&D, 1, nh * hd, 0, 0);
+                    memcpy(D.init[dq], q_all + (size_t)t * nh * hd, (size_t)nh * hd * sizeof(float));
+                    D.has_kv = true;
+                    D.kv[0] = R.kv[0];
+                    D.kv[1] = R.kv[1];
+                    D.op = (q3_op){.kind = Q3_OP_ATTENTION, .layer = 1, .out = dout, .in = {dq, -1, -1}, .reads_state = true};
+                    D.n_real = 1;
+                    D.pos = pos + t;
+                    rig_run(&D, 0);
+                    rig_run(&D, 1);
+                    double w = rig_worst(&D, 2e-6, 2e-5);
+                    if (w > dec_worst) dec_worst = w;
+                    bad += memcmp(D.out[1], prefill_out + (size_t)t * nh * hd, (size_t)nh * hd * sizeof(float)) != 0;
+                    D.has_kv = false; /* the caches belong to R */
+                    rig_free(&D);
+                }
+                CHECK(dec_worst <= 1, "[%s] decode attention %d/%d x %d, kv %s: error %.3g of tolerance", isa, nh, nkv,
+                      hd, q3_dtype_name(kvt), dec_worst);
+                CHECK(bad == 0, "[%s] attention %d/%d x %d, kv %s, pos %d: %d decode rows differ from prefill", isa, nh,
+                      nkv, hd, q3_dtype_name(kvt), pos, bad);
+                free(prefill_out);
+                rig_free(&R);
+            }
+}
+
+static void test_kv_append(const char *isa)
+{
+    for (size_t kt = 0; kt < 3; kt++) {
+        rig R;
+        rig_config(&R, 6, 3, 36);
+        int kv_dim = 3 * 36;
+        int k = rig_value(&R, 1, kv_dim, -3, 3), v = rig_value(&R, 1, kv_dim, -3, 3);
+        /* values that stress rounding: ties, tiny, huge, F16 subnormals and overflow */
+        float special[] = {0.0f, -0.0f, 1.0f + 0x1p-8f, 1.0f + 0x1p-11f, 3e-8f, -6e-5f, 1e-39f, 65519.0f, 65520.0f,
+                           -70000.0f, 1e30f, 0x1.0101p0f, 0x1.00801p0f};
+        memcpy(R.init[k], special, sizeof special);
+        rig_kv(&R, kvtypes[kt], 8, 3);
+        R.op = (q3_op){.kind = Q3_OP_KV_APPEND, .layer = 1, .out = -1, .in = {k, v, -1}, .mutates_state = true};
+        R.n_real = 1;
+        R.pos = 3;
+        rig_run(&R, 0);
+        rig_run(&R, 1);
+        size_t bytes = (size_t)2 * 8 * R.kv[0].row_bytes;
+        CHECK(!memcmp(R.kv[0].k, R.kv[1].k, bytes) && !memcmp(R.kv[0].v, R.kv[1].v, bytes),
+              "[%s] kv_append %s: cache bytes differ from ref", isa, q3_dtype_name(kvtypes[kt]));
+        rig_free(&R);
+    }
+}
+
+/* ---- elementwise ops ------------------------------------------------------------------------ */
+
+static void test_elementwise(const char *isa)
+{
+    static const int rows_list[] = {1, 3, 40};
+    static const int cols_list[] = {1, 15, 17, 64, 300, 1000};
+    for (size_t ri = 0; ri < 3; ri++)
+        for (size_t ci = 0; ci < sizeof cols_list / sizeof *cols_list; ci++) {
+            int rows = rows_list[ri], cols = cols_list[ci];
+            for (int kind = 0; kind < 3; kind++) { /* ADD, SWIGLU, RMSNORM with each weight dtype */
+                for (size_t ti = 0; ti < (kind == 2 ? 3 : 1); ti++) {
+                    rig R;
+                    rig_config(&R, 4, 2, 8);
+                    int a = rig_value(&R, rows, cols, -8, 8), b = rig_value(&R, rows, cols, -3, 3);
+                    q3_tensor w = make_weight(wtypes[ti], 0, cols, 0.5f, 1.5f);
+                    R.n_real = rows;
+                    const char *name;
+                    if (kind == 0) {
+                        R.op = (q3_op){.kind = Q3_OP_ADD, .out = a, .in = {a, b, -1}};
+                        name = "add";
+                    } else if (kind == 1) {
+                        R.op = (q3_op){.kind = Q3_OP_SWIGLU, .out = a, .in = {a, b, -1}};
+                        name = "swiglu";
+                    } else {
+                        R.op = (q3_op){.kind = Q3_OP_RMSNORM, .out = b, .in = {a, -1, -1}, .weight = &w};
+                        name = "rmsnorm";
+                    }
+                    rig_run(&R, 0);
+                    rig_run(&R, 1);
+                    double worst = rig_worst(&R, 1e-6, 1e-6);
+                    CHECK(worst <= 1, "[%s] %s (%s) rows %d cols %d: error %.3g of tolerance", isa, name,
+                          q3_dtype_name(wtypes[ti]), rows, cols, worst);
+                    rig_free(&R);
+                    free((void *)w.data);
+                }
+            }
+        }
+
+    /* HEAD_NORM and ROPE, in place over heads; odd head dims and late positions */
+    static const int heads[][2] = {{4, 8}, {3, 20}, {16, 128}, {2, 34}};
+    for (size_t h = 0; h < 4; h++)
+        for (size_t ri = 0; ri < 3; ri++) {
+            int nh = heads[h][0], hd = heads[h][1], rows = rows_list[ri];
+            for (int kind = 0; kind < 2; kind++) {
+                rig R;
+                rig_config(&R, nh, nh, hd);
+                int x = rig_value(&R, rows, nh * hd, -4, 4);
+                q3_tensor w = make_weight(Q3_BF16, 0, hd, 0.5f, 1.5f);
+                R.n_real = rows;
+                R.pos = kind == 0 ? 0 : 3000 + (int)ri * 7;
+                R.op = kind == 0 ? (q3_op){.kind = Q3_OP_HEAD_NORM, .out = x, .in = {x, -1, -1}, .weight = &w}
+                                 : (q3_op){.kind = Q3_OP_ROPE, .out = x, .in = {x, -1, -1}};
+                rig_run(&R, 0);
+                rig_run(&R, 1);
+                double worst = rig_worst(&R, 2e-6, 1e-6);
+                CHECK(worst <= 1, "[%s] %s %d x %d rows %d: error %.3g of tolerance", isa, kind ? "rope" : "head_norm",
+                      nh, hd, rows, worst);
+                rig_free(&R);
+                free((void *)w.data);
+            }
+        }
+
+    /* EMBED from each weight dtype; LAST_ROW */
+    for (size_t ti = 0; ti < 3; ti++) {
+        rig R;
+        rig_config(&R, 4, 2, 8);
+        q3_tensor w = make_weight(wtypes[ti], 300, 37, -1, 1);
+        int o = rig_value(&R, 9, 37, 0, 0);
+        for (int r = 0; r < 9; r++) R.tokens[r] = (int32_t)(rnd() % 300);
+        R.n_real = 7;
+        R.op = (q3_op){.kind = Q3_OP_EMBED, .out = o, .in = {-1, -1, -1}, .weight = &w};
+        rig_run(&R, 0);
+        rig_run(&R, 1);
+        CHECK(rig_worst(&R, 1e-30, 0) == 0, "[%s] embed %s differs", isa, q3_dtype_name(wtypes[ti]));
+        rig_free(&R);
+        free((void *)w.data);
+    }
+    rig R;
+    rig_config(&R, 4, 2, 8);
+    int in = rig_value(&R, 9, 37, -1, 1), o = rig_value(&R, 1, 37, 0, 0);
+    R.n_real = 6;
+    R.op = (q3_op){.kind = Q3_OP_LAST_ROW, .out = o, .in = {in, -1, -1}};
+    rig_run(&R, 0);
+    rig_run(&R, 1);
+    CHECK(rig_worst(&R, 1e-30, 0) == 0, "[%s] last_row differs", isa);
+    rig_free(&R);
+}
+
+/* ---- refusals --------------------------------------------------------------------------------- */
+
+static void test_refuses(void)
+{
+    rig R;
+    rig_config(&R, 4, 2, 8);
+    q3_tensor w = {.dtype = Q3_Q8_0, .ndim = 2, .shape = {64, 64}};
+    R.op = (q3_op){.kind = Q3_OP_MATMUL, .weight = &w};
+    const char *why = q3_backend_cpu.refuses(&q3_backend_cpu, &R.g, &R.op);
+    CHECK(why != NULL, "cpu admits Q8_0 matmuls");
+    if (why) CHECK_CONTAINS(why, "Q8_0");
+    w.dtype = Q3_Q4_0;
+    why = q3_backend_cpu.refuses(&q3_backend_cpu, &R.g, &R.op);
+    CHECK(why != NULL, "cpu admits Q4_0 matmuls");
+    if (why) CHECK_CONTAINS(why, "Q4_0");
+    w.dtype = Q3_BF16;
+    CHECK(q3_backend_cpu.refuses(&q3_backend_cpu, &R.g, &R.op) == NULL, "cpu refuses BF16 matmuls");
+    CHECK(q3_backend_cpu.kv_default == Q3_F16 || q3_backend_cpu.kv_default == Q3_BF16, "kv_default");
+}
+
+int main(void)
+{
+    if (!q3_backend_cpu.present(&q3_backend_cpu)) {
+        printf("cpu unit absent (no AVX2+FMA): nothing to test\n");
+        TEST_DONE();
+    }
+    printf("cpu unit: %s, %d threads\n", q3_cpu_isa_current()->name, q3_cpu_threads());
+    test_refuses();
+    const char *isas[] = {"avx512", "avx2"};
+    for (int i = 0; i < 2; i++) {
+        if (q3_cpu_force_isa(isas[i])) {
+            printf("%s: not on this CPU, skipped\n", isas[i]);
+            continue;
+        }
+        test_matmul(isas[i]);
+        test_attention(isas[i]);
+        test_kv_append(isas[i]);
+        test_elementwise(isas[i]);
+    }
+    q3_cpu_stats s = q3_cpu_get_stats();
+    printf("%llu ops, %llu pool jobs, %llu inner barriers\n", (unsigned long long)s.ops,
+           (unsigned long long)s.pool_jobs, (unsigned long long)s.inner_barriers);
+    TEST_DONE();
+}
