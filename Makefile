@@ -69,3 +69,43 @@ clean:
 
 .PHONY: all test deps clean
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
+
+# ---- fuzzing ----
+# libFuzzer targets (fuzz/fuzz_*.c), built with clang, ASan and UBSan into
+# build-fuzz/ from the parser sources only (src/util, src/model, src/text).
+# `make fuzz-build` builds them; `make fuzz [FUZZ_SECONDS=60]` builds and runs
+# each for FUZZ_SECONDS (scripts/fuzz.sh); `make fuzz-seeds` rewrites the binary
+# seed files of fuzz/corpus/ (fuzz/make_seeds.c).
+FUZZ_CC      ?= clang
+FUZZ_BUILD   := build-fuzz
+FUZZ_SECONDS ?= 60
+FUZZ_CFLAGS  := -std=c17 -g -O1 -MMD -MP -Iinclude -Isrc -D_GNU_SOURCE -fno-math-errno \
+                -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
+FUZZ_LIB_SRC := $(sort $(wildcard src/util/*.c src/model/*.c src/text/*.c))
+FUZZ_LIB_OBJ := $(FUZZ_LIB_SRC:%.c=$(FUZZ_BUILD)/%.o)
+FUZZ_BIN     := $(patsubst fuzz/%.c,$(FUZZ_BUILD)/%,$(sort $(wildcard fuzz/fuzz_*.c)))
+
+$(FUZZ_BUILD)/src/%.o: src/%.c
+	@mkdir -p $(@D)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link -c -o $@ $<
+
+$(FUZZ_BUILD)/libq3fuzz.a: $(FUZZ_LIB_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(FUZZ_BUILD)/fuzz_%: fuzz/fuzz_%.c $(FUZZ_BUILD)/libq3fuzz.a
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -Ifuzz -fsanitize=fuzzer -o $@ $< $(FUZZ_BUILD)/libq3fuzz.a $(LDLIBS)
+
+$(FUZZ_BUILD)/make_seeds: fuzz/make_seeds.c $(FUZZ_BUILD)/libq3fuzz.a
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -Ifuzz -o $@ $< $(FUZZ_BUILD)/libq3fuzz.a $(LDLIBS)
+
+fuzz-build: $(FUZZ_BIN)
+
+fuzz: fuzz-build
+	sh scripts/fuzz.sh $(FUZZ_SECONDS)
+
+fuzz-seeds: $(FUZZ_BUILD)/make_seeds
+	$(FUZZ_BUILD)/make_seeds fuzz/corpus
+
+.PHONY: fuzz fuzz-build fuzz-seeds
+-include $(shell find $(FUZZ_BUILD) -name '*.d' 2>/dev/null)

@@ -39,7 +39,12 @@ static q3_status get_float(const cJSON *root, const char *path, const char *key,
     }
     if (!cJSON_IsNumber(v) || !(v->valuedouble > 0) || !isfinite(v->valuedouble))
         return q3_fail(Q3_ERR_INVALID, "%s: field \"%s\" must be a positive number", path, key);
-    *out = (float)v->valuedouble;
+    /* The value is kept as a float: 1e39 would become inf, 1e-50 zero. */
+    float f = (float)v->valuedouble;
+    if (!(f > 0) || !isfinite(f))
+        return q3_fail(Q3_ERR_INVALID, "%s: field \"%s\" = %g is out of a float's range", path, key,
+                       v->valuedouble);
+    *out = f;
     return Q3_OK;
 }
 
@@ -123,6 +128,8 @@ q3_status q3_config_validate(const q3_config *c, const char *src)
         return q3_fail(Q3_ERR_INVALID, "%s: sizes are implausibly large for a Qwen3 model", src);
     if (!(c->rms_eps > 0 && c->rms_eps < 1))
         return q3_fail(Q3_ERR_INVALID, "%s: rms_norm_eps %g is out of range", src, c->rms_eps);
+    if (!(c->rope_theta > 0 && isfinite(c->rope_theta)))
+        return q3_fail(Q3_ERR_INVALID, "%s: rope_theta %g is not a finite positive number", src, c->rope_theta);
     return Q3_OK;
 }
 

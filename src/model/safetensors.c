@@ -71,8 +71,9 @@ static q3_status parse_entry(const char *path, const cJSON *e, const uint8_t *da
     if (cJSON_GetArraySize(off) != 2)
         return q3_fail(Q3_ERR_FORMAT, "%s: tensor \"%s\": data_offsets must be [begin, end]", path, name);
     double b = cJSON_GetArrayItem(off, 0)->valuedouble, en = cJSON_GetArrayItem(off, 1)->valuedouble;
-    if (!cJSON_IsNumber(cJSON_GetArrayItem(off, 0)) || !cJSON_IsNumber(cJSON_GetArrayItem(off, 1)) || b < 0 ||
-        en < b || b != (double)(uint64_t)b || en != (double)(uint64_t)en)
+    /* 0 <= b <= en < 2^64 first: casting a larger double (1e30, 1e999 = inf) is undefined. */
+    if (!cJSON_IsNumber(cJSON_GetArrayItem(off, 0)) || !cJSON_IsNumber(cJSON_GetArrayItem(off, 1)) || !(b >= 0) ||
+        !(en >= b) || !(en < 0x1p64) || b != (double)(uint64_t)b || en != (double)(uint64_t)en)
         return q3_fail(Q3_ERR_FORMAT, "%s: tensor \"%s\": data_offsets are not increasing non-negative integers",
                        path, name);
     if (en > (double)data_len)
@@ -146,13 +147,24 @@ q3_status q3_safetensors_open(const char *path, q3_safetensors *out)
                          tensors[spans[i].idx].name);
             goto fail;
         }
+    /* overlaps: in order of begin, each non-empty span must start at or after the
+     * furthest end so far (an empty tensor in between owns no bytes and must not
+     * hide an overlap of its neighbours) */
     qsort(spans, (size_t)n, sizeof *spans, cmp_span);
-    for (int i = 1; i < n; i++)
-        if (spans[i].begin < spans[i - 1].end && spans[i].end > spans[i].begin) {
+    size_t max_end = 0;
+    int max_idx = -1;
+    for (int i = 0; i < n; i++) {
+        if (spans[i].end == spans[i].begin) continue;
+        if (max_idx >= 0 && spans[i].begin < max_end) {
             st = q3_fail(Q3_ERR_FORMAT, "%s: tensors \"%s\" and \"%s\" overlap in the data section", path,
-                         tensors[spans[i - 1].idx].name, tensors[spans[i].idx].name);
+                         tensors[max_idx].name, tensors[spans[i].idx].name);
             goto fail;
         }
+        if (spans[i].end > max_end) {
+            max_end = spans[i].end;
+            max_idx = spans[i].idx;
+        }
+    }
     cJSON_Delete(root);
     free(spans);
     out->path = strdup(path);
