@@ -607,6 +607,11 @@ static void test_tokenizer_roundtrip(void)
     q3_tokenizer *tf = NULL;
     CHECK(q3_tokenizer_load_gguf_file(out, &tf) == Q3_OK, "load_gguf_file: %s", q3_last_error());
     q3_tokenizer_free(tf);
+    /* the embedding (9.7 M values) is quantized on several threads: same bytes */
+    q3_model *a = NULL, *b = NULL;
+    if (!q3_model_open(GOLDEN "/e2e", &a) && !q3_model_open(out, &b)) check_converted_tensors(a, b, Q3_Q8_0);
+    q3_model_close(a);
+    q3_model_close(b);
     unlink(out);
 }
 
@@ -782,6 +787,11 @@ int main(void)
     test_convert_model(GOLDEN "/tiny", "tiny", all, 5, 1);
     test_convert_model(GOLDEN "/small-bf16", "small-bf16", (const q3_dtype[]){Q3_BF16}, 1, 1);
     LAP("convert");
+    /* rows that are not whole blocks stay F16; norms stay F32 */
+    CHECK(q3_convert_tensor_type(Q3_Q8_0, 2, (const int64_t[]){10, 48}) == Q3_F16, "q8_0 fallback");
+    CHECK(q3_convert_tensor_type(Q3_Q4_0, 2, (const int64_t[]){10, 64}) == Q3_Q4_0, "q4_0");
+    CHECK(q3_convert_tensor_type(Q3_BF16, 2, (const int64_t[]){10, 48}) == Q3_BF16, "bf16 any row");
+    CHECK(q3_convert_tensor_type(Q3_Q8_0, 1, (const int64_t[]){64}) == Q3_F32, "norms F32");
     test_convert_from_gguf();
     test_convert_tokenizer_errors();
     LAP("convert misc");

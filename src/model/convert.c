@@ -5,6 +5,7 @@
 #include <cjson/cJSON.h>
 #include <limits.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -362,7 +363,39 @@ typedef struct tensor_job {
     q3_dtype dst;
 } tensor_job;
 
-/* Converts a tensor row by row into its file type. */
+/* Rows [r0, r1) of a tensor converted into its file type. */
+typedef struct row_range {
+    const tensor_job *job;
+    void *dst;
+    size_t r0, r1;
+    q3_status st;
+} row_range;
+
+static void *convert_rows(void *arg)
+{
+    row_range *rr = arg;
+    const q3_tensor *t = rr->job->src;
+    q3_dtype dt = rr->job->dst;
+    size_t cols = (size_t)t->shape[t->ndim - 1];
+    size_t src_row = q3_dtype_row_bytes(t->dtype, cols), dst_row = q3_dtype_row_bytes(dt, cols);
+    float *buf = malloc(cols * sizeof *buf);
+    if (!buf) {
+        rr->st = q3_fail(Q3_ERR_NOMEM, "out of memory");
+        return NULL;
+    }
+    for (size_t r = rr->r0; r < rr->r1 && !rr->st; r++) {
+        q3_row_to_f32(t->dtype, (const char *)t->data + r * src_row, buf, cols);
+        rr->st = q3_quantize(dt, buf, (char *)rr->dst + r * dst_row, cols);
+    }
+    free(buf);
+    return NULL;
+}
+
+#define CONVERT_MAX_THREADS 8
+#define CONVERT_VALUES_PER_THREAD (1u << 20)
+
+/* Converts a tensor into its file type: a copy when the type is unchanged, else row
+ * by row (through F32), on up to CONVERT_MAX_THREADS threads for large tensors. */
 static q3_status fill_tensor(void *user, void *dst, size_t nbytes)
 {
     const tensor_job *j = user;
@@ -373,16 +406,28 @@ static q3_status fill_tensor(void *user, void *dst, size_t nbytes)
         return Q3_OK;
     }
     size_t cols = (size_t)t->shape[t->ndim - 1], rows = q3_tensor_numel(t) / cols;
-    size_t src_row = q3_dtype_row_bytes(t->dtype, cols), dst_row = q3_dtype_row_bytes(j->dst, cols);
-    if (rows * dst_row != nbytes) return q3_fail(Q3_ERR_INVALID, "tensor \"%s\": size mismatch", t->name);
-    float *buf = malloc(cols * sizeof *buf);
-    if (!buf) return q3_fail(Q3_ERR_NOMEM, "out of memory");
-    q3_status st = Q3_OK;
-    for (size_t r = 0; r < rows && !st; r++) {
-        q3_row_to_f32(t->dtype, (const char *)t->data + r * src_row, buf, cols);
-        st = q3_quantize(j->dst, buf, (char *)dst + r * dst_row, cols);
+    if (rows * q3_dtype_row_bytes(j->dst, cols) != nbytes)
+        return q3_fail(Q3_ERR_INVALID, "tensor \"%s\": size mismatch", t->name);
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    size_t nt = q3_tensor_numel(t) / CONVERT_VALUES_PER_THREAD;
+    if (nt > (size_t)(cpus > 0 ? cpus : 1)) nt = (size_t)(cpus > 0 ? cpus : 1);
+    if (nt > CONVERT_MAX_THREADS) nt = CONVERT_MAX_THREADS;
+    if (nt > rows) nt = rows;
+    if (nt < 1) nt = 1;
+    row_range rr[CONVERT_MAX_THREADS];
+    pthread_t th[CONVERT_MAX_THREADS];
+    int started[CONVERT_MAX_THREADS] = {0};
+    for (size_t i = 0; i < nt; i++) {
+        rr[i] = (row_range){.job = j, .dst = dst, .r0 = rows * i / nt, .r1 = rows * (i + 1) / nt};
+        if (i) started[i] = pthread_create(&th[i], NULL, convert_rows, &rr[i]) == 0;
     }
-    free(buf);
+    convert_rows(&rr[0]);
+    q3_status st = rr[0].st;
+    for (size_t i = 1; i < nt; i++) {
+        if (started[i]) pthread_join(th[i], NULL);
+        else convert_rows(&rr[i]); /* no thread: do it here */
+        if (!st && rr[i].st) st = rr[i].st;
+    }
     return st;
 }
 
