@@ -7,7 +7,9 @@
 
 #include "cli/cli.h"
 #include "cli/defaults.h"
+#include "model/model.h"
 #include "text/chat_template.h"
+#include "text/tokenizer_gguf.h"
 #include "util/file.h"
 
 const char *cli_gen_usage =
@@ -101,7 +103,10 @@ static int open_tokenizer(cli_gen *g)
                              g->model_path, cli_default_tokenizer_dir() ? cli_default_tokenizer_dir() : "not fetched: make deps");
         src = p;
     } else {
-        return cli_error(g->cmd, "%s: no tokenizer: pass --tokenizer PATH", g->model_path);
+        /* a GGUF carries its own tokenizer */
+        if (!g->model->gguf || q3_tokenizer_load_gguf(g->model->gguf, &g->tok))
+            return cli_error(g->cmd, "%s (pass --tokenizer PATH)", q3_last_error());
+        return 0;
     }
     if (q3_tokenizer_load(src, &g->tok)) return cli_error(g->cmd, "%s", q3_last_error());
     return 0;
@@ -133,7 +138,20 @@ int cli_gen_open(cli_gen *g)
 
 int cli_gen_check_template(cli_gen *g)
 {
-    if (!q3_is_dir(g->model_path)) return 0; /* a GGUF: its template is checked where it is read */
+    if (!q3_is_dir(g->model_path)) { /* a GGUF: its tokenizer.chat_template */
+        q3_gguf_tokenizer_info info;
+        if (!g->model->gguf || q3_gguf_tokenizer_info_read(g->model->gguf, &info))
+            return cli_error(g->cmd, "%s", q3_last_error());
+        if (info.template_kind != Q3_CHAT_TEMPLATE_QWEN3) {
+            if (!info.chat_template) {
+                fprintf(stderr, "q3 %s: %s has no chat template; using Qwen3's\n", g->cmd, g->model_path);
+                return 0;
+            }
+            return cli_error(g->cmd, "%s: its chat template is not one q3 knows (use --raw to skip templating)",
+                             g->model_path);
+        }
+        return 0;
+    }
     char p[PATH_MAX];
     snprintf(p, sizeof p, "%s/tokenizer_config.json", g->model_path);
     char j[PATH_MAX];
