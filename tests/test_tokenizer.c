@@ -3,6 +3,7 @@
  * PCRE2, the heap BPE against the scan BPE, the NFC fast path against utf8proc_NFC,
  * from_parts against load. Run from the repository root. */
 #include <cjson/cJSON.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -758,6 +759,69 @@ static void test_qwen_from_parts(const q3_tokenizer *loaded)
     cJSON_Delete(root);
 }
 
+/* ==== threads ============================================================================ */
+
+/* Several threads encoding with one tokenizer at once (the scratch pool is shared). */
+typedef struct corpus {
+    size_t n;
+    char **text;
+    size_t *len, *n_want;
+    int32_t **want;
+} corpus;
+
+typedef struct thread_job {
+    const q3_tokenizer *tok;
+    const corpus *c;
+    size_t wrong;
+} thread_job;
+
+static void *encode_corpus(void *arg)
+{
+    thread_job *job = arg;
+    const corpus *c = job->c;
+    for (int rep = 0; rep < 3; rep++)
+        for (size_t i = 0; i < c->n; i++) {
+            int32_t *ids;
+            size_t n;
+            if (q3_tokenizer_encode(job->tok, c->text[i], c->len[i], &ids, &n) != Q3_OK) {
+                job->wrong++;
+                continue;
+            }
+            job->wrong += !same_ids(ids, n, c->want[i], c->n_want[i]);
+            free(ids);
+        }
+    return NULL;
+}
+
+static void test_threads(const q3_tokenizer *tok)
+{
+    jsonl g = read_jsonl(TOK_DATA "/golden_public.jsonl");
+    corpus c = {g.n, calloc(g.n, sizeof(char *)), calloc(g.n, sizeof(size_t)), calloc(g.n, sizeof(size_t)),
+                calloc(g.n, sizeof(int32_t *))};
+    for (size_t i = 0; i < g.n; i++) {
+        const char *t = text_of(&g, i, "text", &c.len[i]);
+        c.text[i] = malloc(c.len[i] + 1);
+        memcpy(c.text[i], t, c.len[i] + 1);
+        c.want[i] = ids_of(g.rows[i], "ids", &c.n_want[i]);
+    }
+    enum { N = 4 };
+    pthread_t th[N];
+    thread_job jobs[N];
+    for (int i = 0; i < N; i++) {
+        jobs[i] = (thread_job){tok, &c, 0};
+        CHECK(pthread_create(&th[i], NULL, encode_corpus, &jobs[i]) == 0, "thread");
+    }
+    size_t wrong = 0;
+    for (int i = 0; i < N; i++) {
+        pthread_join(th[i], NULL);
+        wrong += jobs[i].wrong;
+    }
+    CHECK(wrong == 0, "%zu wrong encodings from concurrent threads", wrong);
+    for (size_t i = 0; i < g.n; i++) free(c.text[i]), free(c.want[i]);
+    free(c.text), free(c.len), free(c.n_want), free(c.want);
+    free_jsonl(&g);
+}
+
 /* ==== main ============================================================================ */
 
 int main(void)
@@ -789,6 +853,7 @@ int main(void)
     test_nfc();
     test_tiny_from_parts();
     test_qwen_from_parts(tok);
+    test_threads(tok);
     q3_tokenizer_free(tok);
     TEST_DONE();
 }

@@ -34,10 +34,15 @@ static void build_two_byte_table(void)
         two_byte_to_byte[i] = (int16_t)byte_level_to_byte(((0xC2 + (i >> 6)) & 0x1Fu) << 6 | (i & 0x3F));
 }
 
+void tk_byte_level_init(void)
+{
+    pthread_once(&two_byte_once, build_two_byte_table);
+}
+
 /* Decodes a byte-level string into raw bytes appended to out. Returns 0; 1 if a
  * character is outside the alphabet (or bad UTF-8), its byte offset in *bad_at;
  * -1 out of memory. */
-static int byte_level_decode(const char *bl, size_t n, tk_buf *out, size_t *bad_at)
+int tk_byte_level_decode(const char *bl, size_t n, tk_buf *out, size_t *bad_at)
 {
     if (out->len + n > out->cap && tk_buf_reserve(out, n)) return -1; /* never longer than the input */
     const unsigned char *s = (const unsigned char *)bl;
@@ -71,7 +76,7 @@ static int byte_level_decode(const char *bl, size_t n, tk_buf *out, size_t *bad_
 q3_status tk_new(const char *name, size_t n_vocab, size_t n_merges, q3_tokenizer **out)
 {
     *out = NULL;
-    pthread_once(&two_byte_once, build_two_byte_table);
+    tk_byte_level_init();
     q3_tokenizer *t = calloc(1, sizeof *t);
     if (!t) return q3_fail(Q3_ERR_NOMEM, "%s: out of memory", name ? name : "tokenizer");
     pthread_mutex_init(&t->pool_lock, NULL);
@@ -132,7 +137,7 @@ q3_status tk_add_vocab_batch(q3_tokenizer *t, const tk_str *bl, const int32_t *i
                            t->name, (int)id, sl, s);
         size_t off = t->bytes.len, bad_at = 0;
         if (off + bl[k].n > UINT32_MAX) return q3_fail(Q3_ERR_FORMAT, "%s: vocabulary too large", t->name);
-        int r = byte_level_decode(s, bl[k].n, &t->bytes, &bad_at);
+        int r = tk_byte_level_decode(s, bl[k].n, &t->bytes, &bad_at);
         if (r < 0) return q3_fail(Q3_ERR_NOMEM, "%s: out of memory", t->name);
         if (r > 0)
             return q3_fail(Q3_ERR_FORMAT,
@@ -155,66 +160,99 @@ q3_status tk_add_vocab_batch(q3_tokenizer *t, const tk_str *bl, const int32_t *i
     return Q3_OK;
 }
 
-q3_status tk_add_merge_batch(q3_tokenizer *t, const tk_str *a, const tk_str *b, size_t n)
+int tk_decode_merge(const char *a, size_t a_len, const char *b, size_t b_len, tk_buf *bytes, tk_merge_rec *rec)
 {
-    if (n > TK_BATCH) return q3_fail(Q3_ERR_INVALID, "%s: merge batch of %zu", t->name, n);
-    /* Both halves of each merge are decoded, contiguously, after the end of the arena
-     * (scratch, dropped at the end). */
-    tk_buf *arena = &t->bytes;
-    size_t base = arena->len, start[TK_BATCH], mid[TK_BATCH], end[TK_BATCH];
-    uint64_t ha[TK_BATCH], hb[TK_BATCH], hab[TK_BATCH];
-    int32_t left[TK_BATCH], right[TK_BATCH], merged[TK_BATCH];
-    q3_status st = Q3_OK;
-    size_t k;
-    for (k = 0; k < n && st == Q3_OK; k++) {
-        size_t bad_at = 0;
-        start[k] = arena->len;
-        int ra = byte_level_decode(a[k].p, a[k].n, arena, &bad_at);
-        mid[k] = arena->len;
-        int rb = ra ? 0 : byte_level_decode(b[k].p, b[k].n, arena, &bad_at);
-        end[k] = arena->len;
-        if (ra < 0 || rb < 0) {
-            st = q3_fail(Q3_ERR_NOMEM, "%s: out of memory", t->name);
-        } else if (ra || rb) {
-            st = q3_fail(Q3_ERR_FORMAT,
-                         "%s: merge %zu (\"%.*s\" \"%.*s\"): the %s part has a character outside the byte-level alphabet",
-                         t->name, t->n_merges + k, (int)(a[k].n > 40 ? 40 : a[k].n), a[k].p,
-                         (int)(b[k].n > 40 ? 40 : b[k].n), b[k].p, ra ? "left" : "right");
-        } else {
-            const char *d = arena->data;
-            ha[k] = tk_hash_bytes(d + start[k], mid[k] - start[k]);
-            hb[k] = tk_hash_bytes(d + mid[k], end[k] - mid[k]);
-            tk_vocab_prefetch(t, ha[k]);
-            tk_vocab_prefetch(t, hb[k]);
+    size_t bad_at, start = bytes->len;
+    int r = tk_byte_level_decode(a, a_len, bytes, &bad_at);
+    if (r) return r < 0 ? -1 : 1;
+    size_t mid = bytes->len;
+    r = tk_byte_level_decode(b, b_len, bytes, &bad_at);
+    if (r) return r < 0 ? -1 : 2;
+    rec->off = start;
+    rec->a_len = (uint32_t)(mid - start);
+    rec->b_len = (uint32_t)(bytes->len - mid);
+    rec->ha = tk_hash_bytes(bytes->data + start, rec->a_len);
+    rec->hb = tk_hash_bytes(bytes->data + mid, rec->b_len);
+    return 0;
+}
+
+/* Shows bytes for a message: as text, at most 40 bytes. */
+static const char *shown(const char *p, size_t n, char buf[48])
+{
+    size_t k = n > 40 ? 40 : n;
+    memcpy(buf, p, k);
+    buf[k] = 0;
+    return buf;
+}
+
+q3_status tk_add_decoded_merges(q3_tokenizer *t, const char *base, const tk_merge_rec *recs, size_t n)
+{
+    for (size_t done = 0; done < n; done += TK_BATCH) {
+        const tk_merge_rec *r = recs + done;
+        size_t m = n - done < TK_BATCH ? n - done : TK_BATCH;
+        int32_t left[TK_BATCH], right[TK_BATCH], merged[TK_BATCH];
+        uint64_t hab[TK_BATCH];
+        /* 1: prefetch the slots of both parts; check the likely id of the result. */
+        for (size_t k = 0; k < m; k++) {
+            tk_vocab_prefetch(t, r[k].ha);
+            tk_vocab_prefetch(t, r[k].hb);
             /* Vocabularies made by BPE training list each merge's result in merge order
              * (Qwen's: id 256 + rank), so try the id after the previous result first. */
             int32_t g = t->merge_guess + (int32_t)k;
-            size_t ab = end[k] - start[k];
+            size_t ab = (size_t)r[k].a_len + r[k].b_len;
+            const char *bytes = base + r[k].off;
             merged[k] = -1;
             if (g < t->n_ids && t->tok_kind[g] == TK_KIND_BPE && t->tok_len[g] == ab &&
-                memcmp(t->bytes.data + t->tok_off[g], d + start[k], ab) == 0)
+                memcmp(t->bytes.data + t->tok_off[g], bytes, ab) == 0)
                 merged[k] = g;
             else
-                tk_vocab_prefetch(t, hab[k] = tk_hash_bytes(d + start[k], ab));
+                tk_vocab_prefetch(t, hab[k] = tk_hash_bytes(bytes, ab));
         }
-    }
-    for (k = 0; k < n && st == Q3_OK; k++) {
-        const char *d = arena->data;
-        left[k] = tk_vocab_find_h(t, d + start[k], mid[k] - start[k], ha[k]);
-        right[k] = tk_vocab_find_h(t, d + mid[k], end[k] - mid[k], hb[k]);
-        if (merged[k] < 0) merged[k] = tk_vocab_find_h(t, d + start[k], end[k] - start[k], hab[k]);
-        if (left[k] < 0 || right[k] < 0 || merged[k] < 0) {
-            const char *what = left[k] < 0 ? "its left part" : right[k] < 0 ? "its right part" : "the merged token";
-            st = q3_fail(Q3_ERR_FORMAT, "%s: merge %zu (\"%.*s\" \"%.*s\"): %s is not in the vocabulary",
-                         t->name, t->n_merges + k, (int)(a[k].n > 40 ? 40 : a[k].n), a[k].p,
-                         (int)(b[k].n > 40 ? 40 : b[k].n), b[k].p, what);
-        } else {
+        /* 2: look the parts up. */
+        for (size_t k = 0; k < m; k++) {
+            const char *bytes = base + r[k].off;
+            size_t ab = (size_t)r[k].a_len + r[k].b_len;
+            left[k] = tk_vocab_find_h(t, bytes, r[k].a_len, r[k].ha);
+            right[k] = tk_vocab_find_h(t, bytes + r[k].a_len, r[k].b_len, r[k].hb);
+            if (merged[k] < 0) merged[k] = tk_vocab_find_h(t, bytes, ab, hab[k]);
+            if (left[k] < 0 || right[k] < 0 || merged[k] < 0) {
+                char b1[48], b2[48];
+                const char *what = left[k] < 0 ? "its left part" : right[k] < 0 ? "its right part" : "the merged token";
+                return q3_fail(Q3_ERR_FORMAT, "%s: merge %zu (\"%s\" + \"%s\"): %s is not in the vocabulary",
+                               t->name, t->n_merges + k, shown(bytes, r[k].a_len, b1),
+                               shown(bytes + r[k].a_len, r[k].b_len, b2), what);
+            }
             tk_merge_prefetch(t, left[k], right[k]);
         }
+        /* 3: insert, in order (the order is the rank). */
+        for (size_t k = 0; k < m; k++) {
+            q3_status st = tk_merge_insert(t, left[k], right[k], merged[k]);
+            if (st != Q3_OK) return st;
+        }
+        t->merge_guess = merged[m - 1] + 1;
     }
-    arena->len = base;
-    for (k = 0; k < n && st == Q3_OK; k++) st = tk_merge_insert(t, left[k], right[k], merged[k]);
-    if (st == Q3_OK && n) t->merge_guess = merged[n - 1] + 1;
+    return Q3_OK;
+}
+
+q3_status tk_add_merge_batch(q3_tokenizer *t, const tk_str *a, const tk_str *b, size_t n)
+{
+    /* Decoded into scratch after the end of the token arena (dropped at the end). */
+    tk_buf *arena = &t->bytes;
+    size_t keep = arena->len;
+    tk_merge_rec recs[TK_BATCH];
+    if (n > TK_BATCH) return q3_fail(Q3_ERR_INVALID, "%s: merge batch of %zu", t->name, n);
+    q3_status st = Q3_OK;
+    for (size_t k = 0; k < n && st == Q3_OK; k++) {
+        int r = tk_decode_merge(a[k].p, a[k].n, b[k].p, b[k].n, arena, &recs[k]);
+        if (r < 0) st = q3_fail(Q3_ERR_NOMEM, "%s: out of memory", t->name);
+        else if (r)
+            st = q3_fail(Q3_ERR_FORMAT,
+                         "%s: merge %zu (\"%.*s\" \"%.*s\"): the %s part has a character outside the byte-level alphabet",
+                         t->name, t->n_merges + k, (int)(a[k].n > 40 ? 40 : a[k].n), a[k].p,
+                         (int)(b[k].n > 40 ? 40 : b[k].n), b[k].p, r == 1 ? "left" : "right");
+    }
+    if (st == Q3_OK) st = tk_add_decoded_merges(t, arena->data, recs, n);
+    arena->len = keep;
     return st;
 }
 

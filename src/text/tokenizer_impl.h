@@ -175,6 +175,24 @@ q3_status tk_add_vocab_batch(q3_tokenizer *t, const tk_str *bl, const int32_t *i
 /* Adds the merges a[k] + b[k] (byte-level strings) in order, n <= TK_BATCH; a merge's
  * rank is the number of merges added before it. */
 q3_status tk_add_merge_batch(q3_tokenizer *t, const tk_str *a, const tk_str *b, size_t n);
+/* A merge decoded from its byte-level strings: its left part's bytes then its right
+ * part's, at `off` in some buffer, with their hashes (tk_hash_bytes). */
+typedef struct tk_merge_rec {
+    size_t off;
+    uint32_t a_len, b_len;
+    uint64_t ha, hb;
+} tk_merge_rec;
+
+/* Decodes the merge a + b (byte-level strings) into bytes (appended) and rec. Needs no
+ * tokenizer (so it can run on another thread). Returns 0; 1 or 2 if the left or right
+ * part has a character outside the alphabet; -1 out of memory. */
+int tk_decode_merge(const char *a, size_t a_len, const char *b, size_t b_len, tk_buf *bytes, tk_merge_rec *rec);
+/* Adds decoded merges (recs[k].off relative to base) in order, looking their parts up. */
+q3_status tk_add_decoded_merges(q3_tokenizer *t, const char *base, const tk_merge_rec *recs, size_t n);
+/* Byte-level string -> raw bytes appended to out: 0; 1 (a character outside the
+ * alphabet at *bad_at); -1 out of memory. Call tk_byte_level_init() first (once). */
+void tk_byte_level_init(void);
+int tk_byte_level_decode(const char *bl, size_t n, tk_buf *out, size_t *bad_at);
 /* One at a time. */
 q3_status tk_add_vocab(q3_tokenizer *t, const char *bl, size_t bl_len, int32_t id);
 q3_status tk_add_merge(q3_tokenizer *t, const char *a, size_t a_len, const char *b, size_t b_len);

@@ -9,6 +9,7 @@
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -538,6 +539,126 @@ static q3_status check_model_option(jscan *j, q3_tokenizer *t, const char *key, 
 
 /* ==== the whole file ======================================================================== */
 
+/* ==== merges on a second thread ===================================================== */
+
+/* While the main thread reads the vocabulary, a helper thread parses and decodes the
+ * merges (half the file) from where they are guessed to start: the first `"merges"`
+ * followed by `: [` (a vocabulary key "merges" is followed by a number, and no string
+ * holds an unescaped quote). The main thread uses the helper's work only if its own
+ * parse reaches model.merges exactly there and the helper parsed it all; otherwise it
+ * reads the merges itself (which also gives the error messages). */
+typedef struct merges_job {
+    const char *base, *end, *path;
+    const char *start;   /* the guessed '[' of model.merges */
+    const char *stop;    /* just after its ']' */
+    tk_buf bytes;        /* decoded parts */
+    tk_merge_rec *recs;
+    size_t n, cap;
+    int ok;              /* the whole array parsed and decoded */
+    int running;
+    pthread_t thread;
+} merges_job;
+
+/* Files smaller than this are read on one thread. */
+#define TK_PARALLEL_MIN_BYTES ((size_t)2 << 20)
+
+static const char *guess_merges_start(const char *base, const char *end)
+{
+    static const char key[] = "\"merges\"";
+    const char *p = base;
+    while ((p = memmem(p, (size_t)(end - p), key, sizeof key - 1))) {
+        const char *q = p + sizeof key - 1;
+        while (q < end && (*q == ' ' || *q == '\n' || *q == '\r' || *q == '\t')) q++;
+        if (q < end && *q == ':') {
+            q++;
+            while (q < end && (*q == ' ' || *q == '\n' || *q == '\r' || *q == '\t')) q++;
+            if (q < end && *q == '[') return q;
+        }
+        p += sizeof key - 1;
+    }
+    return NULL;
+}
+
+static int job_push(merges_job *job, const char *a, size_t an, const char *b, size_t bn)
+{
+    if (job->n == job->cap) {
+        size_t cap = job->cap ? job->cap * 2 : 1 << 16;
+        tk_merge_rec *r = realloc(job->recs, cap * sizeof *r);
+        if (!r) return -1;
+        job->recs = r;
+        job->cap = cap;
+    }
+    return tk_decode_merge(a, an, b, bn, &job->bytes, &job->recs[job->n++]) ? -1 : 0;
+}
+
+/* The helper: the same grammar as read_merges; any problem just ends it (ok = 0). */
+static void *merges_job_run(void *arg)
+{
+    merges_job *job = arg;
+    jscan j = {.base = job->base, .p = job->start + 1, .end = job->end, .path = job->path};
+    char small[256];
+    int ok = 0;
+    skip_ws(&j);
+    if (j.p < j.end && *j.p == ']') {
+        j.p++;
+        ok = 1;
+    }
+    while (!ok) {
+        const char *s, *b;
+        size_t n, bn;
+        skip_ws(&j);
+        __builtin_prefetch(j.p + 1024);
+        if (j.p < j.end && *j.p == '"') {
+            if (read_string(&j, &s, &n)) break;
+            const char *sp = memchr(s, ' ', n);
+            if (!sp || sp == s || sp + 1 == s + n || memchr(sp + 1, ' ', (size_t)(s + n - sp - 1))) break;
+            if (job_push(job, s, (size_t)(sp - s), sp + 1, (size_t)(s + n - sp - 1))) break;
+        } else if (j.p < j.end && *j.p == '[') {
+            j.p++;
+            if (read_string(&j, &s, &n) || n > sizeof small) break;
+            memcpy(small, s, n); /* s may sit in j.tmp, which the next read reuses */
+            if (expect(&j, ',', "") || read_string(&j, &b, &bn) || expect(&j, ']', "")) break;
+            if (job_push(job, small, n, b, bn)) break;
+        } else {
+            break;
+        }
+        skip_ws(&j);
+        if (j.p < j.end && *j.p == ',') { j.p++; continue; }
+        if (j.p < j.end && *j.p == ']') { j.p++; ok = 1; }
+        break;
+    }
+    job->ok = ok;
+    job->stop = j.p;
+    tk_buf_free(&j.tmp);
+    return NULL;
+}
+
+static void job_start(merges_job *job, const char *base, const char *end, const char *path)
+{
+    memset(job, 0, sizeof *job);
+    if ((size_t)(end - base) < TK_PARALLEL_MIN_BYTES) return;
+    job->base = base, job->end = end, job->path = path;
+    job->start = guess_merges_start(base, end);
+    tk_byte_level_init(); /* before the helper decodes anything */
+    if (job->start && pthread_create(&job->thread, NULL, merges_job_run, job) == 0) job->running = 1;
+}
+
+/* Waits for the helper; returns 1 if its work is usable for merges starting at `at`. */
+static int job_finish(merges_job *job, const char *at)
+{
+    if (job->running) pthread_join(job->thread, NULL);
+    job->running = 0;
+    return job->ok && at == job->start;
+}
+
+static void job_free(merges_job *job)
+{
+    job_finish(job, NULL);
+    tk_buf_free(&job->bytes);
+    free(job->recs);
+    memset(job, 0, sizeof *job);
+}
+
 /* The small options of "model", kept to be checked once the tokenizer exists. */
 typedef struct model_opts {
     struct { const char *key; size_t len; jspan sp; } opt[16];
@@ -547,13 +668,13 @@ typedef struct model_opts {
 /* Reads the "model" object at j->p into *tp (created on the way, sized from the file
  * length). vocab and merges are read in place, in one pass, unless merges come first:
  * then they are read after vocab. */
-static q3_status read_model_members(jscan *j, q3_tokenizer **tp, model_opts *mo, batch *B)
+static q3_status read_model_members(jscan *j, q3_tokenizer **tp, model_opts *mo, batch *B, merges_job *job)
 {
     q3_status st;
     skip_ws(j);
     if (j->p >= j->end || *j->p != '{') return q3_fail(Q3_ERR_FORMAT, "%s: \"model\" is not an object", j->path);
     jspan merges = {0};
-    int have_vocab = 0, have_merges = 0, first = 1;
+    int have_vocab = 0, have_merges = 0, first = 1, from_job = 0;
     for (;;) {
         const char *key;
         size_t key_len;
@@ -573,8 +694,14 @@ static q3_status read_model_members(jscan *j, q3_tokenizer **tp, model_opts *mo,
             if (j->p >= j->end || *j->p != '[')
                 return q3_fail(Q3_ERR_FORMAT, "%s: model.merges is not an array", j->path);
             if (have_merges) return q3_fail(Q3_ERR_FORMAT, "%s: model.merges appears twice", j->path);
-            if (have_vocab) st = read_merges(j, *tp, B);
-            else st = skip_value(j, &merges, 0);
+            if (job_finish(job, j->p)) {
+                from_job = 1; /* added below, once the vocabulary is complete */
+                j->p = job->stop;
+            } else if (have_vocab) {
+                st = read_merges(j, *tp, B);
+            } else {
+                st = skip_value(j, &merges, 0);
+            }
             if (st) return st;
             have_merges = 1;
         } else {
@@ -586,6 +713,7 @@ static q3_status read_model_members(jscan *j, q3_tokenizer **tp, model_opts *mo,
     }
     if (!have_vocab) return q3_fail(Q3_ERR_FORMAT, "%s: model has no \"vocab\"", j->path);
     if (!have_merges) return q3_fail(Q3_ERR_FORMAT, "%s: model has no \"merges\"", j->path);
+    if (from_job) return tk_add_decoded_merges(*tp, job->bytes.data, job->recs, job->n);
     if (merges.start) {
         const char *resume = j->p;
         j->p = merges.start;
@@ -595,11 +723,11 @@ static q3_status read_model_members(jscan *j, q3_tokenizer **tp, model_opts *mo,
     return Q3_OK;
 }
 
-static q3_status read_model(jscan *j, q3_tokenizer **tp, model_opts *mo)
+static q3_status read_model(jscan *j, q3_tokenizer **tp, model_opts *mo, merges_job *job)
 {
     batch *B = calloc(1, sizeof *B);
     if (!B) return q3_fail(Q3_ERR_NOMEM, "%s: out of memory", j->path);
-    q3_status st = read_model_members(j, tp, mo, B);
+    q3_status st = read_model_members(j, tp, mo, B, job);
     tk_buf_free(&B->esc);
     free(B);
     return st;
@@ -615,6 +743,8 @@ static q3_status load_json(jscan *j, q3_tokenizer **out)
     skip_ws(j);
     if (j->p >= j->end) return jfail(j, j->p, "empty file");
     if (*j->p != '{') return jfail(j, j->p, "the top level is not an object");
+    merges_job job;
+    job_start(&job, j->base, j->end, j->path);
     for (;;) {
         const char *key;
         size_t key_len;
@@ -626,7 +756,9 @@ static q3_status load_json(jscan *j, q3_tokenizer **out)
                 goto done;
             }
             have_model = 1;
-            if ((st = read_model(j, &t, &mo))) goto done;
+            st = read_model(j, &t, &mo, &job);
+            job_free(&job);
+            if (st) goto done;
             continue;
         }
         jspan *dst = key_is(key, key_len, "added_tokens")    ? &added
@@ -668,6 +800,7 @@ static q3_status load_json(jscan *j, q3_tokenizer **out)
     cJSON_Delete(norm_json);
     cJSON_Delete(pre_json);
 done:
+    job_free(&job);
     if (st != Q3_OK) {
         q3_tokenizer_free(t);
         return st;
