@@ -10,6 +10,8 @@
 #include "../fuzz/fuzz_gguf.c"
 #include "../fuzz/fuzz_safetensors.c"
 #include "../fuzz/fuzz_shard_index.c"
+#include "../fuzz/fuzz_tokenize.c"
+#include "../fuzz/fuzz_tokenizer_json.c"
 
 #include <dirent.h>
 
@@ -142,6 +144,30 @@ static void test_safetensors_offsets(void)
     }
 }
 
+/* tokenizer.json without added tokens: tk_finish called qsort(NULL, 0, ...)
+ * (undefined; UBSan nonnull-attribute). It loads now. */
+static void test_tokenizer_no_added(void)
+{
+    size_t n = 0;
+    uint8_t *data = slurp("fuzz/regressions/tokenizer_json/no_added_tokens_qsort_null.json", &n);
+    CHECK(data != NULL, "regression input missing");
+    if (!data) return;
+    const char *path = fuzz_path("test", "tokenizer.json");
+    fuzz_write(path, data, n);
+    free(data);
+    q3_tokenizer *tok = NULL;
+    q3_status st = q3_tokenizer_load(path, &tok);
+    CHECK(st == Q3_OK, "no added tokens: %s", q3_last_error());
+    if (tok) {
+        int32_t *ids = NULL;
+        size_t n_ids = 0;
+        st = q3_tokenizer_encode(tok, "<|im_end|> ok", 13, &ids, &n_ids);
+        CHECK(st == Q3_OK && n_ids > 0, "encode with no added tokens: %s", q3_last_error());
+        free(ids);
+        q3_tokenizer_free(tok);
+    }
+}
+
 int main(void)
 {
     run_target("safetensors", fuzz_safetensors, 3);
@@ -149,7 +175,10 @@ int main(void)
     run_target("shard_index", fuzz_shard_index, 0);
     run_target("gguf", fuzz_gguf, 0);
     run_target("chat_template", fuzz_chat_template, 0);
+    run_target("tokenizer_json", fuzz_tokenizer_json, 1);
+    run_target("tokenize", fuzz_tokenize, 0);
     test_config_float_range();
     test_safetensors_offsets();
+    test_tokenizer_no_added();
     TEST_DONE();
 }

@@ -328,7 +328,8 @@ q3_status tk_finish(q3_tokenizer *t, const char *pattern, int nfc)
     for (int32_t id = 0; id < n; id++)
         if (t->tok_len[id] > t->max_token_len) t->max_token_len = t->tok_len[id];
 
-    qsort(t->added, t->n_added, sizeof *t->added, added_longest_first);
+    if (t->n_added) /* qsort(NULL, 0, ...) is undefined: no added tokens, no array */
+        qsort(t->added, t->n_added, sizeof *t->added, added_longest_first);
     t->added_one_first = -1;
     for (size_t i = 0; i < t->n_added; i++) {
         unsigned char first = (unsigned char)t->bytes.data[t->added[i].off];
