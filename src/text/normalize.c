@@ -9,10 +9,15 @@
  * emoji -- is returned as is, without a copy.
  *
  * Which characters are stable is worked out once per process from utf8proc's own
- * tables (so this agrees with utf8proc_NFC by construction): a character is unstable
- * if its combining class is not 0, if NFC changes it on its own, or if it appears
- * after the first position of some canonical decomposition (it may then be the second
- * half of a composition). */
+ * tables: a character is unstable if its combining class is not 0, if NFC changes it
+ * on its own, or if it appears after the first position of some canonical
+ * decomposition (it may then be the second half of a composition).
+ *
+ * One deliberate difference from utf8proc_NFC: the reference tokenizer normalises with
+ * Unicode 9.0 tables, where characters assigned later are plain starters that never
+ * reorder, decompose or compose. The characters below are those utf8proc treats
+ * otherwise; they are made stable here, so they pass through untouched and split
+ * segments exactly as the reference's tables have it. */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,10 +29,25 @@
 
 /* ==== the table of unstable characters ========================================== */
 
+/* Code points that utf8proc 2.8 (Unicode 15) finds unstable but Unicode 9.0 did not
+ * assign (from Perl's \p{Present_In: 9.0}): later combining marks (U+07FD, U+0C3C,
+ * U+1AC1, ...) and the second halves of later compositions (U+11930, ...). */
+static const uint32_t newer_than_unicode_9[][2] = {
+    {0x7FD, 0x7FD},     {0x898, 0x89F},     {0x8CA, 0x8D3},     {0x9FE, 0x9FE},     {0xC3C, 0xC3C},
+    {0xD3B, 0xD3C},     {0xEBA, 0xEBA},     {0x1715, 0x1715},   {0x1ABF, 0x1ACE},   {0x1DF6, 0x1DFA},
+    {0xA82C, 0xA82C},   {0x10D24, 0x10D27}, {0x10EAB, 0x10EAC}, {0x10EFD, 0x10EFF}, {0x10F46, 0x10F50},
+    {0x10F82, 0x10F85}, {0x11070, 0x11070}, {0x1133B, 0x1133B}, {0x1145E, 0x1145E}, {0x11839, 0x1183A},
+    {0x11930, 0x11930}, {0x1193D, 0x1193E}, {0x11943, 0x11943}, {0x119E0, 0x119E0}, {0x11A34, 0x11A34},
+    {0x11A47, 0x11A47}, {0x11A99, 0x11A99}, {0x11D42, 0x11D42}, {0x11D44, 0x11D45}, {0x11D97, 0x11D97},
+    {0x11F41, 0x11F42}, {0x16FF0, 0x16FF1}, {0x1E08F, 0x1E08F}, {0x1E130, 0x1E136}, {0x1E2AE, 0x1E2AE},
+    {0x1E2EC, 0x1E2EF}, {0x1E4EC, 0x1E4EF},
+};
+
 /* Canonical decompositions stop at U+2FA1D; above this, stability is ccc == 0. */
 #define NFC_TABLE_LIMIT 0x30000u
 
 static uint8_t unstable_bits[NFC_TABLE_LIMIT / 8];
+static uint8_t newer_bits[NFC_TABLE_LIMIT / 8]; /* newer_than_unicode_9 */
 static pthread_once_t unstable_once = PTHREAD_ONCE_INIT;
 
 static void mark_unstable(uint32_t cp)
@@ -54,6 +74,18 @@ static void build_unstable_table(void)
     }
     /* Hangul jamo compose algorithmically; keep the whole block out of the fast path. */
     for (uint32_t cp = 0x1100; cp <= 0x11FF; cp++) mark_unstable(cp);
+    /* Newer than the reference's tables: plain starters (see the top of the file). */
+    for (size_t i = 0; i < sizeof newer_than_unicode_9 / sizeof newer_than_unicode_9[0]; i++)
+        for (uint32_t cp = newer_than_unicode_9[i][0]; cp <= newer_than_unicode_9[i][1]; cp++)
+            unstable_bits[cp >> 3] &= (uint8_t)~(1u << (cp & 7)),
+                newer_bits[cp >> 3] |= (uint8_t)(1u << (cp & 7));
+}
+
+/* A stable character that utf8proc must not see at all (it would reorder or compose
+ * it with the marks that follow). */
+static inline int is_newer(uint32_t cp)
+{
+    return cp < NFC_TABLE_LIMIT && (newer_bits[cp >> 3] & (1u << (cp & 7)));
 }
 
 static inline int is_stable(uint32_t cp)
@@ -146,7 +178,8 @@ q3_status tk_nfc(const char *text, size_t n, tk_buf *out, const char **res, size
                 dirty = 0;
                 using_out = 1;
             }
-            seg = i;
+            /* A segment starts at a stable character, or just after a newer one. */
+            seg = is_newer(cp) ? i + (size_t)len : i;
         } else {
             dirty = 1;
         }
