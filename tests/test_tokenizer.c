@@ -690,6 +690,18 @@ static void test_tiny_from_parts(void)
     CHECK(q3_tokenizer_vocab_size(tok) == 260, "tiny vocab size");
     q3_tokenizer_free(tok);
 
+    /* Another split pattern goes through PCRE2: here "ab" never merges across pieces
+     * "a" | "b" (digits split one by one), and gaps between matches are pieces too. */
+    p.split_regex = "[a]|[0-9]";
+    CHECK(q3_tokenizer_from_parts(&p, "tiny", &tok) == Q3_OK, "tiny with a regex: %s", q3_last_error());
+    if (tok) {
+        /* pieces: "a" (match) "bc " (gap) "a" (match) "b" (gap): "bc " has no merge */
+        CHECK(encodes_to(tok, "abc ab", (int32_t[]){'a', 'b', 'c', ' ', 'a', 'b'}, 6), "regex pieces");
+        CHECK(encodes_to(tok, "12ab", (int32_t[]){'1', '2', 'a', 'b'}, 4), "regex digits");
+        q3_tokenizer_free(tok);
+    }
+    p.split_regex = NULL;
+
     const char *bad_merges[] = {"a  b"};
     p.merges = bad_merges;
     p.n_merges = 1;
