@@ -1,9 +1,10 @@
 /* The Qwen3 tokenizer: byte-level BPE as Hugging Face `tokenizers` runs it.
  *
  * encode:  added tokens (<|im_start|>, <think>, ...) are matched first, on the raw
- *          text, leftmost-longest; each stretch between them is NFC-normalised, split
- *          by the pre-tokenizer regex (Qwen2's, read from tokenizer.json), and each
- *          piece is turned into ids by byte-level BPE (merges applied by rank).
+ *          text, leftmost-longest; each stretch between them is NFC-normalised (with
+ *          the reference's Unicode 9.0 composition rules), split by the pre-tokenizer
+ *          regex (Qwen2's, read from tokenizer.json), and each piece is turned into
+ *          ids by byte-level BPE (merges applied by rank).
  * decode:  ids -> the tokens' bytes (added tokens as their text).
  *
  * A q3_tokenizer does not change once built: any number of threads may encode and
@@ -25,7 +26,8 @@ typedef struct q3_tokenizer q3_tokenizer;
  * Q3_ERR_IO (unreadable), Q3_ERR_FORMAT (malformed or truncated JSON, a missing or
  * mistyped field, an inconsistent vocabulary) or Q3_ERR_UNSUPPORTED (a normalizer,
  * pre-tokenizer or model option q3 does not implement); the message names the file
- * and the field. */
+ * and the field. A large file is read with one helper thread (it parses the merges
+ * while this one reads the vocabulary), joined before returning. */
 q3_status q3_tokenizer_load(const char *tokenizer_json_path, q3_tokenizer **out);
 
 /* An added token: matched in the raw text before any splitting. */
