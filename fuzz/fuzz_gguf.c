@@ -11,13 +11,18 @@
  *     alignment (a power of two), the data section start aligned, every tensor's
  *     bytes inside the file and equal to the file's bytes at data_offset + offset,
  *     and no two tensors sharing a byte.
+ * A file with tokenizer.* metadata also goes through q3_tokenizer_load_gguf and
+ * q3_gguf_tokenizer_info_read: a tokenizer that loads has a token for every
+ * byte and decodes its ids consistently, special ids are tokens or -1.
  * A file whose general.architecture is "qwen3" is also opened as a model (a file
  * named .gguf in the scratch folder); a model that opens passes fuzz_check_model. */
 #include <math.h>
 
 #include "fuzz_common.h"
 #include "fuzz_model.h"
+#include "fuzz_tokenizer.h"
 #include "model/gguf.h"
+#include "text/tokenizer_gguf.h"
 
 /* ---- an independent walker over the accepted file --------------------------- */
 
@@ -318,6 +323,54 @@ static void gguf_check_accepted(const q3_gguf *g, const uint8_t *data, size_t si
     free(offsets);
 }
 
+/* The tokenizer in the metadata, if any. */
+static void gguf_check_tokenizer(const q3_gguf *g)
+{
+    q3_gguf_tokenizer_info info;
+    q3_status st = q3_gguf_tokenizer_info_read(g, &info);
+    const q3_gguf_value *tokens = q3_gguf_find(g, "tokenizer.ggml.tokens");
+    size_t n_tokens = tokens && tokens->type == Q3_GGUF_ARRAY ? tokens->as.arr.count : 0;
+    if (st == Q3_OK) {
+        const int32_t ids[4] = {info.bos_id, info.eos_id, info.pad_id, info.eot_id};
+        for (int i = 0; i < 4; i++)
+            FUZZ_CHECK(ids[i] == -1 || (ids[i] >= 0 && (size_t)ids[i] < n_tokens), "special id %d of %zu tokens",
+                       (int)ids[i], n_tokens);
+        if (info.chat_template) (void)strlen(info.chat_template);
+    } else {
+        FUZZ_CHECK_FAILURE(st);
+    }
+    if (!q3_gguf_find(g, "tokenizer.ggml.model")) return;
+    q3_tokenizer *tok = NULL;
+    st = q3_tokenizer_load_gguf(g, &tok);
+    fuzz_note("q3_tokenizer_load_gguf", st);
+    if (st != Q3_OK) {
+        FUZZ_CHECK_FAILURE(st);
+        FUZZ_CHECK(tok == NULL, "a failed load returned a tokenizer");
+        return;
+    }
+    int32_t n = q3_tokenizer_vocab_size(tok);
+    FUZZ_CHECK(n >= 256 && (size_t)n <= n_tokens, "vocabulary of %d ids from %zu tokens", (int)n, n_tokens);
+    for (int b = 0; b < 256; b++) {
+        char c = (char)b;
+        FUZZ_CHECK(q3_tokenizer_token_id(tok, &c, 1) >= 0, "no token for byte 0x%02x", b);
+    }
+    int32_t *ids = malloc(sizeof *ids * (size_t)(n > 0 ? n : 1));
+    size_t k = 0, len = 0;
+    for (int32_t id = 0; id < n; id++) ids[k++] = id;
+    free(fuzz_check_decode(tok, ids, k, &len));
+    free(ids);
+    static const char text[] = "<|im_start|>user\nhello the world 12 \xc3\xa9<|im_end|>";
+    q3_tokens t = {0};
+    st = q3_tokenizer_encode_append(tok, text, sizeof text - 1, 0, &t);
+    if (st == Q3_OK) {
+        free(fuzz_check_decode(tok, t.ids, t.n, &len));
+    } else {
+        FUZZ_CHECK_FAILURE(st);
+    }
+    q3_tokens_free(&t);
+    q3_tokenizer_free(tok);
+}
+
 static int fuzz_gguf(const uint8_t *data, size_t size)
 {
     const char *file = fuzz_path("gguf", "m.gguf");
@@ -331,6 +384,7 @@ static int fuzz_gguf(const uint8_t *data, size_t size)
         return 0;
     }
     gguf_check_accepted(g, data, size);
+    gguf_check_tokenizer(g);
     const char *arch = NULL;
     int qwen3 = q3_gguf_get_str(g, "general.architecture", &arch) == Q3_OK && !strcmp(arch, "qwen3");
     q3_gguf_close(g);

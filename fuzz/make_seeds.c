@@ -15,6 +15,7 @@
 #include "model/gguf_write.h"
 #include "model/quantize.h"
 #include "model/safetensors_write.h"
+#include "text/tokenizer_gguf.h"
 
 static const char *root;
 
@@ -221,12 +222,68 @@ static void gguf_seeds(void)
     fuzz_write(out_path("gguf", "empty.gguf"), b.d, b.n);
 }
 
+/* GPT-2's byte-level alphabet: byte b as the UTF-8 of its stand-in character. */
+static void byte_level(int b, char out[4])
+{
+    int cp = b;
+    if (!((b >= 0x21 && b <= 0x7e) || (b >= 0xa1 && b <= 0xac) || (b >= 0xae && b <= 0xff))) {
+        int k = 0;
+        for (int x = 0; x < b; x++)
+            if (!((x >= 0x21 && x <= 0x7e) || (x >= 0xa1 && x <= 0xac) || (x >= 0xae && x <= 0xff))) k++;
+        cp = 256 + k;
+    }
+    if (cp < 0x80) {
+        out[0] = (char)cp, out[1] = 0;
+    } else {
+        out[0] = (char)(0xc0 | cp >> 6), out[1] = (char)(0x80 | (cp & 0x3f)), out[2] = 0;
+    }
+}
+
+/* A small tokenizer in GGUF metadata, as llama.cpp writes Qwen's: 256 byte
+ * tokens, a few merges, control, user-defined and unused tokens. */
+static void tokenizer_gguf_seed(void)
+{
+    static char bytes[256][4];
+    const char *tokens[270];
+    int32_t types[270];
+    int n = 0;
+    for (int b = 0; b < 256; b++) {
+        byte_level(b, bytes[b]);
+        types[n] = Q3_TOKEN_TYPE_NORMAL;
+        tokens[n++] = bytes[b];
+    }
+    const char *merged[] = {"\xc4\xa0t", "he", "\xc4\xa0the", "in", "\xc4\xa0\xc4\xa0"};
+    const char *merges[] = {"\xc4\xa0 t", "h e", "\xc4\xa0t he", "i n", "\xc4\xa0 \xc4\xa0"};
+    for (int i = 0; i < 5; i++) types[n] = Q3_TOKEN_TYPE_NORMAL, tokens[n++] = merged[i];
+    types[n] = Q3_TOKEN_TYPE_CONTROL, tokens[n++] = "<|endoftext|>";
+    types[n] = Q3_TOKEN_TYPE_CONTROL, tokens[n++] = "<|im_start|>";
+    types[n] = Q3_TOKEN_TYPE_CONTROL, tokens[n++] = "<|im_end|>";
+    types[n] = Q3_TOKEN_TYPE_USER_DEFINED, tokens[n++] = "<think>";
+    types[n] = Q3_TOKEN_TYPE_USER_DEFINED, tokens[n++] = "</think>";
+    types[n] = Q3_TOKEN_TYPE_UNUSED, tokens[n++] = "[PAD266]";
+    q3_gguf_writer *w;
+    die_if(q3_gguf_writer_new(&w), "writer");
+    die_if(q3_gguf_writer_add_str(w, "general.architecture", "qwen3"), "arch");
+    die_if(q3_gguf_writer_add_str(w, "tokenizer.ggml.model", "gpt2"), "model");
+    die_if(q3_gguf_writer_add_str(w, "tokenizer.ggml.pre", "qwen2"), "pre");
+    die_if(q3_gguf_writer_add_str_array(w, "tokenizer.ggml.tokens", tokens, (size_t)n), "tokens");
+    die_if(q3_gguf_writer_add_i32_array(w, "tokenizer.ggml.token_type", types, (size_t)n), "types");
+    die_if(q3_gguf_writer_add_str_array(w, "tokenizer.ggml.merges", merges, 5), "merges");
+    die_if(q3_gguf_writer_add_u32(w, "tokenizer.ggml.eos_token_id", 263), "eos");
+    die_if(q3_gguf_writer_add_u32(w, "tokenizer.ggml.padding_token_id", 261), "pad");
+    die_if(q3_gguf_writer_add_bool(w, "tokenizer.ggml.add_bos_token", false), "add_bos");
+    die_if(q3_gguf_writer_add_str(w, "tokenizer.chat_template", "{{ messages }}"), "template");
+    die_if(q3_gguf_writer_write(w, out_path("gguf", "tokenizer_small.gguf"), NULL, NULL), "tokenizer gguf");
+    q3_gguf_writer_free(w);
+}
+
 int main(int argc, char **argv)
 {
     root = argc > 1 ? argv[1] : "fuzz/corpus";
     mkdir(root, 0755);
     safetensors_seeds();
     gguf_seeds();
+    tokenizer_gguf_seed();
     printf("seeds written under %s\n", root);
     return 0;
 }
