@@ -281,6 +281,8 @@ static int pcre2_next_match(tk_split_iter *it, size_t from, size_t *ms, size_t *
     while (from < it->n) {
         int rc = sp->jit ? pcre2_jit_match(sp->re, it->s, it->n, from, 0, it->md, NULL)
                          : pcre2_match(sp->re, it->s, it->n, from, PCRE2_NO_UTF_CHECK, it->md, NULL);
+        if (rc == PCRE2_ERROR_JIT_STACKLIMIT) /* a long backtrack: the interpreter uses the heap */
+            rc = pcre2_match(sp->re, it->s, it->n, from, PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT, it->md, NULL);
         if (rc == PCRE2_ERROR_NOMATCH) return 0;
         if (rc < 0) {
             PCRE2_UCHAR msg[256];
