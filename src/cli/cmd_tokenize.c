@@ -9,6 +9,7 @@
 #include "cli/cli.h"
 #include "cli/defaults.h"
 #include "text/tokenizer.h"
+#include "text/tokenizer_gguf.h"
 #include "util/file.h"
 
 /* ==== shared: options, the tokenizer, stdin ===================================== */
@@ -16,10 +17,10 @@
 static void usage_tokenize(FILE *f)
 {
     fprintf(f,
-            "usage: q3 tokenize [-m MODEL_DIR | -t TOKENIZER] [--jsonl] [--special-as-text] [TEXT...]\n"
+            "usage: q3 tokenize [-m MODEL | -t TOKENIZER] [--jsonl] [--special-as-text] [TEXT...]\n"
             "  Prints the token ids of TEXT (the arguments joined by spaces; stdin if none) as a\n"
             "  JSON array. The text is taken byte for byte: `echo hi |` includes the newline.\n"
-            "  -m, --model DIR        the model folder (its tokenizer.json)\n"
+            "  -m, --model PATH       the model folder (its tokenizer.json), or a .gguf\n"
             "  -t, --tokenizer PATH   a tokenizer.json, or a folder holding one\n"
             "                         (neither: the built-in Qwen3 tokenizer, see `make deps`)\n"
             "  --jsonl                stdin holds one JSON object a line with a \"text\" string; each\n"
@@ -30,10 +31,10 @@ static void usage_tokenize(FILE *f)
 static void usage_detokenize(FILE *f)
 {
     fprintf(f,
-            "usage: q3 detokenize [-m MODEL_DIR | -t TOKENIZER] [IDS...]\n"
+            "usage: q3 detokenize [-m MODEL | -t TOKENIZER] [IDS...]\n"
             "  Prints the text of token ids given as a JSON array (\"[9707, 11]\") or a list\n"
             "  separated by commas or spaces, from the arguments or, if none, stdin.\n"
-            "  -m, --model DIR        the model folder (its tokenizer.json)\n"
+            "  -m, --model PATH       the model folder (its tokenizer.json), or a .gguf\n"
             "  -t, --tokenizer PATH   a tokenizer.json, or a folder holding one\n"
             "                         (neither: the built-in Qwen3 tokenizer, see `make deps`)\n");
 }
@@ -77,7 +78,7 @@ static int parse_opts(const char *cmd, int argc, char **argv, int allow_text_fla
     }
     if (!o->model && !o->tokenizer && !(o->tokenizer = cli_default_tokenizer_dir())) {
         usage(stderr);
-        return cli_error(cmd, "no tokenizer: pass -m MODEL_DIR or -t TOKENIZER.json (or fetch the built-in one: make deps)");
+        return cli_error(cmd, "no tokenizer: pass -m MODEL or -t TOKENIZER.json (or fetch the built-in one: make deps)");
     }
     return 0;
 }
@@ -90,7 +91,10 @@ static int open_tokenizer(const char *cmd, const tok_opts *o, q3_tokenizer **tok
         snprintf(path, sizeof path, "%s/tokenizer.json", src);
         src = path;
     }
-    if (q3_tokenizer_load(src, tok) != Q3_OK) return cli_error(cmd, "%s", q3_last_error());
+    size_t n = strlen(src);
+    int gguf = n >= 5 && !strcmp(src + n - 5, ".gguf"); /* the tokenizer in its metadata */
+    q3_status st = gguf ? q3_tokenizer_load_gguf_file(src, tok) : q3_tokenizer_load(src, tok);
+    if (st != Q3_OK) return cli_error(cmd, "%s", q3_last_error());
     return 0;
 }
 
