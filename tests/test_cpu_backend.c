@@ -1,7 +1,7 @@
 /* The cpu unit against the reference unit, op by op, on hand-built one-op
  * graphs with random data and shapes that are not multiples of the vector
  * width: every op, F32/F16/BF16 weights, F32/F16/BF16 KV caches, on each
- * kernel table the CPU has (AVX-512 BF16, AVX2). Also checks the promises
+ * kernel table the CPU has (AVX-512 with AMX, AVX-512 BF16, AVX2). Also checks the promises
  * the golden tests' mode agreement rests on: a GEMV row equals the same row
  * of a GEMM bit for bit, and decode attention equals prefill attention. */
 #include <math.h>
@@ -177,9 +177,9 @@ static void round_to(q3_dtype t, float *p, size_t n)
 
 static void test_matmul(const char *isa)
 {
-    static const int ms[] = {1, 2, 3, 5, 8, 13};
-    static const int ns[] = {1, 3, 8, 17, 61, 130};
-    static const int ks[] = {1, 7, 16, 33, 100, 515, 1100};
+    static const int ms[] = {1, 2, 3, 5, 8, 13, 17, 40};
+    static const int ns[] = {1, 3, 8, 16, 17, 61, 130};
+    static const int ks[] = {1, 7, 16, 33, 64, 100, 515, 1056};
     bool bf16_act = q3_cpu_isa_current()->bf16_activations;
     for (size_t ti = 0; ti < 3; ti++)
         for (size_t a = 0; a < sizeof ms / sizeof *ms; a++)
@@ -445,8 +445,8 @@ int main(void)
     }
     printf("cpu unit: %s, %d threads\n", q3_cpu_isa_current()->name, q3_cpu_threads());
     test_refuses();
-    const char *isas[] = {"avx512", "avx2"};
-    for (int i = 0; i < 2; i++) {
+    const char *isas[] = {"amx", "avx512", "avx2"};
+    for (int i = 0; i < 3; i++) {
         if (q3_cpu_force_isa(isas[i])) {
             printf("%s: not on this CPU, skipped\n", isas[i]);
             continue;

@@ -1,5 +1,6 @@
-/* The "cpu" compute unit: SIMD kernels (AVX-512 BF16/VNNI, or AVX2+FMA),
- * chosen once at start-up, run on one persistent thread pool.
+/* The "cpu" compute unit: SIMD kernels chosen once at start-up (AVX-512 with
+ * AMX tiles for BF16 matmuls where the CPU and OS allow them, else AVX-512
+ * with BF16/VNNI, else AVX2+FMA), run on one persistent thread pool.
  *
  * Threading: the thread that calls run() is thread 0 of the pool. Big ops
  * (MATMUL, ATTENTION, prefill-sized elementwise ops) are spread over the
@@ -32,6 +33,10 @@
 /* Work items a matmul is cut into, per thread (dynamic balance). */
 #define MM_ITEMS_PER_THREAD 8
 
+static const q3_cpu_isa isa_amx = {
+    .name = "avx512-amx", .bf16_activations = true,
+    .mm = &q3_cpu_mm_amx, .attn = &q3_cpu_attn_avx512, .ew = &q3_cpu_ew_avx512,
+};
 static const q3_cpu_isa isa_avx512 = {
     .name = "avx512-bf16", .bf16_activations = true,
     .mm = &q3_cpu_mm_avx512, .attn = &q3_cpu_attn_avx512, .ew = &q3_cpu_ew_avx512,
@@ -80,9 +85,10 @@ static int grow(grow_buf *b, size_t size)
 static void init_unit(void)
 {
     const q3_cpu_features *f = q3_cpu_features_get();
-    st.isa = q3_cpu_has_avx512_path(f) ? &isa_avx512 : &isa_avx2;
-    const char *force = getenv("Q3_CPU_ISA");
+    st.isa = q3_cpu_has_amx_path(f) ? &isa_amx : q3_cpu_has_avx512_path(f) ? &isa_avx512 : &isa_avx2;
+    const char *force = getenv("Q3_CPU_ISA"); /* "avx512" (no AMX) or "avx2": for comparisons */
     if (force && !strcmp(force, "avx2")) st.isa = &isa_avx2;
+    if (force && !strcmp(force, "avx512") && q3_cpu_has_avx512_path(f)) st.isa = &isa_avx512;
     int n = f->physical_cores > 0 ? f->physical_cores : 1;
     const char *env = getenv("Q3_THREADS");
     if (env && atoi(env) > 0) n = atoi(env);
@@ -118,6 +124,10 @@ int q3_cpu_force_isa(const char *name)
     }
     if (!strcmp(name, "avx512") && q3_cpu_has_avx512_path(f)) {
         st.isa = &isa_avx512;
+        return 0;
+    }
+    if (!strcmp(name, "amx") && q3_cpu_has_amx_path(f)) {
+        st.isa = &isa_amx;
         return 0;
     }
     return -1;
@@ -453,7 +463,7 @@ static void cpu_run(const q3_backend *b, const q3_exec *e, const q3_op *op)
  * cache; conversion is one F16C instruction per 16 values either way. */
 q3_backend q3_backend_cpu = {
     .name = "cpu",
-    .device = "CPU, SIMD (AVX-512 BF16/VNNI or AVX2+FMA), one thread per core",
+    .device = "CPU, SIMD (AVX-512 + AMX, AVX-512 BF16/VNNI or AVX2+FMA), one thread per core",
     .present = cpu_present,
     .refuses = cpu_refuses,
     .run = cpu_run,

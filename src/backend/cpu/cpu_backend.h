@@ -7,10 +7,10 @@
 #include "backend/backend.h"
 #include "backend/cpu/kernels.h"
 
-/* The kernel table in use ("avx512-bf16" or "avx2"); starts the unit. */
+/* The kernel table in use ("avx512-amx", "avx512-bf16" or "avx2"); starts the unit. */
 const q3_cpu_isa *q3_cpu_isa_current(void);
 
-/* Switches the kernel table ("avx512", "avx2"); for tests and benchmarks
+/* Switches the kernel table ("amx", "avx512", "avx2"); for tests and benchmarks
  * only, never while an op runs. Returns 0, or -1 if the CPU lacks the ISA. */
 int q3_cpu_force_isa(const char *name);
 

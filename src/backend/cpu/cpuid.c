@@ -5,7 +5,12 @@
 #include <pthread.h>
 #include <sched.h>
 #include <stdio.h>
+#include <sys/syscall.h>
 #include <unistd.h>
+
+/* Linux: a process asks once for the AMX tile data state (XFEATURE 18). */
+#define ARCH_REQ_XCOMP_PERM 0x1023
+#define XFEATURE_XTILEDATA 18
 
 static q3_cpu_features features;
 static pthread_once_t features_once = PTHREAD_ONCE_INIT;
@@ -76,8 +81,11 @@ static void detect(void)
         f->avx512bw = b & bit_AVX512BW;
         f->avx512vl = b & bit_AVX512VL;
         f->avx512_vnni = c & bit_AVX512VNNI;
+        bool amx_tile = d & (1u << 24), amx_bf16 = d & (1u << 22);
         __cpuid_count(7, 1, a, b, c, d);
         f->avx512_bf16 = a & bit_AVX512BF16;
+        if (amx_tile && amx_bf16 && osxsave && (read_xcr0() & 0x60000) == 0x60000)
+            f->amx_bf16 = syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
     }
     f->physical_cores = count_physical_cores();
 }
@@ -98,3 +106,5 @@ bool q3_cpu_has_avx512_path(const q3_cpu_features *f)
     return q3_cpu_has_avx2_path(f) && f->avx512f && f->avx512bw && f->avx512dq && f->avx512vl && f->avx512_bf16 &&
            f->avx512_vnni && f->os_zmm;
 }
+
+bool q3_cpu_has_amx_path(const q3_cpu_features *f) { return q3_cpu_has_avx512_path(f) && f->amx_bf16; }

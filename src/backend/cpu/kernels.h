@@ -94,14 +94,14 @@ typedef struct q3_cpu_ew_kernels {
 } q3_cpu_ew_kernels;
 
 typedef struct q3_cpu_isa {
-    const char *name;           /* "avx512-bf16", "avx2" */
+    const char *name;           /* "avx512-amx", "avx512-bf16", "avx2" */
     bool bf16_activations;      /* BF16-weight matmuls round activations to BF16 */
     const q3_cpu_mm_kernels *mm;
     const q3_cpu_attn_kernels *attn;
     const q3_cpu_ew_kernels *ew;
 } q3_cpu_isa;
 
-extern const q3_cpu_mm_kernels q3_cpu_mm_avx512, q3_cpu_mm_avx2;
+extern const q3_cpu_mm_kernels q3_cpu_mm_avx512, q3_cpu_mm_amx, q3_cpu_mm_avx2;
 extern const q3_cpu_attn_kernels q3_cpu_attn_avx512, q3_cpu_attn_avx2;
 extern const q3_cpu_ew_kernels q3_cpu_ew_avx512, q3_cpu_ew_avx2;
 

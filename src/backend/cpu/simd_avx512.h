@@ -89,6 +89,40 @@ Q3_INLINE __m256i q3_cvt_f16x16(__m512 v)
     return _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
 }
 
+/* Transposes a 16 x 16 block of 32-bit values: row i of dst (at dst + i * ldd)
+ * gets column i of src (rows at src + j * lds). Rows of dst are stored under
+ * mask; only rows i < n_dst_rows are written. */
+Q3_INLINE void q3_transpose16(const float *src, size_t lds, float *dst, size_t ldd, int n_dst_rows, __mmask16 mask)
+{
+    __m512 r[16], t[16], u[16];
+    for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_ps(src + (size_t)i * lds);
+    for (int i = 0; i < 8; i++) {
+        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    /* u[4i + e], 128-bit lane L: column 4L + e of rows 4i..4i+3 */
+    for (int i = 0; i < 4; i++) {
+        u[4 * i + 0] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
+        u[4 * i + 1] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0xee);
+        u[4 * i + 2] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
+        u[4 * i + 3] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xee);
+    }
+    for (int e = 0; e < 4; e++) {
+        __m512 v02 = _mm512_shuffle_f32x4(u[e], u[4 + e], _MM_SHUFFLE(2, 0, 2, 0));
+        __m512 w02 = _mm512_shuffle_f32x4(u[8 + e], u[12 + e], _MM_SHUFFLE(2, 0, 2, 0));
+        __m512 v13 = _mm512_shuffle_f32x4(u[e], u[4 + e], _MM_SHUFFLE(3, 1, 3, 1));
+        __m512 w13 = _mm512_shuffle_f32x4(u[8 + e], u[12 + e], _MM_SHUFFLE(3, 1, 3, 1));
+        __m512 c0 = _mm512_shuffle_f32x4(v02, w02, _MM_SHUFFLE(2, 0, 2, 0)); /* column e */
+        __m512 c2 = _mm512_shuffle_f32x4(v02, w02, _MM_SHUFFLE(3, 1, 3, 1)); /* column 8 + e */
+        __m512 c1 = _mm512_shuffle_f32x4(v13, w13, _MM_SHUFFLE(2, 0, 2, 0)); /* column 4 + e */
+        __m512 c3 = _mm512_shuffle_f32x4(v13, w13, _MM_SHUFFLE(3, 1, 3, 1)); /* column 12 + e */
+        if (e < n_dst_rows) _mm512_mask_storeu_ps(dst + (size_t)e * ldd, mask, c0);
+        if (4 + e < n_dst_rows) _mm512_mask_storeu_ps(dst + (size_t)(4 + e) * ldd, mask, c1);
+        if (8 + e < n_dst_rows) _mm512_mask_storeu_ps(dst + (size_t)(8 + e) * ldd, mask, c2);
+        if (12 + e < n_dst_rows) _mm512_mask_storeu_ps(dst + (size_t)(12 + e) * ldd, mask, c3);
+    }
+}
+
 /* Mask of the first n lanes (n may be negative or exceed the width). */
 Q3_INLINE __mmask16 q3_mask16(int n)
 {

@@ -1,0 +1,270 @@
+/* Kernel development harness for the cpu unit: the matmul at Qwen3-0.6B's
+ * shapes (BF16 weights), as a GEMM over a prefill chunk and as the decode
+ * GEMV, run through the unit's op interface on every kernel table the CPU
+ * has, side by side: each version is first validated against a scalar
+ * double-precision reference on sampled outputs, then timed (best of reps).
+ * Also a whole decode token's worth of GEMVs over distinct weights (1.19 GB,
+ * so they stream from memory as in a real decode) and the prefill matmuls of
+ * a 128-token chunk. Numbers are reported against the machine's limits
+ * (src/backend/cpu/limits.h), measured at start-up unless given.
+ *
+ *   build/bench/bench_kernels [--reps N] [--bw GBS] [--peak GFLOPS] [--only gemm|gemv|token|prefill]
+ *                             [--isa avx512|amx|avx2]
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/cpu_features.h"
+#include "backend/cpu/limits.h"
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static uint64_t rng = 0x2545f4914f6cdd1dull;
+static float frand(void)
+{
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return (float)((rng >> 40) & 0xffffff) / 16777216.0f * 2.0f - 1.0f;
+}
+
+/* ---- a one-op matmul graph ------------------------------------------------------------ */
+
+typedef struct mm_case {
+    const char *name;
+    int n, k;
+} mm_case;
+
+static const mm_case shapes[] = {
+    {"attn_q", 2048, 1024}, {"attn_k", 1024, 1024}, {"attn_v", 1024, 1024},  {"attn_output", 1024, 2048},
+    {"ffn_gate", 3072, 1024}, {"ffn_up", 3072, 1024}, {"ffn_down", 1024, 3072}, {"output", 151936, 1024},
+};
+
+typedef struct mm_rig {
+    q3_config cfg;
+    q3_graph g;
+    q3_value values[2];
+    q3_op op;
+    q3_tensor w;
+    float *buf[2];
+    q3_exec e;
+} mm_rig;
+
+static void *bf16_matrix(int n, int k)
+{
+    size_t count = (size_t)n * k;
+    uint16_t *w = aligned_alloc(64, (count * 2 + 63) & ~(size_t)63);
+    for (size_t i = 0; i < count; i++) w[i] = q3_f32_to_bf16(frand() * 0.05f);
+    return w;
+}
+
+static void rig_init(mm_rig *R, int m, int n, int k, const void *w)
+{
+    memset(R, 0, sizeof *R);
+    R->cfg = (q3_config){.n_layers = 1, .dim = k, .n_heads = 1, .n_kv_heads = 1, .head_dim = 64, .vocab_size = n};
+    R->w = (q3_tensor){.dtype = Q3_BF16, .ndim = 2, .shape = {n, k}, .data = w, .nbytes = (size_t)n * k * 2};
+    R->values[0] = (q3_value){.rows = m, .cols = k};
+    R->values[1] = (q3_value){.rows = m, .cols = n};
+    R->g = (q3_graph){.cfg = &R->cfg, .rows = m, .ops = &R->op, .n_ops = 1, .values = R->values, .n_values = 2};
+    R->op = (q3_op){.kind = Q3_OP_MATMUL, .out = 1, .in = {0, -1, -1}, .weight = &R->w, .layer = -1};
+    R->buf[0] = aligned_alloc(64, ((size_t)m * k * 4 + 63) & ~(size_t)63);
+    R->buf[1] = aligned_alloc(64, ((size_t)m * n * 4 + 63) & ~(size_t)63);
+    for (size_t i = 0; i < (size_t)m * k; i++) R->buf[0][i] = frand();
+    R->e = (q3_exec){.g = &R->g, .buf = R->buf, .n_real = m};
+}
+
+static void rig_free(mm_rig *R)
+{
+    free(R->buf[0]);
+    free(R->buf[1]);
+}
+
+static void run_op(mm_rig *R) { q3_backend_cpu.run(&q3_backend_cpu, &R->e, &R->op); }
+
+/* Max error over sampled outputs against a double reference, relative to sum |x||w|. */
+static double validate(mm_rig *R)
+{
+    run_op(R);
+    int m = R->values[0].rows, n = R->values[1].cols, k = R->values[0].cols;
+    const uint16_t *w = R->w.data;
+    double worst = 0;
+    for (int s = 0; s < 64; s++) {
+        int r = (int)((unsigned)(s * 7919) % (unsigned)m), o = (int)((unsigned)(s * 104729 + 13) % (unsigned)n);
+        double ref = 0, mag = 0;
+        for (int i = 0; i < k; i++) {
+            double x = R->buf[0][(size_t)r * k + i], wv = q3_bf16_to_f32(w[(size_t)o * k + i]);
+            ref += x * wv;
+            mag += fabs(x * wv);
+        }
+        double err = fabs(R->buf[1][(size_t)r * n + o] - ref) / (mag > 0 ? mag : 1);
+        if (err > worst) worst = err;
+    }
+    return worst;
+}
+
+static double time_best(mm_rig *R, int reps)
+{
+    double best = 1e30;
+    for (int i = 0; i < reps; i++) {
+        double t0 = now();
+        run_op(R);
+        double t = now() - t0;
+        if (t < best) best = t;
+    }
+    return best;
+}
+
+/* ---- the benchmarks ------------------------------------------------------------------------ */
+
+static double g_bw, g_peak;
+static int g_reps = 5;
+
+static const char *isa_names[] = {"amx", "avx512", "avx2"};
+
+static bool use_isa(const char *name)
+{
+    if (!strcmp(name, "amx")) return q3_cpu_force_isa("amx") == 0;
+    return q3_cpu_force_isa(name) == 0;
+}
+
+/* One shape, one mode (m rows), every ISA side by side. */
+static void bench_shape(const mm_case *c, int m, const char *only_isa)
+{
+    void *w = bf16_matrix(c->n, c->k);
+    mm_rig R;
+    rig_init(&R, m, c->n, c->k, w);
+    double flop = 2.0 * m * c->n * (double)c->k, bytes = 2.0 * c->n * (double)c->k;
+    for (size_t i = 0; i < sizeof isa_names / sizeof *isa_names; i++) {
+        if (only_isa && strcmp(only_isa, isa_names[i])) continue;
+        if (!use_isa(isa_names[i])) continue;
+        double err = validate(&R);
+        double t = time_best(&R, m == 1 && c->n > 100000 ? 3 : g_reps);
+        printf("  %-12s m=%-4d %-7s %9.3f ms %8.1f GFLOP/s (%5.1f%% peak) %7.1f GB/s (%5.1f%% bw)  err %.1e%s\n",
+               c->name, m, isa_names[i], t * 1e3, flop / t * 1e-9, 100 * flop / t * 1e-9 / g_peak, bytes / t * 1e-9,
+               100 * bytes / t * 1e-9 / g_bw, err, err > 1e-2 ? "  <-- WRONG" : "");
+    }
+    rig_free(&R);
+    free(w);
+}
+
+/* A decode token's GEMVs: 28 layers of distinct weights plus the LM head. */
+static void bench_token(const char *only_isa)
+{
+    enum { LAYERS = 28 };
+    void *ws[LAYERS][7];
+    mm_rig rigs[LAYERS][7], head;
+    double bytes = 0;
+    for (int l = 0; l < LAYERS; l++)
+        for (int j = 0; j < 7; j++) {
+            ws[l][j] = bf16_matrix(shapes[j].n, shapes[j].k);
+            rig_init(&rigs[l][j], 1, shapes[j].n, shapes[j].k, ws[l][j]);
+            bytes += 2.0 * shapes[j].n * shapes[j].k;
+        }
+    void *wh = bf16_matrix(shapes[7].n, shapes[7].k);
+    rig_init(&head, 1, shapes[7].n, shapes[7].k, wh);
+    bytes += 2.0 * shapes[7].n * shapes[7].k;
+    for (size_t i = 0; i < sizeof isa_names / sizeof *isa_names; i++) {
+        if (only_isa && strcmp(only_isa, isa_names[i])) continue;
+        if (!use_isa(isa_names[i])) continue;
+        double best = 1e30, best_head = 1e30;
+        for (int rep = 0; rep < g_reps; rep++) {
+            double t0 = now();
+            for (int l = 0; l < LAYERS; l++)
+                for (int j = 0; j < 7; j++) run_op(&rigs[l][j]);
+            double t1 = now();
+            run_op(&head);
+            double t2 = now();
+            if (t2 - t0 < best) best = t2 - t0;
+            if (t2 - t1 < best_head) best_head = t2 - t1;
+        }
+        printf("  decode token %-7s %8.2f ms  %6.1f GB/s (%5.1f%% of %.1f)  -> %5.1f tok/s bound by GEMVs; "
+               "LM head alone %.2f ms %.1f GB/s\n",
+               isa_names[i], best * 1e3, bytes / best * 1e-9, 100 * bytes / best * 1e-9 / g_bw, g_bw, 1 / best,
+               best_head * 1e3, 2.0 * shapes[7].n * shapes[7].k / best_head * 1e-9);
+    }
+    for (int l = 0; l < LAYERS; l++)
+        for (int j = 0; j < 7; j++) {
+            rig_free(&rigs[l][j]);
+            free(ws[l][j]);
+        }
+    rig_free(&head);
+    free(wh);
+}
+
+/* The matmuls of one prefill chunk of 128 rows (28 layers of 7 GEMMs, same
+ * weights reused: compute-bound) and the last row's LM head GEMV. */
+static void bench_prefill(const char *only_isa)
+{
+    void *ws[7];
+    mm_rig rigs[7], head;
+    double flop = 0;
+    for (int j = 0; j < 7; j++) {
+        ws[j] = bf16_matrix(shapes[j].n, shapes[j].k);
+        rig_init(&rigs[j], 128, shapes[j].n, shapes[j].k, ws[j]);
+        flop += 28 * 2.0 * 128 * shapes[j].n * shapes[j].k;
+    }
+    void *wh = bf16_matrix(shapes[7].n, shapes[7].k);
+    rig_init(&head, 1, shapes[7].n, shapes[7].k, wh);
+    for (size_t i = 0; i < sizeof isa_names / sizeof *isa_names; i++) {
+        if (only_isa && strcmp(only_isa, isa_names[i])) continue;
+        if (!use_isa(isa_names[i])) continue;
+        double best = 1e30;
+        for (int rep = 0; rep < (g_reps < 3 ? g_reps : 3); rep++) {
+            double t0 = now();
+            for (int l = 0; l < 28; l++)
+                for (int j = 0; j < 7; j++) run_op(&rigs[j]);
+            run_op(&head);
+            double t = now() - t0;
+            if (t < best) best = t;
+        }
+        printf("  prefill chunk 128 matmuls %-7s %8.1f ms  %7.1f GFLOP/s (%5.1f%% of %.1f)\n", isa_names[i], best * 1e3,
+               flop / best * 1e-9, 100 * flop / best * 1e-9 / g_peak, g_peak);
+    }
+    for (int j = 0; j < 7; j++) {
+        rig_free(&rigs[j]);
+        free(ws[j]);
+    }
+    rig_free(&head);
+    free(wh);
+}
+
+int main(int argc, char **argv)
+{
+    const char *only = NULL, *only_isa = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--reps") && i + 1 < argc) g_reps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--bw") && i + 1 < argc) g_bw = atof(argv[++i]);
+        else if (!strcmp(argv[i], "--peak") && i + 1 < argc) g_peak = atof(argv[++i]);
+        else if (!strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
+        else if (!strcmp(argv[i], "--isa") && i + 1 < argc) only_isa = argv[++i];
+        else {
+            fprintf(stderr, "usage: %s [--reps N] [--bw GBS] [--peak GFLOPS] [--only gemm|gemv|token|prefill] "
+                            "[--isa amx|avx512|avx2]\n", argv[0]);
+            return 2;
+        }
+    }
+    int nth = q3_cpu_threads();
+    if (g_bw <= 0) g_bw = q3_limit_read_gbs(nth, (size_t)1 << 30, 3);
+    if (g_peak <= 0) g_peak = q3_limit_peak(Q3_LIMIT_DOT_BF16, nth, 0.2, NULL);
+    printf("cpu unit: %d threads; limits: read %.1f GB/s, BF16 dot peak %.1f GFLOP/s (vdpbf16ps)\n", nth, g_bw, g_peak);
+    if (!only || !strcmp(only, "gemm")) {
+        printf("GEMM (prefill chunk of 128 rows):\n");
+        for (size_t i = 0; i < 7; i++) bench_shape(&shapes[i], 128, only_isa);
+    }
+    if (!only || !strcmp(only, "gemv")) {
+        printf("GEMV (decode):\n");
+        for (size_t i = 0; i < 8; i++) bench_shape(&shapes[i], 1, only_isa);
+    }
+    if (!only || !strcmp(only, "token")) bench_token(only_isa);
+    if (!only || !strcmp(only, "prefill")) bench_prefill(only_isa);
+    return 0;
+}

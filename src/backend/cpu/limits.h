@@ -1,0 +1,43 @@
+/* The machine's limits, measured by q3's own microbenchmarks, so benchmarks
+ * can report kernels as a fraction of what the hardware can do:
+ *  - memory read bandwidth (a buffer far larger than the caches, streamed);
+ *  - peak F32 FMA, BF16 dot product (vdpbf16ps) and INT8 dot product
+ *    (vpdpbusd) throughput, from independent chains of one instruction.
+ * Each runs on n_threads threads started together; timing is wall clock
+ * from the common start to the last thread's end, best of a few passes. */
+#ifndef Q3_BACKEND_CPU_LIMITS_H
+#define Q3_BACKEND_CPU_LIMITS_H
+
+#include <stddef.h>
+
+typedef enum q3_limit_kind {
+    Q3_LIMIT_FMA_F32,   /* GFLOP/s: vfmadd231ps, 2 FLOP per lane */
+    Q3_LIMIT_DOT_BF16,  /* GFLOP/s: vdpbf16ps, 2 products of 2 FLOP per 32-bit lane */
+    Q3_LIMIT_DOT_INT8,  /* GOP/s:   vpdpbusd, 4 products of 2 OP per 32-bit lane */
+    Q3_LIMIT_KIND_COUNT
+} q3_limit_kind;
+
+const char *q3_limit_kind_name(q3_limit_kind k);
+
+/* Read bandwidth in GB/s (1e9 bytes/s): n_threads threads each stream their
+ * slice of a `bytes` buffer; best of `passes`. Returns a negative value if
+ * the buffer cannot be allocated. */
+double q3_limit_read_gbs(int n_threads, size_t bytes, int passes);
+
+/* Peak throughput of kind on n_threads threads, each running about `seconds`
+ * (best of 3). GFLOP/s, or GOP/s for INT8; 0 if this CPU lacks the
+ * instruction. Names the instruction set used in *isa if isa is not NULL. */
+double q3_limit_peak(q3_limit_kind kind, int n_threads, double seconds, const char **isa);
+
+/* ---- the kernels (per-ISA files) ---- */
+/* Reads bytes (a multiple of 512) from p, 64-byte aligned; returns a checksum. */
+unsigned long long q3_limits_read_avx512(const void *p, size_t bytes);
+unsigned long long q3_limits_read_avx2(const void *p, size_t bytes);
+/* Runs iters iterations of 16 independent chains of the instruction; returns
+ * the operations done (FLOP or OP). */
+double q3_limits_fma_avx512(long iters);
+double q3_limits_bf16_avx512(long iters);
+double q3_limits_int8_avx512(long iters);
+double q3_limits_fma_avx2(long iters);
+
+#endif

@@ -1,0 +1,95 @@
+/* AVX-512 kernels of the limit microbenchmarks (see limits.h). */
+#include <immintrin.h>
+
+#include "backend/cpu/limits.h"
+
+unsigned long long q3_limits_read_avx512(const void *p, size_t bytes)
+{
+    const char *b = p;
+    __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
+    for (size_t i = 0; i < bytes; i += 512) {
+        a0 = _mm512_xor_si512(a0, _mm512_load_si512(b + i));
+        a1 = _mm512_xor_si512(a1, _mm512_load_si512(b + i + 64));
+        a2 = _mm512_xor_si512(a2, _mm512_load_si512(b + i + 128));
+        a3 = _mm512_xor_si512(a3, _mm512_load_si512(b + i + 192));
+        a0 = _mm512_xor_si512(a0, _mm512_load_si512(b + i + 256));
+        a1 = _mm512_xor_si512(a1, _mm512_load_si512(b + i + 320));
+        a2 = _mm512_xor_si512(a2, _mm512_load_si512(b + i + 384));
+        a3 = _mm512_xor_si512(a3, _mm512_load_si512(b + i + 448));
+    }
+    __m512i x = _mm512_xor_si512(_mm512_xor_si512(a0, a1), _mm512_xor_si512(a2, a3));
+    return (unsigned long long)_mm512_reduce_add_epi64(x);
+}
+
+/* 16 independent chains in named registers: enough to cover a 4-5 cycle
+ * latency at 2 per cycle with room to spare. */
+#define CHAINS(OP) OP(0) OP(1) OP(2) OP(3) OP(4) OP(5) OP(6) OP(7) OP(8) OP(9) OP(10) OP(11) OP(12) OP(13) OP(14) OP(15)
+#define KEEP(T)                                                                                              \
+    __asm__ volatile("" : "+v"(T##0), "+v"(T##1), "+v"(T##2), "+v"(T##3), "+v"(T##4), "+v"(T##5), "+v"(T##6), \
+                     "+v"(T##7));                                                                            \
+    __asm__ volatile("" : "+v"(T##8), "+v"(T##9), "+v"(T##10), "+v"(T##11), "+v"(T##12), "+v"(T##13),        \
+                     "+v"(T##14), "+v"(T##15))
+
+double q3_limits_fma_avx512(long iters)
+{
+#define DECL(i) __m512 a##i = _mm512_set1_ps(1.0f + (float)(i) * 1e-3f);
+    CHAINS(DECL)
+#undef DECL
+    const __m512 m = _mm512_set1_ps(0.99999994f), c = _mm512_set1_ps(1e-7f);
+    for (long it = 0; it < iters; it++) {
+#define FMA(i) a##i = _mm512_fmadd_ps(a##i, m, c);
+        CHAINS(FMA)
+#undef FMA
+        KEEP(a);
+    }
+    __m512 s = _mm512_setzero_ps();
+#define SUM(i) s = _mm512_add_ps(s, a##i);
+    CHAINS(SUM)
+#undef SUM
+    volatile float sink = _mm512_reduce_add_ps(s);
+    (void)sink;
+    return (double)iters * 16 * 16 * 2;
+}
+
+double q3_limits_bf16_avx512(long iters)
+{
+#define DECL(i) __m512 a##i = _mm512_setzero_ps();
+    CHAINS(DECL)
+#undef DECL
+    __m512bh x = _mm512_cvtne2ps_pbh(_mm512_set1_ps(1e-3f), _mm512_set1_ps(2e-3f));
+    __m512bh y = _mm512_cvtne2ps_pbh(_mm512_set1_ps(3e-3f), _mm512_set1_ps(1e-3f));
+    for (long it = 0; it < iters; it++) {
+#define DOT(i) a##i = _mm512_dpbf16_ps(a##i, x, y);
+        CHAINS(DOT)
+#undef DOT
+        KEEP(a);
+    }
+    __m512 s = _mm512_setzero_ps();
+#define SUM(i) s = _mm512_add_ps(s, a##i);
+    CHAINS(SUM)
+#undef SUM
+    volatile float sink = _mm512_reduce_add_ps(s);
+    (void)sink;
+    return (double)iters * 16 * 16 * 4;
+}
+
+double q3_limits_int8_avx512(long iters)
+{
+#define DECL(i) __m512i a##i = _mm512_setzero_si512();
+    CHAINS(DECL)
+#undef DECL
+    const __m512i x = _mm512_set1_epi8(3), y = _mm512_set1_epi8(-2);
+    for (long it = 0; it < iters; it++) {
+#define DOT(i) a##i = _mm512_dpbusd_epi32(a##i, x, y);
+        CHAINS(DOT)
+#undef DOT
+        KEEP(a);
+    }
+    __m512i s = _mm512_setzero_si512();
+#define SUM(i) s = _mm512_add_epi32(s, a##i);
+    CHAINS(SUM)
+#undef SUM
+    volatile int sink = _mm512_reduce_add_epi32(s);
+    (void)sink;
+    return (double)iters * 16 * 16 * 8;
+}
