@@ -256,18 +256,6 @@ q3_status tk_add_merge_batch(q3_tokenizer *t, const tk_str *a, const tk_str *b, 
     return st;
 }
 
-q3_status tk_add_vocab(q3_tokenizer *t, const char *bl, size_t bl_len, int32_t id)
-{
-    tk_str s = {bl, bl_len};
-    return tk_add_vocab_batch(t, &s, &id, 1);
-}
-
-q3_status tk_add_merge(q3_tokenizer *t, const char *a, size_t a_len, const char *b, size_t b_len)
-{
-    tk_str sa = {a, a_len}, sb = {b, b_len};
-    return tk_add_merge_batch(t, &sa, &sb, 1);
-}
-
 q3_status tk_add_added(q3_tokenizer *t, const char *content, size_t len, int32_t id, int special,
                        int lstrip, int rstrip)
 {
@@ -394,18 +382,36 @@ q3_status q3_tokenizer_from_parts(const q3_tokenizer_parts *p, const char *name,
     for (size_t i = 0; i < p->n_added; i++)
         if (p->added[i].id >= 0 && (size_t)p->added[i].id < p->n_vocab) is_added[p->added[i].id] = 1;
 
-    for (size_t i = 0; i < p->n_vocab && st == Q3_OK; i++)
-        if (p->vocab[i] && !is_added[i]) st = tk_add_vocab(t, p->vocab[i], strlen(p->vocab[i]), (int32_t)i);
+    /* In batches, as the JSON reader does (see tk_add_vocab_batch). */
+    tk_str a[TK_BATCH], b[TK_BATCH];
+    int32_t ids[TK_BATCH];
+    size_t k = 0;
+    for (size_t i = 0; i < p->n_vocab && st == Q3_OK; i++) {
+        if (p->vocab[i] && !is_added[i]) {
+            a[k] = (tk_str){p->vocab[i], strlen(p->vocab[i])};
+            ids[k++] = (int32_t)i;
+        }
+        if (k == TK_BATCH || (i + 1 == p->n_vocab && k)) {
+            st = tk_add_vocab_batch(t, a, ids, k);
+            k = 0;
+        }
+    }
     free(is_added);
 
     for (size_t i = 0; i < p->n_merges && st == Q3_OK; i++) {
         const char *m = p->merges[i];
         const char *sp = m ? strchr(m, ' ') : NULL;
-        if (!sp || strchr(sp + 1, ' ') || sp == m || !sp[1])
+        if (!sp || strchr(sp + 1, ' ') || sp == m || !sp[1]) {
             st = q3_fail(Q3_ERR_FORMAT, "%s: merge %zu (\"%s\") is not two tokens separated by one space",
                          name, i, m ? m : "(null)");
-        else
-            st = tk_add_merge(t, m, (size_t)(sp - m), sp + 1, strlen(sp + 1));
+            break;
+        }
+        a[k] = (tk_str){m, (size_t)(sp - m)};
+        b[k++] = (tk_str){sp + 1, strlen(sp + 1)};
+        if (k == TK_BATCH || i + 1 == p->n_merges) {
+            st = tk_add_merge_batch(t, a, b, k);
+            k = 0;
+        }
     }
     for (size_t i = 0; i < p->n_added && st == Q3_OK; i++) {
         const q3_added_token *a = &p->added[i];

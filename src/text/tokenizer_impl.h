@@ -193,9 +193,6 @@ q3_status tk_add_decoded_merges(q3_tokenizer *t, const char *base, const tk_merg
  * alphabet at *bad_at); -1 out of memory. Call tk_byte_level_init() first (once). */
 void tk_byte_level_init(void);
 int tk_byte_level_decode(const char *bl, size_t n, tk_buf *out, size_t *bad_at);
-/* One at a time. */
-q3_status tk_add_vocab(q3_tokenizer *t, const char *bl, size_t bl_len, int32_t id);
-q3_status tk_add_merge(q3_tokenizer *t, const char *a, size_t a_len, const char *b, size_t b_len);
 q3_status tk_add_added(q3_tokenizer *t, const char *content, size_t len, int32_t id, int special,
                        int lstrip, int rstrip);
 /* Checks the whole (every byte has a token, ...), sorts the added tokens, sets up the
