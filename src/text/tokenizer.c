@@ -313,8 +313,6 @@ q3_status tk_finish(q3_tokenizer *t, const char *pattern, int nfc)
     int32_t n = t->n_ids;
     while (n > 0 && t->tok_kind[n - 1] == TK_KIND_NONE) n--;
     t->n_ids = n;
-    for (int32_t id = 0; id < n; id++)
-        if (t->tok_len[id] > t->max_token_len) t->max_token_len = t->tok_len[id];
 
     if (t->n_added) /* qsort(NULL, 0, ...) is undefined: no added tokens, no array */
         qsort(t->added, t->n_added, sizeof *t->added, added_longest_first);

@@ -123,7 +123,6 @@ struct q3_tokenizer {
     uint32_t *tok_len;  /* [n_ids] length in bytes */
     uint8_t *tok_kind;  /* [n_ids] TK_KIND_* */
     tk_buf bytes;       /* the arena */
-    uint32_t max_token_len;
 
     /* BPE vocabulary: bytes -> id (open addressing, power-of-two size). */
     tk_vocab_slot *vocab_slots;
@@ -159,22 +158,12 @@ struct q3_tokenizer {
 
 /* ---- building (tokenizer.c); the JSON reader and from_parts both use these ------- */
 
-/* A new, empty tokenizer with room for about n_vocab BPE tokens and n_merges merges. */
-q3_status tk_new(const char *name, size_t n_vocab, size_t n_merges, q3_tokenizer **out);
 /* A string that is not NUL-terminated. */
 typedef struct tk_str {
     const char *p;
     size_t n;
 } tk_str;
 
-/* The most entries one tk_add_*_batch call takes. */
-#define TK_BATCH 64
-
-/* Adds BPE tokens ids[k] given in byte-level form bl[k] (e.g. "Ġthe"), n <= TK_BATCH. */
-q3_status tk_add_vocab_batch(q3_tokenizer *t, const tk_str *bl, const int32_t *ids, size_t n);
-/* Adds the merges a[k] + b[k] (byte-level strings) in order, n <= TK_BATCH; a merge's
- * rank is the number of merges added before it. */
-q3_status tk_add_merge_batch(q3_tokenizer *t, const tk_str *a, const tk_str *b, size_t n);
 /* A merge decoded from its byte-level strings: its left part's bytes then its right
  * part's, at `off` in some buffer, with their hashes (tk_hash_bytes). */
 typedef struct tk_merge_rec {
@@ -183,18 +172,36 @@ typedef struct tk_merge_rec {
     uint64_t ha, hb;
 } tk_merge_rec;
 
+/* The most entries one tk_add_*_batch call takes. */
+#define TK_BATCH 64
+
+/* A new, empty tokenizer with room for about n_vocab BPE tokens and n_merges merges. */
+q3_status tk_new(const char *name, size_t n_vocab, size_t n_merges, q3_tokenizer **out);
+
+/* Adds BPE tokens ids[k] given in byte-level form bl[k] (e.g. "Ġthe"), n <= TK_BATCH. */
+q3_status tk_add_vocab_batch(q3_tokenizer *t, const tk_str *bl, const int32_t *ids, size_t n);
+
+/* Adds the merges a[k] + b[k] (byte-level strings) in order, n <= TK_BATCH; a merge's
+ * rank is the number of merges added before it. */
+q3_status tk_add_merge_batch(q3_tokenizer *t, const tk_str *a, const tk_str *b, size_t n);
+
 /* Decodes the merge a + b (byte-level strings) into bytes (appended) and rec. Needs no
  * tokenizer (so it can run on another thread). Returns 0; 1 or 2 if the left or right
  * part has a character outside the alphabet; -1 out of memory. */
 int tk_decode_merge(const char *a, size_t a_len, const char *b, size_t b_len, tk_buf *bytes, tk_merge_rec *rec);
+
 /* Adds decoded merges (recs[k].off relative to base) in order, looking their parts up. */
 q3_status tk_add_decoded_merges(q3_tokenizer *t, const char *base, const tk_merge_rec *recs, size_t n);
+
 /* Byte-level string -> raw bytes appended to out: 0; 1 (a character outside the
- * alphabet at *bad_at); -1 out of memory. Call tk_byte_level_init() first (once). */
+ * alphabet at *bad_at); -1 out of memory. tk_byte_level_init() must have run once
+ * (tk_new runs it). */
 void tk_byte_level_init(void);
 int tk_byte_level_decode(const char *bl, size_t n, tk_buf *out, size_t *bad_at);
+
 q3_status tk_add_added(q3_tokenizer *t, const char *content, size_t len, int32_t id, int special,
                        int lstrip, int rstrip);
+
 /* Checks the whole (every byte has a token, ...), sorts the added tokens, sets up the
  * splitter. pattern: NULL for no split regex. */
 q3_status tk_finish(q3_tokenizer *t, const char *pattern, int nfc);
@@ -213,7 +220,8 @@ int tk_maps_alloc(q3_tokenizer *t, size_t n_vocab, size_t n_merges); /* 0 ok, -1
 /* Fills byte_pair_rank (needs byte_id). */
 q3_status tk_build_byte_pairs(q3_tokenizer *t);
 
-/* ---- encoding scratch (bpe.c): one per encode call, never shared ------------------ */
+/* ---- encoding scratch (bpe.c): used by one encode call at a time, pooled by the
+ * tokenizer between calls (see scratch_acquire in tokenizer.c) --------------------- */
 
 typedef struct tk_cache_slot {
     uint64_t head;    /* key bytes 0..7, zero-padded */
