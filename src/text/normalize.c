@@ -95,6 +95,12 @@ static inline int is_stable(uint32_t cp)
     return utf8proc_get_property((utf8proc_int32_t)cp)->combining_class == 0;
 }
 
+int tk_nfc_newer_than_unicode9(uint32_t cp)
+{
+    pthread_once(&unstable_once, build_unstable_table);
+    return is_newer(cp);
+}
+
 /* ==== NFC ========================================================================== */
 
 /* Appends NFC(s[0..n)) to out. */

@@ -101,6 +101,11 @@ size_t tk_qwen2_piece_end(const unsigned char *s, size_t n, size_t pos);
  * the result is built in out and *res points into it. */
 q3_status tk_nfc(const char *s, size_t n, tk_buf *out, const char **res, size_t *res_len);
 
+/* 1 for the code points where tk_nfc follows the reference's Unicode 9.0 tables rather
+ * than utf8proc_NFC (marks and composition parts assigned later: see normalize.c). An
+ * oracle built on utf8proc must treat text with them as an expected difference. */
+int tk_nfc_newer_than_unicode9(uint32_t cp);
+
 /* ---- the tokenizer ---------------------------------------------------------------- */
 
 /* How many idle scratches a tokenizer keeps (about one per encoding thread). */
