@@ -311,6 +311,17 @@ void tk_scratch_free(tk_scratch *sc)
     memset(sc, 0, sizeof *sc);
 }
 
+void tk_scratch_trim(tk_scratch *sc)
+{
+    if (sc->cap > TK_SCRATCH_KEEP) {
+        free(sc->sym), free(sc->prev), free(sc->next), free(sc->rank), free(sc->heap);
+        sc->sym = sc->prev = sc->next = sc->rank = NULL;
+        sc->heap = NULL;
+        sc->cap = 0;
+    }
+    if (sc->nfc.cap > TK_SCRATCH_KEEP) tk_buf_free(&sc->nfc);
+}
+
 static int scratch_reserve(tk_scratch *sc, size_t n)
 {
     if (n <= sc->cap) return 0;
@@ -439,8 +450,8 @@ q3_status tk_bpe_uncached(const q3_tokenizer *t, tk_scratch *sc, const unsigned 
 /* The cache lives as long as its scratch (see the pool in tokenizer.c), so it is
  * bounded: past these limits it starts over. */
 #define TK_CACHE_MAX_PIECE 4096
-#define TK_CACHE_MAX_ENTRIES (1u << 17)
-#define TK_CACHE_MAX_BYTES ((size_t)16 << 20)
+#define TK_CACHE_MAX_ENTRIES (1u << 16)
+#define TK_CACHE_MAX_BYTES ((size_t)4 << 20)
 
 static void cache_clear(tk_scratch *sc)
 {

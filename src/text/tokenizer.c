@@ -509,6 +509,7 @@ static tk_scratch *scratch_acquire(const q3_tokenizer *ct)
 static void scratch_release(const q3_tokenizer *ct, tk_scratch *sc)
 {
     q3_tokenizer *t = (q3_tokenizer *)ct;
+    tk_scratch_trim(sc);
     pthread_mutex_lock(&t->pool_lock);
     if (t->n_pool < TK_POOL) {
         t->pool[t->n_pool++] = sc;

@@ -255,6 +255,11 @@ typedef struct tk_scratch {
 
 void tk_scratch_free(tk_scratch *sc);
 
+/* Frees what a scratch grew for an unusually long piece or text (kept: the cache,
+ * which is bounded, and arrays up to TK_SCRATCH_KEEP entries / bytes). */
+#define TK_SCRATCH_KEEP (1u << 16)
+void tk_scratch_trim(tk_scratch *sc);
+
 /* Appends the BPE ids of one piece (raw bytes, n >= 1) to out. */
 q3_status tk_bpe_piece(const q3_tokenizer *t, tk_scratch *sc, const unsigned char *piece,
                        size_t n, q3_tokens *out);
