@@ -12,6 +12,8 @@ static const struct {
     [Q3_BF16] = {"bf16", 1, 2},
     [Q3_Q8_0] = {"q8_0", 32, 34},
     [Q3_Q4_0] = {"q4_0", 32, 18},
+    [Q3_Q4_K] = {"q4_k", 256, 144},
+    [Q3_Q6_K] = {"q6_k", 256, 210},
 };
 
 const char *q3_dtype_name(q3_dtype t)
@@ -78,6 +80,50 @@ uint16_t q3_f32_to_f16(float f)
     return sign | (uint16_t)h;
 }
 
+static float load_f16(const uint8_t *p) { return q3_f16_to_f32((uint16_t)(p[0] | p[1] << 8)); }
+
+/* One Q4_K super-block (layout in dtype.h) into 256 floats. The arithmetic is
+ * llama.cpp's, operation for operation: the sub-block scale d*sc and offset
+ * dmin*m are rounded to float first, then value = scale*q - offset. */
+static void dequant_q4_k(const uint8_t *b, float *y)
+{
+    float d = load_f16(b), dmin = load_f16(b + 2);
+    const uint8_t *s = b + 4, *qs = b + 16;
+    for (int j = 0; j < 8; j++) {
+        int sc, m;
+        if (j < 4) {
+            sc = s[j] & 63;
+            m = s[j + 4] & 63;
+        } else {
+            sc = (s[j + 4] & 15) | (s[j - 4] >> 6) << 4;
+            m = (s[j + 4] >> 4) | (s[j] >> 6) << 4;
+        }
+        float scale = d * (float)sc, off = dmin * (float)m;
+        const uint8_t *q = qs + 32 * (j / 2);
+        int shift = 4 * (j % 2); /* even sub-blocks: low nibbles, odd: high */
+        for (int i = 0; i < 32; i++) {
+            float p = scale * (float)((q[i] >> shift) & 15);
+            y[32 * j + i] = p - off;
+        }
+    }
+}
+
+/* One Q6_K super-block (layout in dtype.h) into 256 floats: d*sc rounded to
+ * float, then times q - 32, as llama.cpp computes it. */
+static void dequant_q6_k(const uint8_t *b, float *y)
+{
+    const uint8_t *ql = b, *qh = b + 128;
+    const int8_t *sc = (const int8_t *)(b + 192);
+    float d = load_f16(b + 208);
+    for (int e = 0; e < 256; e++) {
+        int h = e / 128, r = e % 128, quarter = r / 32, i = r % 32;
+        int lo = (ql[64 * h + 32 * (quarter & 1) + i] >> (4 * (quarter >> 1))) & 15;
+        int hi = (qh[32 * h + i] >> (2 * quarter)) & 3;
+        float scale = d * (float)sc[e / 16];
+        y[e] = scale * (float)((lo | hi << 4) - 32);
+    }
+}
+
 void q3_row_to_f32(q3_dtype t, const void *src, float *dst, size_t n)
 {
     switch (t) {
@@ -113,6 +159,12 @@ void q3_row_to_f32(q3_dtype t, const void *src, float *dst, size_t n)
         }
         break;
     }
+    case Q3_Q4_K:
+        for (size_t i = 0; i < n; i += 256) dequant_q4_k((const uint8_t *)src + i / 256 * 144, dst + i);
+        break;
+    case Q3_Q6_K:
+        for (size_t i = 0; i < n; i += 256) dequant_q6_k((const uint8_t *)src + i / 256 * 210, dst + i);
+        break;
     default:
         break;
     }
