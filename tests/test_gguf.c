@@ -882,10 +882,14 @@ static void test_hostile(void)
     expect_fail(&c, Q3_ERR_FORMAT, "'a': unknown ggml type 99", "ggml type 99");
     c = base_spec(), c.ggml_type = 4;
     expect_fail(&c, Q3_ERR_FORMAT, "unknown ggml type 4", "retired ggml type 4");
-    c = base_spec(), c.ggml_type = Q3_GGML_Q4_K;
-    expect_fail(&c, Q3_ERR_UNSUPPORTED, "'a': ggml type Q4_K (12) is not supported", "Q4_K");
+    c = base_spec(), c.ggml_type = 13; /* Q5_K: a K-quant q3 does not run */
+    expect_fail(&c, Q3_ERR_UNSUPPORTED, "'a': ggml type Q5_K (13) is not supported", "Q5_K");
+    c = base_spec(), c.ggml_type = 10;
+    expect_fail(&c, Q3_ERR_UNSUPPORTED, "ggml type Q2_K (10)", "Q2_K");
+    c = base_spec(), c.ggml_type = Q3_GGML_Q4_K; /* rows of 32 are not 256-value super-blocks */
+    expect_fail(&c, Q3_ERR_FORMAT, "'a': row length 32 is not a multiple of the q4_k block size 256", "Q4_K row 32");
     c = base_spec(), c.ggml_type = Q3_GGML_Q6_K;
-    expect_fail(&c, Q3_ERR_UNSUPPORTED, "ggml type Q6_K (14)", "Q6_K");
+    expect_fail(&c, Q3_ERR_FORMAT, "row length 32 is not a multiple of the q6_k block size 256", "Q6_K row 32");
     c = base_spec(), c.ggml_type = Q3_GGML_Q8_0, c.ne[0] = 33;
     expect_fail(&c, Q3_ERR_FORMAT, "'a': row length 33 is not a multiple of the q8_0 block size 32", "row 33");
     c = base_spec(), c.ggml_type = Q3_GGML_Q4_0, c.ne[0] = 16;
