@@ -63,6 +63,9 @@ static const char *file_type_name(uint32_t ft)
     case 1: return "float16";
     case 2: return "q4_0";
     case 7: return "q8_0";
+    case 14: return "q4_k_s";
+    case 15: return "q4_k_m";
+    case 18: return "q6_k";
     case 32: return "bfloat16";
     default: return "";
     }
