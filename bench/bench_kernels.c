@@ -8,8 +8,13 @@
  * a 128-token chunk. Numbers are reported against the machine's limits
  * (src/backend/cpu/limits.h), measured at start-up unless given.
  *
- *   build/bench/bench_kernels [--reps N] [--bw GBS] [--peak GFLOPS] [--only gemm|gemv|token|prefill]
- *                             [--isa avx512|amx|avx2]
+ * With --model DIR (e.g. a `q3 synth` folder), also end to end through
+ * q3_session_* on the "cpu" unit: prefill ms per 128-token chunk and decode
+ * ms per token, with the time per op (by name, summed over layers) and the
+ * pool jobs (synchronisations) per token.
+ *
+ *   build/bench/bench_kernels [--reps N] [--bw GBS] [--peak GFLOPS] [--isa amx|avx512|avx2]
+ *                             [--only gemm|gemv|token|prefill|e2e] [--model DIR] [--gen N] [--depth N]
  */
 #include <math.h>
 #include <stdio.h>
@@ -20,6 +25,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/cpu_features.h"
 #include "backend/cpu/limits.h"
+#include "run/session.h"
 
 static double now(void)
 {
@@ -237,18 +243,122 @@ static void bench_prefill(const char *only_isa)
     free(wh);
 }
 
+/* ---- end to end ------------------------------------------------------------------------------ */
+
+/* Prints the per-op time of a profiled runner, summed by op name without its
+ * "blk.N." prefix, per run. */
+static void print_profile(const q3_runner *r, int runs, double total)
+{
+    const q3_graph *g = r->g;
+    char names[64][48];
+    double secs[64];
+    int n = 0;
+    for (int i = 0; i < g->n_ops; i++) {
+        const char *name = g->ops[i].name;
+        if (!strncmp(name, "blk.", 4) && strchr(name + 4, '.')) name = strchr(name + 4, '.') + 1;
+        int j = 0;
+        while (j < n && strcmp(names[j], name)) j++;
+        if (j == n && n < 64) {
+            snprintf(names[n], sizeof names[n], "%s", name);
+            secs[n++] = 0;
+        }
+        if (j < 64) secs[j] += r->op_seconds[i];
+    }
+    for (int j = 0; j < n; j++)
+        if (secs[j] / runs > 0.002 * total)
+            printf("      %-16s %8.3f ms  %5.1f%%\n", names[j], secs[j] / runs * 1e3, 100 * secs[j] / runs / total);
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static void bench_e2e(const char *dir, int gen, int depth)
+{
+    q3_model *m;
+    if (q3_model_open(dir, &m)) {
+        fprintf(stderr, "%s: %s\n", dir, q3_last_error());
+        return;
+    }
+    q3_session_opts o = {.n_ctx = depth + 128 + gen + 8, .chunk = 128, .backend = "cpu"};
+    q3_session *s;
+    if (q3_session_new(m, &o, &s)) {
+        fprintf(stderr, "session: %s\n", q3_last_error());
+        q3_model_close(m);
+        return;
+    }
+    int vocab = q3_model_vocab_size(m), n_prompt = depth > 128 ? depth : 128;
+    int32_t *tokens = malloc((size_t)(n_prompt + gen) * sizeof *tokens);
+    for (int i = 0; i < n_prompt + gen; i++) tokens[i] = (int32_t)((unsigned)(i * 7919 + 17) % (unsigned)vocab);
+    float *logits = malloc((size_t)vocab * sizeof *logits);
+    printf("end to end, %s, unit cpu (%s, %d threads), KV cache %s:\n", dir, q3_cpu_isa_current()->name,
+           q3_cpu_threads(), q3_dtype_name(s->kv.dtype));
+
+    /* prefill: one chunk of 128 at position 0, best of reps */
+    q3_runner_profile(&s->run_prefill, 1);
+    double best = 1e30, sum = 0, handoff0 = s->handoff_seconds;
+    for (int rep = 0; rep < g_reps; rep++) {
+        q3_session_reset(s);
+        double t0 = now();
+        q3_session_prefill(s, tokens, 128, logits, 0);
+        double t = now() - t0;
+        sum += t;
+        if (t < best) best = t;
+    }
+    double flop = q3_graph_flops(&s->prefill, 128, 0);
+    printf("  prefill chunk 128: best %.1f ms, mean %.1f ms; %.1f GFLOP/s (%.0f%% of the BF16 dot peak %.1f); "
+           "K/V hand-off (session) %.2f ms\n",
+           best * 1e3, sum / g_reps * 1e3, flop / best * 1e-9, 100 * flop / best * 1e-9 / g_peak, g_peak,
+           (s->handoff_seconds - handoff0) / g_reps * 1e3);
+    print_profile(&s->run_prefill, g_reps, sum / g_reps);
+
+    /* decode: gen tokens after a prompt of n_prompt */
+    q3_session_reset(s);
+    q3_session_prefill(s, tokens, (size_t)n_prompt, NULL, 0);
+    q3_runner_profile(&s->run_decode, 1);
+    double *times = malloc((size_t)gen * sizeof *times);
+    q3_cpu_stats s0 = q3_cpu_get_stats();
+    double dsum = 0;
+    for (int i = 0; i < gen; i++) {
+        double t0 = now();
+        q3_session_decode(s, tokens[n_prompt + i], logits);
+        times[i] = now() - t0;
+        dsum += times[i];
+    }
+    q3_cpu_stats s1 = q3_cpu_get_stats();
+    qsort(times, (size_t)gen, sizeof *times, cmp_double);
+    double bytes = (double)q3_model_weight_bytes(m);
+    printf("  decode at depth %d: p50 %.2f ms/token (%.1f tok/s), min %.2f ms, p99 %.2f ms; %.1f GB/s at p50 "
+           "(%.0f%% of %.1f GB/s); %.1f pool jobs (barriers) per token\n",
+           n_prompt, times[gen / 2] * 1e3, 1 / times[gen / 2], times[0] * 1e3, times[gen - 1 - gen / 100] * 1e3,
+           bytes / times[gen / 2] * 1e-9, 100 * bytes / times[gen / 2] * 1e-9 / g_bw, g_bw,
+           (double)(s1.pool_jobs - s0.pool_jobs) / gen);
+    print_profile(&s->run_decode, gen, dsum / gen);
+    free(times);
+    free(tokens);
+    free(logits);
+    q3_session_free(s);
+    q3_model_close(m);
+}
+
 int main(int argc, char **argv)
 {
-    const char *only = NULL, *only_isa = NULL;
+    const char *only = NULL, *only_isa = NULL, *model = NULL;
+    int gen = 32, depth = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--reps") && i + 1 < argc) g_reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--bw") && i + 1 < argc) g_bw = atof(argv[++i]);
         else if (!strcmp(argv[i], "--peak") && i + 1 < argc) g_peak = atof(argv[++i]);
         else if (!strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
         else if (!strcmp(argv[i], "--isa") && i + 1 < argc) only_isa = argv[++i];
+        else if (!strcmp(argv[i], "--model") && i + 1 < argc) model = argv[++i];
+        else if (!strcmp(argv[i], "--gen") && i + 1 < argc) gen = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--depth") && i + 1 < argc) depth = atoi(argv[++i]);
         else {
-            fprintf(stderr, "usage: %s [--reps N] [--bw GBS] [--peak GFLOPS] [--only gemm|gemv|token|prefill] "
-                            "[--isa amx|avx512|avx2]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--reps N] [--bw GBS] [--peak GFLOPS] [--isa amx|avx512|avx2] "
+                            "[--only gemm|gemv|token|prefill|e2e] [--model DIR] [--gen N] [--depth N]\n", argv[0]);
             return 2;
         }
     }
@@ -266,5 +376,9 @@ int main(int argc, char **argv)
     }
     if (!only || !strcmp(only, "token")) bench_token(only_isa);
     if (!only || !strcmp(only, "prefill")) bench_prefill(only_isa);
+    if (model && (!only || !strcmp(only, "e2e"))) {
+        if (only_isa) use_isa(only_isa);
+        bench_e2e(model, gen > 0 ? gen : 1, depth);
+    }
     return 0;
 }

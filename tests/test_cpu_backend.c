@@ -457,7 +457,6 @@ int main(void)
         test_elementwise(isas[i]);
     }
     q3_cpu_stats s = q3_cpu_get_stats();
-    printf("%llu ops, %llu pool jobs, %llu inner barriers\n", (unsigned long long)s.ops,
-           (unsigned long long)s.pool_jobs, (unsigned long long)s.inner_barriers);
+    printf("%llu ops, %llu pool jobs\n", (unsigned long long)s.ops, (unsigned long long)s.pool_jobs);
     TEST_DONE();
 }

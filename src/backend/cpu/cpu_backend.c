@@ -3,12 +3,13 @@
  * with BF16/VNNI, else AVX2+FMA), run on one persistent thread pool.
  *
  * Threading: the thread that calls run() is thread 0 of the pool. Big ops
- * (MATMUL, ATTENTION, prefill-sized elementwise ops) are spread over the
- * pool, work split by output rows (matmul) or by (KV head, query rows)
- * (attention), taken from a shared counter so a core slowed by a neighbour
- * takes fewer items; the pool's join is the barrier between two ops. Small
- * ops (every elementwise op in decode) run inline on thread 0 with no
- * synchronisation at all. One op runs at a time (a mutex serialises callers).
+ * (MATMUL, ATTENTION, prefill-sized elementwise ops) are cut into work items
+ * (blocks of output rows; (query rows, KV head) pairs; blocks of rows) that
+ * the running threads claim from a shared counter, so a core slowed or
+ * descheduled by a neighbour takes fewer items instead of stalling the op;
+ * the end of a pool job is the barrier between two ops. Small ops (every
+ * elementwise op in decode) run inline on thread 0 with no synchronisation
+ * at all. One op runs at a time (a mutex serialises callers).
  *
  * Memory: weights are read where they are mapped. Scratch (per-thread matmul
  * packing and attention blocks, the chunk's K/V in the cache dtype, the RoPE
@@ -142,8 +143,7 @@ int q3_cpu_threads(void)
 q3_cpu_stats q3_cpu_get_stats(void)
 {
     ensure_init();
-    q3_pool_stats p = q3_pool_get_stats(st.pool);
-    return (q3_cpu_stats){.ops = st.ops, .pool_jobs = p.runs, .inner_barriers = p.inner_barriers};
+    return (q3_cpu_stats){.ops = st.ops, .pool_jobs = q3_pool_jobs(st.pool)};
 }
 
 /* ---- helpers ------------------------------------------------------------------------- */
@@ -237,41 +237,45 @@ static void do_rows(const rows_job *j, int r0, int r1)
     }
 }
 
-static void rows_worker(void *ctx, int ith, int nth)
+/* Rows per work item of a parallel elementwise op. */
+#define ROWS_PER_ITEM 8
+
+static void rows_item(void *ctx, int item, int ith)
 {
     const rows_job *j = ctx;
-    do_rows(j, (int)((long)j->rows * ith / nth), (int)((long)j->rows * (ith + 1) / nth));
+    int r0 = item * ROWS_PER_ITEM, r1 = r0 + ROWS_PER_ITEM < j->rows ? r0 + ROWS_PER_ITEM : j->rows;
+    do_rows(j, r0, r1);
 }
 
 static void run_rows(const q3_exec *e, const q3_op *op, const float *w)
 {
     rows_job j = {.e = e, .op = op, .w = w, .rows = live_rows(e, op->in[0])};
-    if (j.rows < 2 || (size_t)j.rows * (size_t)e->g->values[op->in[0]].cols < PARALLEL_MIN_VALUES || st.nth == 1)
+    if (j.rows < 2 || (size_t)j.rows * (size_t)e->g->values[op->in[0]].cols < PARALLEL_MIN_VALUES || st.nth == 1) {
         do_rows(&j, 0, j.rows);
-    else
-        q3_pool_run(st.pool, rows_worker, &j);
+        return;
+    }
+    q3_pool_job job = {.item = rows_item, .ctx = &j, .n_items = (j.rows + ROWS_PER_ITEM - 1) / ROWS_PER_ITEM};
+    q3_pool_run(st.pool, &job);
 }
 
 /* ---- matmul ------------------------------------------------------------------------------- */
 
 typedef struct mm_job {
     q3_cpu_matmul mm;
-    int item, n_items;
-    _Atomic int next;
+    int item;   /* outputs per work item */
 } mm_job;
 
-static void mm_worker(void *ctx, int ith, int nth)
+static void mm_begin(void *ctx, int ith)
 {
     mm_job *j = ctx;
-    const q3_cpu_mm_kernels *k = st.isa->mm;
-    void *scratch = st.scratch[ith].p;
-    k->prepare(&j->mm, scratch);
-    for (;;) {
-        int i = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
-        if (i >= j->n_items) break;
-        int o0 = i * j->item, o1 = o0 + j->item < j->mm.n ? o0 + j->item : j->mm.n;
-        k->range(&j->mm, scratch, o0, o1);
-    }
+    st.isa->mm->prepare(&j->mm, st.scratch[ith].p);
+}
+
+static void mm_item(void *ctx, int item, int ith)
+{
+    mm_job *j = ctx;
+    int o0 = item * j->item, o1 = o0 + j->item < j->mm.n ? o0 + j->item : j->mm.n;
+    st.isa->mm->range(&j->mm, st.scratch[ith].p, o0, o1);
 }
 
 static void run_matmul(const q3_exec *e, const q3_op *op)
@@ -296,11 +300,13 @@ static void run_matmul(const q3_exec *e, const q3_op *op)
     int want = inline_run ? 1 : st.nth * MM_ITEMS_PER_THREAD;
     j.item = (j.mm.n + want - 1) / want;
     j.item = (j.item + g - 1) / g * g;
-    j.n_items = (j.mm.n + j.item - 1) / j.item;
-    if (inline_run)
-        mm_worker(&j, 0, 1);
-    else
-        q3_pool_run(st.pool, mm_worker, &j);
+    q3_pool_job job = {.begin = mm_begin, .item = mm_item, .ctx = &j, .n_items = (j.mm.n + j.item - 1) / j.item};
+    if (inline_run) {
+        mm_begin(&j, 0);
+        for (int i = 0; i < job.n_items; i++) mm_item(&j, i, 0);
+    } else {
+        q3_pool_run(st.pool, &job);
+    }
 }
 
 /* ---- attention ------------------------------------------------------------------------------- */
@@ -309,43 +315,39 @@ typedef struct attn_job {
     q3_cpu_attn a;
     const q3_exec *e;
     const q3_op *op;
-    bool convert_chunk;   /* phase 1: round the chunk's K/V to the cache dtype */
-    int rows, row_block, n_row_blocks, n_items;
-    _Atomic int next;
+    int rows, row_block, n_row_blocks;
 } attn_job;
 
-static void attn_worker(void *ctx, int ith, int nth)
+/* Prefill with an F16/BF16 cache: rounds the chunk's K/V rows [8 item, +8) to
+ * the cache dtype, as the session's hand-off will store them. */
+static void convert_item(void *ctx, int item, int ith)
 {
     attn_job *j = ctx;
-    if (j->convert_chunk) {
-        const q3_exec *e = j->e;
-        const q3_cpu_ew_kernels *ew = st.isa->ew;
-        int kv_dim = j->a.n_kv_heads * j->a.head_dim;
-        int r0 = (int)((long)j->rows * ith / nth), r1 = (int)((long)j->rows * (ith + 1) / nth);
-        for (int r = r0; r < r1; r++) {
-            ew->from_f32(j->a.kv_dtype, row_of(e, j->op->in[1], r), (char *)j->a.k_chunk + (size_t)r * j->a.chunk_row_bytes,
-                         (size_t)kv_dim);
-            ew->from_f32(j->a.kv_dtype, row_of(e, j->op->in[2], r), (char *)j->a.v_chunk + (size_t)r * j->a.chunk_row_bytes,
-                         (size_t)kv_dim);
-        }
-        if (nth > 1) q3_pool_barrier(st.pool);
+    const q3_cpu_ew_kernels *ew = st.isa->ew;
+    size_t kv_dim = (size_t)j->a.n_kv_heads * (size_t)j->a.head_dim;
+    int r0 = item * ROWS_PER_ITEM, r1 = r0 + ROWS_PER_ITEM < j->rows ? r0 + ROWS_PER_ITEM : j->rows;
+    for (int r = r0; r < r1; r++) {
+        ew->from_f32(j->a.kv_dtype, row_of(j->e, j->op->in[1], r), (char *)j->a.k_chunk + (size_t)r * j->a.chunk_row_bytes,
+                     kv_dim);
+        ew->from_f32(j->a.kv_dtype, row_of(j->e, j->op->in[2], r), (char *)j->a.v_chunk + (size_t)r * j->a.chunk_row_bytes,
+                     kv_dim);
     }
-    void *scratch = st.scratch[ith].p;
-    for (;;) {
-        int i = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
-        if (i >= j->n_items) break;
-        /* heaviest first: the last row blocks see the most keys */
-        int rb = j->n_row_blocks - 1 - i / j->a.n_kv_heads, kvh = i % j->a.n_kv_heads;
-        int row0 = rb * j->row_block, nrows = j->rows - row0 < j->row_block ? j->rows - row0 : j->row_block;
-        st.isa->attn->run(&j->a, scratch, kvh, row0, nrows);
-    }
+}
+
+static void attn_item(void *ctx, int item, int ith)
+{
+    attn_job *j = ctx;
+    /* heaviest first: the last row blocks see the most keys */
+    int rb = j->n_row_blocks - 1 - item / j->a.n_kv_heads, kvh = item % j->a.n_kv_heads;
+    int row0 = rb * j->row_block, nrows = j->rows - row0 < j->row_block ? j->rows - row0 : j->row_block;
+    st.isa->attn->run(&j->a, st.scratch[ith].p, kvh, row0, nrows);
 }
 
 static void run_attention(const q3_exec *e, const q3_op *op)
 {
     const q3_config *c = e->g->cfg;
     const q3_kv_cache *kv = e->kv;
-    bool prefill = op->in[1] >= 0;
+    bool prefill = op->in[1] >= 0, convert = false;
     attn_job j = {.e = e, .op = op};
     j.a = (q3_cpu_attn){
         .n_heads = c->n_heads,
@@ -375,17 +377,18 @@ static void run_attention(const q3_exec *e, const q3_op *op)
             if (grow(&st.kv_chunk, 2 * half)) abort();
             j.a.k_chunk = st.kv_chunk.p;
             j.a.v_chunk = (char *)st.kv_chunk.p + half;
-            j.convert_chunk = true;
+            convert = true;
         }
     }
     j.row_block = prefill ? Q3_CPU_ATTN_ROWS : 1;
     j.n_row_blocks = (j.rows + j.row_block - 1) / j.row_block;
-    j.n_items = j.n_row_blocks * c->n_kv_heads;
     ensure_scratch(st.isa->attn->scratch(&j.a, j.row_block));
-    if (st.nth == 1)
-        attn_worker(&j, 0, 1);
-    else
-        q3_pool_run(st.pool, attn_worker, &j);
+    if (convert) {
+        q3_pool_job cj = {.item = convert_item, .ctx = &j, .n_items = (j.rows + ROWS_PER_ITEM - 1) / ROWS_PER_ITEM};
+        q3_pool_run(st.pool, &cj);
+    }
+    q3_pool_job aj = {.item = attn_item, .ctx = &j, .n_items = j.n_row_blocks * c->n_kv_heads};
+    q3_pool_run(st.pool, &aj);
 }
 
 /* ---- the other ops ---------------------------------------------------------------------------- */

@@ -17,13 +17,12 @@ int q3_cpu_force_isa(const char *name);
 /* Threads of the pool (physical cores, or $Q3_THREADS). */
 int q3_cpu_threads(void);
 
-/* Counters since start-up. A "sync" is a point where the threads wait for
- * each other: the join at the end of each pool job, plus barriers inside
- * jobs. Ops run inline on the calling thread need none. */
+/* Counters since start-up. Each pool job ends in a barrier (the caller
+ * waits for every claimed item); ops run inline on the calling thread need
+ * none. */
 typedef struct q3_cpu_stats {
     uint64_t ops;        /* ops run by the unit */
-    uint64_t pool_jobs;  /* ops (or phases) spread over the pool */
-    uint64_t inner_barriers;
+    uint64_t pool_jobs;  /* ops (or phases of an op) spread over the pool: barriers */
 } q3_cpu_stats;
 q3_cpu_stats q3_cpu_get_stats(void);
 

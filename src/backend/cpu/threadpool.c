@@ -1,10 +1,13 @@
-/* The persistent thread pool: a generation counter announces each job;
- * workers spin on it for a short while, then sleep on it with a futex. */
+/* The persistent thread pool: a generation counter announces each job (and
+ * is the futex workers sleep on); items are claimed from a 64-bit word
+ * holding (generation, next item), so a thread that wakes after its job is
+ * over sees a different generation and claims nothing. */
 #include "backend/cpu/threadpool.h"
 
 #include <limits.h>
 #include <linux/futex.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdlib.h>
@@ -20,8 +23,10 @@
 
 /* Pause instructions a worker spins before it sleeps: ~100-200 us on recent
  * x86 (a pause is ~40-140 cycles), longer than the gap between two ops of a
- * graph, shorter than a human would notice as CPU burn. */
+ * graph, short enough not to burn a core between requests. */
 #define SPIN_PAUSES 4000
+/* Claim-word index meaning "this job is closed: no more claims". */
+#define CLOSED 0xffffffffu
 
 typedef struct worker {
     q3_pool *pool;
@@ -31,17 +36,14 @@ typedef struct worker {
 
 struct q3_pool {
     int nth;
-    worker *workers;                 /* [nth], [0] unused (the caller) */
-    /* the job; written by the caller before generation is bumped */
-    q3_pool_fn fn;
-    void *ctx;
+    worker *workers;                       /* [nth], [0] unused (the caller) */
+    q3_pool_job job;                       /* written by the caller while the claim word is closed */
     bool quit;
-    _Alignas(64) _Atomic uint32_t generation; /* futex word: bumped once per job */
-    _Alignas(64) _Atomic int sleepers;        /* workers in (or entering) futex_wait */
-    _Alignas(64) _Atomic int pending;         /* workers that have not finished the job */
-    _Alignas(64) _Atomic int bar_count;       /* threads arrived at the inner barrier */
-    _Alignas(64) _Atomic uint32_t bar_phase;
-    uint64_t runs, inner_barriers;
+    _Alignas(64) _Atomic uint64_t claim;   /* generation << 32 | next item */
+    _Alignas(64) _Atomic uint32_t generation; /* futex word, bumped once per job */
+    _Alignas(64) _Atomic int sleepers;     /* workers in (or entering) futex_wait */
+    _Alignas(64) _Atomic int done;         /* items finished in the current job */
+    uint64_t jobs;
 };
 
 static void futex_wait(_Atomic uint32_t *addr, uint32_t expected)
@@ -54,6 +56,24 @@ static void futex_wake_all(_Atomic uint32_t *addr)
     syscall(SYS_futex, (uint32_t *)addr, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
 }
 
+/* Claims and runs items of job generation gen until none are left. */
+static void work(q3_pool *p, uint32_t gen, int ith)
+{
+    bool begun = false;
+    for (;;) {
+        uint64_t v = atomic_load_explicit(&p->claim, memory_order_acquire);
+        uint32_t i = (uint32_t)v;
+        if ((uint32_t)(v >> 32) != gen || i == CLOSED || i >= (uint32_t)p->job.n_items) return;
+        if (!atomic_compare_exchange_weak_explicit(&p->claim, &v, v + 1, memory_order_acq_rel, memory_order_relaxed))
+            continue;
+        /* item i is ours: the job (and its ctx) lives until done reaches n_items */
+        if (!begun && p->job.begin) p->job.begin(p->job.ctx, ith);
+        begun = true;
+        p->job.item(p->job.ctx, (int)i, ith);
+        atomic_fetch_add_explicit(&p->done, 1, memory_order_release);
+    }
+}
+
 /* Waits until generation differs from seen; returns the new value. */
 static uint32_t wait_for_job(q3_pool *p, uint32_t seen)
 {
@@ -63,11 +83,10 @@ static uint32_t wait_for_job(q3_pool *p, uint32_t seen)
         cpu_relax();
     }
     for (;;) {
-        atomic_fetch_add(&p->sleepers, 1); /* seq_cst: pairs with the caller's bump then check */
-        uint32_t g = atomic_load(&p->generation);
-        if (g == seen) futex_wait(&p->generation, seen);
+        atomic_fetch_add(&p->sleepers, 1); /* seq_cst: pairs with the caller's bump-then-check */
+        if (atomic_load(&p->generation) == seen) futex_wait(&p->generation, seen);
         atomic_fetch_sub(&p->sleepers, 1);
-        g = atomic_load_explicit(&p->generation, memory_order_acquire);
+        uint32_t g = atomic_load_explicit(&p->generation, memory_order_acquire);
         if (g != seen) return g;
     }
 }
@@ -80,8 +99,7 @@ static void *worker_main(void *arg)
     for (;;) {
         seen = wait_for_job(p, seen);
         if (p->quit) break;
-        p->fn(p->ctx, w->ith, p->nth);
-        atomic_fetch_sub_explicit(&p->pending, 1, memory_order_release);
+        work(p, seen, w->ith);
     }
     return NULL;
 }
@@ -97,6 +115,7 @@ q3_pool *q3_pool_new(int n_threads)
         free(p);
         return NULL;
     }
+    atomic_store(&p->claim, (uint64_t)CLOSED);
     for (int i = 1; i < n_threads; i++) {
         p->workers[i] = (worker){.pool = p, .ith = i};
         if (pthread_create(&p->workers[i].thread, NULL, worker_main, &p->workers[i]) != 0) {
@@ -120,42 +139,30 @@ void q3_pool_free(q3_pool *p)
 
 int q3_pool_size(const q3_pool *p) { return p->nth; }
 
-void q3_pool_run(q3_pool *p, q3_pool_fn fn, void *ctx)
+uint64_t q3_pool_jobs(const q3_pool *p) { return p->jobs; }
+
+void q3_pool_run(q3_pool *p, const q3_pool_job *job)
 {
-    p->runs++;
-    if (p->nth == 1) {
-        fn(ctx, 0, 1);
+    p->jobs++;
+    if (job->n_items <= 0) return;
+    if (p->nth == 1 || job->n_items == 1) {
+        for (int i = 0; i < job->n_items; i++) {
+            if (i == 0 && job->begin) job->begin(job->ctx, 0);
+            job->item(job->ctx, i, 0);
+        }
         return;
     }
-    p->fn = fn;
-    p->ctx = ctx;
-    atomic_store_explicit(&p->pending, p->nth - 1, memory_order_relaxed);
-    atomic_fetch_add(&p->generation, 1); /* seq_cst: publishes fn/ctx, then sleepers is read */
+    /* the claim word is closed since the last job ended: no worker reads job now */
+    uint32_t gen = atomic_load_explicit(&p->generation, memory_order_relaxed) + 1;
+    p->job = *job;
+    atomic_store_explicit(&p->done, 0, memory_order_relaxed);
+    atomic_store_explicit(&p->claim, (uint64_t)gen << 32, memory_order_release);
+    atomic_store(&p->generation, gen); /* seq_cst: then sleepers is read */
     if (atomic_load(&p->sleepers) > 0) futex_wake_all(&p->generation);
-    fn(ctx, 0, p->nth);
-    for (unsigned spins = 0; atomic_load_explicit(&p->pending, memory_order_acquire) > 0; spins++) {
+    work(p, gen, 0);
+    for (unsigned spins = 0; atomic_load_explicit(&p->done, memory_order_acquire) < job->n_items; spins++) {
         cpu_relax();
-        if (spins > (1u << 20)) sched_yield(); /* a worker was descheduled: let it run */
+        if (spins > 4096) sched_yield(); /* the worker holding an item was descheduled */
     }
-}
-
-void q3_pool_barrier(q3_pool *p)
-{
-    if (p->nth == 1) return;
-    uint32_t phase = atomic_load_explicit(&p->bar_phase, memory_order_acquire);
-    if (atomic_fetch_add(&p->bar_count, 1) == p->nth - 1) {
-        p->inner_barriers++;
-        atomic_store_explicit(&p->bar_count, 0, memory_order_relaxed);
-        atomic_store_explicit(&p->bar_phase, phase + 1, memory_order_release);
-        return;
-    }
-    for (unsigned spins = 0; atomic_load_explicit(&p->bar_phase, memory_order_acquire) == phase; spins++) {
-        cpu_relax();
-        if (spins > (1u << 20)) sched_yield();
-    }
-}
-
-q3_pool_stats q3_pool_get_stats(const q3_pool *p)
-{
-    return (q3_pool_stats){.runs = p->runs, .inner_barriers = p->inner_barriers};
+    atomic_store_explicit(&p->claim, (uint64_t)gen << 32 | CLOSED, memory_order_release);
 }

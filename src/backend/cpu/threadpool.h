@@ -1,8 +1,14 @@
-/* One persistent pool of worker threads for the cpu unit. The calling thread
- * is thread 0 and works too; q3_pool_run returns when every thread has
- * finished, which is the barrier between two ops. Workers spin briefly
- * waiting for the next job (ops follow each other within microseconds), then
- * sleep on a futex so an idle pool costs nothing. */
+/* One persistent pool of worker threads for the cpu unit. A job is a number
+ * of work items; the calling thread and the workers claim items from a
+ * shared counter until none are left, and q3_pool_run returns when every
+ * item is done, which is the barrier between two ops.
+ *
+ * A job never waits for a thread that has not claimed an item: on a busy
+ * machine, where a worker may be descheduled for a whole time slice, the
+ * threads that are running do the work (a fork-join pool that waits for
+ * every thread would stall for the slice at every op). Workers spin briefly
+ * waiting for the next job (ops follow each other within microseconds),
+ * then sleep on a futex so an idle pool costs nothing. */
 #ifndef Q3_BACKEND_CPU_THREADPOOL_H
 #define Q3_BACKEND_CPU_THREADPOOL_H
 
@@ -10,27 +16,25 @@
 
 typedef struct q3_pool q3_pool;
 
-/* A job: runs on every thread; ith in [0, nth). */
-typedef void (*q3_pool_fn)(void *ctx, int ith, int nth);
+typedef struct q3_pool_job {
+    /* optional: runs on a thread before the first item it claims in this job
+       (per-thread preparation, e.g. packing activations into its scratch) */
+    void (*begin)(void *ctx, int ith);
+    void (*item)(void *ctx, int item, int ith); /* item in [0, n_items), ith in [0, nth) */
+    void *ctx;
+    int n_items;
+} q3_pool_job;
 
-/* Starts n_threads - 1 workers (the caller is the n-th). NULL on failure. */
+/* Starts n_threads - 1 workers (the caller is thread 0). NULL on failure. */
 q3_pool *q3_pool_new(int n_threads);
 void q3_pool_free(q3_pool *p);
 int q3_pool_size(const q3_pool *p);
 
-/* Runs fn(ctx, ith, nth) on all threads and waits for all of them. Not
- * reentrant: one job at a time (the caller serialises). */
-void q3_pool_run(q3_pool *p, q3_pool_fn fn, void *ctx);
+/* Runs every item of the job and returns when all are done. One job at a
+ * time (the caller serialises). */
+void q3_pool_run(q3_pool *p, const q3_pool_job *job);
 
-/* Inside a job: returns when all nth threads of the job have reached it. */
-void q3_pool_barrier(q3_pool *p);
-
-/* Synchronisation counts since the pool started: runs (each one ends in a
- * join, i.e. a barrier) and barriers taken inside jobs. */
-typedef struct q3_pool_stats {
-    uint64_t runs;
-    uint64_t inner_barriers;
-} q3_pool_stats;
-q3_pool_stats q3_pool_get_stats(const q3_pool *p);
+/* Jobs run since the pool started (each ends in a join: one synchronisation). */
+uint64_t q3_pool_jobs(const q3_pool *p);
 
 #endif
