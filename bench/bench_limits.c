@@ -1,5 +1,5 @@
 /* The machine's limits by q3's own microbenchmarks: memory read bandwidth
- * and peak F32 FMA / BF16 dot / INT8 dot throughput, on one thread and on
+ * and peak F32 FMA / BF16 dot / INT8 dot / AMX BF16 throughput, on one thread and on
  * all of the cpu unit's threads (src/backend/cpu/limits.h).
  *
  *   build/bench/bench_limits [--mib N] [--seconds S] [--threads T]
@@ -28,8 +28,9 @@ int main(int argc, char **argv)
     }
     const q3_cpu_features *f = q3_cpu_features_get();
     if (threads <= 0) threads = q3_cpu_threads();
-    printf("cpu: %d physical cores, avx512 path %s, avx2 path %s; measuring on 1 and %d threads\n", f->physical_cores,
-           q3_cpu_has_avx512_path(f) ? "yes" : "no", q3_cpu_has_avx2_path(f) ? "yes" : "no", threads);
+    printf("cpu: %d physical cores, amx %s, avx512 path %s, avx2 path %s; measuring on 1 and %d threads\n",
+           f->physical_cores, q3_cpu_has_amx_path(f) ? "yes" : "no", q3_cpu_has_avx512_path(f) ? "yes" : "no",
+           q3_cpu_has_avx2_path(f) ? "yes" : "no", threads);
     printf("%-28s %12s %12s\n", "limit", "1 thread", "all threads");
     double bw1 = q3_limit_read_gbs(1, mib << 20, 3), bwn = q3_limit_read_gbs(threads, mib << 20, 3);
     printf("%-28s %12.1f %12.1f   (GB/s, %zu MiB buffer)\n", "memory read", bw1, bwn, mib);

@@ -20,7 +20,7 @@ static double now(void)
 
 const char *q3_limit_kind_name(q3_limit_kind k)
 {
-    static const char *const names[] = {"fma_f32", "dot_bf16", "dot_int8"};
+    static const char *const names[] = {"fma_f32", "dot_bf16", "dot_int8", "amx_bf16"};
     return (unsigned)k < Q3_LIMIT_KIND_COUNT ? names[k] : "?";
 }
 
@@ -118,6 +118,7 @@ static void peak_member(team *t, int ith)
     case Q3_LIMIT_FMA_F32: ops = avx512 ? q3_limits_fma_avx512(t->iters) : q3_limits_fma_avx2(t->iters); break;
     case Q3_LIMIT_DOT_BF16: ops = q3_limits_bf16_avx512(t->iters); break;
     case Q3_LIMIT_DOT_INT8: ops = q3_limits_int8_avx512(t->iters); break;
+    case Q3_LIMIT_AMX_BF16: ops = q3_limits_amx_bf16(t->iters / 16); break; /* ~16x the work per step */
     default: break;
     }
     t->ops[ith] = ops;
@@ -127,8 +128,9 @@ double q3_limit_peak(q3_limit_kind kind, int n_threads, double seconds, const ch
 {
     const q3_cpu_features *f = q3_cpu_features_get();
     bool avx512 = q3_cpu_has_avx512_path(f);
-    if (isa) *isa = avx512 ? "avx512" : "avx2";
+    if (isa) *isa = kind == Q3_LIMIT_AMX_BF16 ? "amx" : avx512 ? "avx512" : "avx2";
     if (!q3_cpu_has_avx2_path(f) || (kind != Q3_LIMIT_FMA_F32 && !avx512)) return 0;
+    if (kind == Q3_LIMIT_AMX_BF16 && !q3_cpu_has_amx_path(f)) return 0;
     if (n_threads < 1) n_threads = 1;
     if (n_threads > 256) n_threads = 256;
     /* calibrate: iterations for about `seconds` on one thread */

@@ -1,8 +1,9 @@
 /* The machine's limits, measured by q3's own microbenchmarks, so benchmarks
  * can report kernels as a fraction of what the hardware can do:
  *  - memory read bandwidth (a buffer far larger than the caches, streamed);
- *  - peak F32 FMA, BF16 dot product (vdpbf16ps) and INT8 dot product
- *    (vpdpbusd) throughput, from independent chains of one instruction.
+ *  - peak F32 FMA, BF16 dot product (vdpbf16ps), INT8 dot product
+ *    (vpdpbusd) and AMX BF16 tile (TDPBF16PS) throughput, from independent
+ *    chains of one instruction.
  * Each runs on n_threads threads started together; timing is wall clock
  * from the common start to the last thread's end, best of a few passes. */
 #ifndef Q3_BACKEND_CPU_LIMITS_H
@@ -14,6 +15,7 @@ typedef enum q3_limit_kind {
     Q3_LIMIT_FMA_F32,   /* GFLOP/s: vfmadd231ps, 2 FLOP per lane */
     Q3_LIMIT_DOT_BF16,  /* GFLOP/s: vdpbf16ps, 2 products of 2 FLOP per 32-bit lane */
     Q3_LIMIT_DOT_INT8,  /* GOP/s:   vpdpbusd, 4 products of 2 OP per 32-bit lane */
+    Q3_LIMIT_AMX_BF16,  /* GFLOP/s: TDPBF16PS, 16 x 16 x 32 multiply-adds per instruction */
     Q3_LIMIT_KIND_COUNT
 } q3_limit_kind;
 
@@ -39,5 +41,6 @@ double q3_limits_fma_avx512(long iters);
 double q3_limits_bf16_avx512(long iters);
 double q3_limits_int8_avx512(long iters);
 double q3_limits_fma_avx2(long iters);
+double q3_limits_amx_bf16(long iters);
 
 #endif
