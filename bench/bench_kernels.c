@@ -14,7 +14,7 @@
  * pool jobs (synchronisations) per token.
  *
  *   build/bench/bench_kernels [--reps N] [--bw GBS] [--peak GFLOPS] [--isa amx|avx512|avx2]
- *                             [--only gemm|gemv|token|prefill|e2e] [--model DIR] [--gen N] [--depth N]
+ *                             [--only gemm|gemv|token|prefill|attn|e2e] [--model DIR] [--gen N] [--depth N]
  */
 #include <math.h>
 #include <stdio.h>
@@ -243,6 +243,69 @@ static void bench_prefill(const char *only_isa)
     free(wh);
 }
 
+/* ---- attention --------------------------------------------------------------------------------- */
+
+/* ATTENTION at Qwen3-0.6B's shape (16 query heads, 8 KV heads, head_dim 128):
+ * a 128-row prefill chunk at position pos, and decode at depth pos, with an
+ * F16 cache; decode reported as GB/s of K/V read. Validated against ref. */
+static void bench_attention(const char *only_isa)
+{
+    enum { NH = 16, NKV = 8, HD = 128, ROWS = 128 };
+    static const int depths[] = {0, 1024, 4096};
+    q3_config cfg = {.n_layers = 1, .dim = 1024, .ffn_dim = 3072, .n_heads = NH, .n_kv_heads = NKV, .head_dim = HD,
+                     .vocab_size = 1000, .max_seq_len = 8192, .rms_eps = 1e-6f, .rope_theta = 1e6f};
+    for (size_t di = 0; di < sizeof depths / sizeof *depths; di++) {
+        int pos = depths[di];
+        q3_kv_cache kv;
+        if (q3_kv_cache_init(&kv, &cfg, pos + ROWS + 1, Q3_F16)) return;
+        float *row = malloc(NKV * HD * sizeof *row);
+        for (int t = 0; t < pos + ROWS + 1; t++) {
+            for (int i = 0; i < NKV * HD; i++) row[i] = frand();
+            q3_row_from_f32(Q3_F16, row, q3_kv_k_row(&kv, 0, t), NKV * HD);
+            for (int i = 0; i < NKV * HD; i++) row[i] = frand();
+            q3_row_from_f32(Q3_F16, row, q3_kv_v_row(&kv, 0, t), NKV * HD);
+        }
+        free(row);
+        for (int decode = 0; decode < 2; decode++) {
+            int rows = decode ? 1 : ROWS;
+            q3_value values[4] = {{.rows = rows, .cols = NH * HD}, {.rows = rows, .cols = NKV * HD},
+                                  {.rows = rows, .cols = NKV * HD}, {.rows = rows, .cols = NH * HD}};
+            q3_op op = {.kind = Q3_OP_ATTENTION, .layer = 0, .out = 3, .in = {0, decode ? -1 : 1, decode ? -1 : 2},
+                        .reads_state = true};
+            q3_graph g = {.cfg = &cfg, .rows = rows, .ops = &op, .n_ops = 1, .values = values, .n_values = 4};
+            float *buf[4], *ref_out = malloc((size_t)rows * NH * HD * sizeof(float));
+            for (int v = 0; v < 4; v++) {
+                buf[v] = malloc((size_t)values[v].rows * values[v].cols * sizeof(float));
+                for (int i = 0; i < values[v].rows * values[v].cols; i++) buf[v][i] = frand();
+            }
+            q3_exec e = {.g = &g, .buf = buf, .n_real = rows, .pos = pos, .kv = &kv};
+            q3_backend_ref.run(&q3_backend_ref, &e, &op);
+            memcpy(ref_out, buf[3], (size_t)rows * NH * HD * sizeof(float));
+            double keys = decode ? pos + 1.0 : (double)rows * pos + rows * (rows + 1) / 2.0;
+            double flop = 4.0 * keys * NH * HD, bytes = 2.0 * (decode ? pos + 1.0 : pos + rows) * NKV * HD * 2;
+            for (size_t i = 0; i < sizeof isa_names / sizeof *isa_names; i++) {
+                if (only_isa && strcmp(only_isa, isa_names[i])) continue;
+                if (!use_isa(isa_names[i])) continue;
+                double best = 1e30, err = 0;
+                for (int rep = 0; rep < g_reps; rep++) {
+                    double t0 = now();
+                    q3_backend_cpu.run(&q3_backend_cpu, &e, &op);
+                    double t = now() - t0;
+                    if (t < best) best = t;
+                }
+                for (int j = 0; j < rows * NH * HD; j++) err = fmax(err, fabs(buf[3][j] - ref_out[j]));
+                /* prefill rounds the chunk's K/V to F16 (as the cache will hold them): ~1e-3 from ref */
+                printf("  attention %-7s %-6s pos %-5d %8.3f ms %7.1f GFLOP/s %6.1f GB/s of K/V  max err %.1e\n",
+                       isa_names[i], decode ? "decode" : "prefill", pos, best * 1e3, flop / best * 1e-9,
+                       bytes / best * 1e-9, err);
+            }
+            for (int v = 0; v < 4; v++) free(buf[v]);
+            free(ref_out);
+        }
+        q3_kv_cache_free(&kv);
+    }
+}
+
 /* ---- end to end ------------------------------------------------------------------------------ */
 
 /* Prints the per-op time of a profiled runner, summed by op name without its
@@ -358,7 +421,7 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--depth") && i + 1 < argc) depth = atoi(argv[++i]);
         else {
             fprintf(stderr, "usage: %s [--reps N] [--bw GBS] [--peak GFLOPS] [--isa amx|avx512|avx2] "
-                            "[--only gemm|gemv|token|prefill|e2e] [--model DIR] [--gen N] [--depth N]\n", argv[0]);
+                            "[--only gemm|gemv|token|prefill|attn|e2e] [--model DIR] [--gen N] [--depth N]\n", argv[0]);
             return 2;
         }
     }
@@ -376,6 +439,7 @@ int main(int argc, char **argv)
     }
     if (!only || !strcmp(only, "token")) bench_token(only_isa);
     if (!only || !strcmp(only, "prefill")) bench_prefill(only_isa);
+    if (!only || !strcmp(only, "attn")) bench_attention(only_isa);
     if (model && (!only || !strcmp(only, "e2e"))) {
         if (only_isa) use_isa(only_isa);
         bench_e2e(model, gen > 0 ? gen : 1, depth);

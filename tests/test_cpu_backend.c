@@ -238,7 +238,8 @@ static void test_matmul(const char *isa)
 static void test_attention(const char *isa)
 {
     static const int shapes[][3] = {{4, 2, 8}, {2, 2, 20}, {8, 2, 64}, {16, 8, 128}, {6, 3, 36}};
-    static const int cases[][2] = {{0, 1}, {0, 7}, {3, 5}, {17, 16}, {40, 33}}; /* pos, rows */
+    /* pos, rows: inside the first 256-key super-block, straddling it, and deep (several) */
+    static const int cases[][2] = {{0, 1}, {0, 7}, {3, 5}, {17, 16}, {40, 33}, {250, 20}, {520, 9}, {700, 40}};
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
         for (size_t kt = 0; kt < 3; kt++)
             for (size_t ci = 0; ci < sizeof cases / sizeof *cases; ci++) {

@@ -1,5 +1,12 @@
-/* ATTENTION on AVX2+FMA: the algorithm of attention_avx512.c (read its
- * header comment) with 8-lane vectors and blocks of 8 keys. */
+/* ATTENTION on AVX2+FMA: flash-style (online softmax) over blocks of 8 keys
+ * aligned to absolute positions, for all the query heads of one KV head and a
+ * few query rows at once; one state per query over all its keys (no
+ * super-blocks: decode is split across threads by KV head). A score is
+ * dot(q', k) in 8 lanes summed by q3_reduce4_avx2; the block update is
+ * m' = max(m, max s), p = 2^(s - m'), l = l * 2^(m - m') + sum p,
+ * acc = acc * 2^(m - m') + sum_j p_j v_j with q' = q * scale * log2(e); keys
+ * past a query's causal limit get p = 0. The same code serves decode and
+ * prefill, so their results agree bit for bit. */
 #include <math.h>
 
 #include "backend/cpu/kernels.h"
@@ -18,7 +25,8 @@ typedef struct attn_ws {
 
 static int padded_hd(int hd) { return (hd + 7) & ~7; }
 
-static size_t avx2_attn_scratch(const q3_cpu_attn *a, int nrows)
+/* Heads are processed one after the other, so scratch for one is enough. */
+static size_t avx2_attn_scratch(const q3_cpu_attn *a, int nrows, int n_kvh)
 {
     size_t nq = (size_t)nrows * (size_t)(a->n_heads / a->n_kv_heads), hdp = (size_t)padded_hd(a->head_dim);
     size_t floats = nq * hdp * 2 + KEY_BLOCK * hdp * 2 + nq * KEY_BLOCK + nq * 4 + 64;
@@ -99,7 +107,7 @@ Q3_INLINE void pv_update(const int QG, attn_ws *w, int q0, int nq, int hdp, int 
     }
 }
 
-static void avx2_attention(const q3_cpu_attn *a, void *scratch, int kvh, int row0, int nrows)
+static void attend_head(const q3_cpu_attn *a, void *scratch, int kvh, int row0, int nrows)
 {
     const int G = a->n_heads / a->n_kv_heads, hd = a->head_dim, hdp = padded_hd(hd);
     const int nq = nrows * G;
@@ -165,7 +173,15 @@ static void avx2_attention(const q3_cpu_attn *a, void *scratch, int kvh, int row
     }
 }
 
+/* No super-blocks (super_block = 0): every run covers all keys (part is NULL). */
+static void avx2_attention(const q3_cpu_attn *a, void *scratch, int kvh0, int kvh1, int row0, int nrows, int sb,
+                           float *part)
+{
+    for (int kvh = kvh0; kvh < kvh1; kvh++) attend_head(a, scratch, kvh, row0, nrows);
+}
+
 const q3_cpu_attn_kernels q3_cpu_attn_avx2 = {
+    .super_block = 0,
     .scratch = avx2_attn_scratch,
     .run = avx2_attention,
 };

@@ -1,202 +1,365 @@
-/* ATTENTION on AVX-512: flash-style (online softmax) over blocks of 16 keys,
- * for all the query heads of one KV head (GQA) and a few query rows at once,
- * so each key and value row is converted to F32 once per block and reused by
- * every query of the group. The same function runs decode (one row, keys
- * from the cache) and prefill (rows of a chunk, past keys from the cache and
- * the chunk's own keys after them).
+/* ATTENTION on AVX-512: flash-style (online softmax), for all the query
+ * heads of one or more KV heads (GQA) and a set of query rows at once, so a
+ * block of keys and values is converted to F32 once and used by every query
+ * of its head. The same code runs decode (one row, keys from the cache) and
+ * prefill (rows of a chunk: past keys from the cache, the chunk's own after).
  *
- * Per query, keys are walked in blocks aligned to absolute key positions
- * (0, 16, 32, ...); a score is dot(q', k) summed in vector lanes then by
- * q3_reduce4; the block update is m' = max(m, max s), p = 2^(s - m'),
- * l = l * 2^(m - m') + sum p, acc = acc * 2^(m - m') + sum_j p_j v_j, with
- * q' = q * scale * log2(e). Keys past a query's causal limit get p = 0. So
- * a query's result does not depend on which other rows share its run. */
+ * The canonical computation of one query over its keys [0, n):
+ *  - keys fall into super-blocks of SUPER_BLOCK keys and blocks of KEY_BLOCK
+ *    keys, both aligned to absolute positions;
+ *  - a super-block is reduced from an empty state block by block: the keys
+ *    are converted to F32 and transposed (kt[d][key]) so a query's 16 scores
+ *    are one vector accumulated over d in order, s += q'[d] * kt[d]; then
+ *    m' = max(m, max s), p = 2^(s - m'), l = l * 2^(m - m') + hsum(p),
+ *    acc = acc * 2^(m - m') + sum_j p_j v_j (lanes along d), where
+ *    q' = q * scale * log2(e) and keys past the query's causal limit get p = 0;
+ *  - super-block states are folded left to right by merge_state, and the
+ *    output is acc / l.
+ * Nothing in it depends on which other rows or heads share a run, or on
+ * which thread reduced a super-block: decode hands super-blocks to threads
+ * (reading whole cache rows, every KV head of the range at once: a head's
+ * 256-byte slices of 2 KB rows stream at half the speed) and merges after;
+ * prefill folds as it goes. Same bits either way. */
 #include <math.h>
+#include <string.h>
 
 #include "backend/cpu/kernels.h"
 #include "backend/cpu/simd_avx512.h"
 
 #define KEY_BLOCK 16
+#define SUPER_BLOCK 256
 #define LOG2E 1.4426950408889634f
 
+/* ---- workspace ------------------------------------------------------------------------ */
+
+/* The queries of one KV head in a run. */
+typedef struct head_ws {
+    int kvh;
+    float *qt;    /* [hd][nqp] scaled queries, transposed: a group's values at one d are adjacent */
+    float *acc;   /* [nqp][hdp] the current super-block's unnormalised output */
+    float *tacc;  /* [nqp][hdp] the folded total (runs without parts) */
+    float *p;     /* [nqp][KEY_BLOCK] scores, then probabilities */
+    float *m, *l, *corr; /* [nqp] current super-block: running max, running sum, this block's rescale */
+    float *tm, *tl;      /* [nqp] folded total */
+    int *n_keys;  /* [nqp] keys each query sees (0 for padding queries) */
+} head_ws;
+
 typedef struct attn_ws {
-    float *q;    /* [nq][hdp] scaled queries, zero padded */
-    float *acc;  /* [nq][hdp] unnormalised outputs */
-    float *kb;   /* [KEY_BLOCK][hdp] the block's keys in F32 */
-    float *vb;   /* [KEY_BLOCK][hdp] the block's values in F32 */
-    float *p;    /* [nq][KEY_BLOCK] scores, then probabilities */
-    float *m, *l, *corr; /* [nq] running max, running sum, this block's rescale */
-    int *n_keys; /* [nq] keys each query sees */
+    int nq, nqp;  /* queries per head, and rounded up to whole groups */
+    float *kt;    /* [hdp][KEY_BLOCK] the block's keys in F32, transposed (one head at a time) */
+    float *vb;    /* [KEY_BLOCK][hdp] the block's values in F32 */
+    head_ws *h;   /* [n_kvh] */
 } attn_ws;
 
 static int padded_hd(int hd) { return (hd + 15) & ~15; }
 
-static size_t ws_floats(int nq, int hdp)
+/* Queries of a head padded to whole groups: 2, 4, 8 or a multiple of 16. */
+static int padded_queries(int nq) { return nq <= 2 ? 2 : nq <= 4 ? 4 : nq <= 8 ? 8 : (nq + 15) & ~15; }
+
+static size_t head_floats(int nqp, int hdp) { return (size_t)nqp * hdp * 4 + (size_t)nqp * (KEY_BLOCK + 8) + 64; }
+
+static size_t avx512_attn_scratch(const q3_cpu_attn *a, int nrows, int n_kvh)
 {
-    return (size_t)nq * hdp * 2 + (size_t)KEY_BLOCK * hdp * 2 + (size_t)nq * KEY_BLOCK + (size_t)nq * 4 + 64;
+    int nqp = padded_queries(nrows * (a->n_heads / a->n_kv_heads)), hdp = padded_hd(a->head_dim);
+    size_t floats = (size_t)KEY_BLOCK * hdp * 2 + (size_t)n_kvh * head_floats(nqp, hdp);
+    return floats * sizeof(float) + (size_t)n_kvh * sizeof(head_ws) + 256;
 }
 
-static size_t avx512_attn_scratch(const q3_cpu_attn *a, int nrows)
+static attn_ws carve(void *scratch, int n_kvh, int nq, int hdp)
 {
-    int nq = nrows * (a->n_heads / a->n_kv_heads);
-    return (ws_floats(nq, padded_hd(a->head_dim)) * sizeof(float) + 63) & ~(size_t)63;
-}
-
-static attn_ws carve(void *scratch, int nq, int hdp)
-{
-    float *f = scratch;
-    attn_ws w;
-    w.q = f, f += (size_t)nq * hdp;
-    w.acc = f, f += (size_t)nq * hdp;
-    w.kb = f, f += (size_t)KEY_BLOCK * hdp;
+    attn_ws w = {.nq = nq, .nqp = padded_queries(nq)};
+    w.h = scratch;
+    float *f = (float *)(((uintptr_t)(w.h + n_kvh) + 63) & ~(uintptr_t)63);
+    w.kt = f, f += (size_t)KEY_BLOCK * hdp;
     w.vb = f, f += (size_t)KEY_BLOCK * hdp;
-    w.p = f, f += (size_t)nq * KEY_BLOCK;
-    w.m = f, f += nq;
-    w.l = f, f += nq;
-    w.corr = f, f += nq;
-    w.n_keys = (int *)f;
+    size_t n = (size_t)w.nqp;
+    for (int i = 0; i < n_kvh; i++) {
+        head_ws *h = &w.h[i];
+        h->qt = f, f += n * hdp;
+        h->acc = f, f += n * hdp;
+        h->tacc = f, f += n * hdp;
+        h->p = f, f += n * KEY_BLOCK;
+        h->m = f, f += n;
+        h->l = f, f += n;
+        h->corr = f, f += n;
+        h->tm = f, f += n;
+        h->tl = f, f += n;
+        h->n_keys = (int *)f, f += n;
+        f = (float *)(((uintptr_t)f + 63) & ~(uintptr_t)63);
+    }
     return w;
 }
 
-/* Key (or value) row t of KV head kvh as hdp floats (zero padded). */
-static void load_kv_row(const q3_cpu_attn *a, const void *cache, const void *chunk, int t, int kvh, float *dst)
+/* ---- keys and values ------------------------------------------------------------------- */
+
+/* Address of key (or value) row t (all KV heads). */
+static const char *kv_row(const q3_cpu_attn *a, const void *cache, const void *chunk, int t)
 {
-    int hd = a->head_dim;
-    size_t esz = a->kv_dtype == Q3_F32 ? 4 : 2;
-    const char *row = t < a->n_cached ? (const char *)cache + (size_t)t * a->cache_row_bytes
-                                      : (const char *)chunk + (size_t)(t - a->n_cached) * a->chunk_row_bytes;
-    row += (size_t)kvh * hd * esz;
+    return t < a->n_cached ? (const char *)cache + (size_t)t * a->cache_row_bytes
+                           : (const char *)chunk + (size_t)(t - a->n_cached) * a->chunk_row_bytes;
+}
+
+static size_t kv_esize(const q3_cpu_attn *a) { return a->kv_dtype == Q3_F32 ? 4 : 2; }
+
+/* 16 values of a K/V row from value d on (masked past hd), as F32. */
+Q3_INLINE __m512 load16(q3_dtype t, const char *row, int d, __mmask16 m)
+{
+    if (t == Q3_F16) return q3_load_f16x16((const uint16_t *)row + d, m);
+    if (t == Q3_BF16) return q3_load_bf16x16((const uint16_t *)row + d, m);
+    return _mm512_maskz_loadu_ps(m, (const float *)row + d);
+}
+
+/* The block's keys of one head (row j at rows[j] + off, j < nb; the others
+ * read as zero) in F32, transposed: kt[d][j]. */
+static void load_keys_transposed(const q3_cpu_attn *a, const char *const *rows, size_t off, int nb, float *kt)
+{
+    const int hd = a->head_dim;
     for (int d = 0; d < hd; d += 16) {
         __mmask16 m = q3_mask16(hd - d);
-        __m512 v;
-        if (a->kv_dtype == Q3_BF16)
-            v = q3_load_bf16x16((const uint16_t *)row + d, m);
-        else if (a->kv_dtype == Q3_F16)
-            v = q3_load_f16x16((const uint16_t *)row + d, m);
-        else
-            v = _mm512_maskz_loadu_ps(m, (const float *)row + d);
-        _mm512_store_ps(dst + d, v);
+        __m512 r[16];
+        for (int j = 0; j < 16; j++) r[j] = j < nb ? load16(a->kv_dtype, rows[j] + off, d, m) : _mm512_setzero_ps();
+        q3_transpose16_regs(r, kt + (size_t)d * KEY_BLOCK, KEY_BLOCK, hd - d, 0xffff);
     }
 }
 
-/* Scores of query qv (nch chunks of 16) against keys j0..j0+3 of the block
- * (indices past nb repeat the last key; their lanes are ignored). */
-Q3_INLINE __m128 scores4(const float *qv, const float *kb, int hdp, int nch, int j0, int nb)
+/* The block's values of one head as F32 rows vb[j][d], j < nb, zero padded to hdp. */
+static void load_values(const q3_cpu_attn *a, const char *const *rows, size_t off, int nb, float *vb, int hdp)
 {
-    const float *k0 = kb + (size_t)(j0 < nb ? j0 : nb - 1) * hdp;
-    const float *k1 = kb + (size_t)(j0 + 1 < nb ? j0 + 1 : nb - 1) * hdp;
-    const float *k2 = kb + (size_t)(j0 + 2 < nb ? j0 + 2 : nb - 1) * hdp;
-    const float *k3 = kb + (size_t)(j0 + 3 < nb ? j0 + 3 : nb - 1) * hdp;
-    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    for (int c = 0; c < nch; c++) {
-        __m512 q = _mm512_load_ps(qv + c * 16);
-        a0 = _mm512_fmadd_ps(q, _mm512_load_ps(k0 + c * 16), a0);
-        a1 = _mm512_fmadd_ps(q, _mm512_load_ps(k1 + c * 16), a1);
-        a2 = _mm512_fmadd_ps(q, _mm512_load_ps(k2 + c * 16), a2);
-        a3 = _mm512_fmadd_ps(q, _mm512_load_ps(k3 + c * 16), a3);
-    }
-    return q3_reduce4(a0, a1, a2, a3);
+    const int hd = a->head_dim;
+    for (int j = 0; j < nb; j++)
+        for (int d = 0; d < hd; d += 16)
+            _mm512_store_ps(vb + (size_t)j * hdp + d, load16(a->kv_dtype, rows[j] + off, d, q3_mask16(hd - d)));
 }
 
-/* acc[q] = acc[q] * corr[q] + sum_{j < nb} p[q][j] * vb[j] for QG queries
- * starting at q0 (queries past nq repeat the last one and are not stored). */
-Q3_INLINE void pv_update(const int QG, attn_ws *w, int q0, int nq, int hdp, int nb)
+/* Prefetches bytes [off, off + len) of K and V rows [t0, t1). */
+static void prefetch_rows(const q3_cpu_attn *a, int t0, int t1, size_t off, size_t len)
 {
-    int qi[8];
-#pragma GCC unroll 8
-    for (int i = 0; i < QG; i++) qi[i] = q0 + i < nq ? q0 + i : nq - 1;
-    for (int c = 0; c < hdp; c += 16) {
-        __m512 acc[8];
-#pragma GCC unroll 8
-        for (int i = 0; i < QG; i++)
-            acc[i] = _mm512_mul_ps(_mm512_load_ps(w->acc + (size_t)qi[i] * hdp + c), _mm512_set1_ps(w->corr[qi[i]]));
-        for (int j = 0; j < nb; j++) {
-            __m512 v = _mm512_load_ps(w->vb + (size_t)j * hdp + c);
-#pragma GCC unroll 8
-            for (int i = 0; i < QG; i++)
-                acc[i] = _mm512_fmadd_ps(_mm512_set1_ps(w->p[qi[i] * KEY_BLOCK + j]), v, acc[i]);
+    for (int t = t0; t < t1; t++) {
+        const char *k = kv_row(a, a->k_cache, a->k_chunk, t) + off, *v = kv_row(a, a->v_cache, a->v_chunk, t) + off;
+        for (size_t o = 0; o < len; o += 64) {
+            _mm_prefetch(k + o, _MM_HINT_T1);
+            _mm_prefetch(v + o, _MM_HINT_T1);
         }
-#pragma GCC unroll 8
-        for (int i = 0; i < QG; i++)
-            if (q0 + i < nq) _mm512_store_ps(w->acc + (size_t)qi[i] * hdp + c, acc[i]);
     }
 }
 
-static void avx512_attention(const q3_cpu_attn *a, void *scratch, int kvh, int row0, int nrows)
+/* ---- the block update -------------------------------------------------------------------- */
+
+/* Scores of the QG queries from q0 against the block's 16 keys:
+ * s[q] = sum over d in order of q'[q][d] * kt[d][:]. */
+Q3_INLINE void scores(const int QG, head_ws *h, const float *kt, int nqp, int q0, int hd)
+{
+    __m512 acc[16];
+#pragma GCC unroll 16
+    for (int i = 0; i < QG; i++) acc[i] = _mm512_setzero_ps();
+    const float *q = h->qt + q0;
+    for (int d = 0; d < hd; d++, q += nqp, kt += KEY_BLOCK) {
+        __m512 k = _mm512_load_ps(kt);
+#pragma GCC unroll 16
+        for (int i = 0; i < QG; i++) acc[i] = _mm512_fmadd_ps(_mm512_set1_ps(q[i]), k, acc[i]);
+    }
+#pragma GCC unroll 16
+    for (int i = 0; i < QG; i++) _mm512_store_ps(h->p + (size_t)(q0 + i) * KEY_BLOCK, acc[i]);
+}
+
+/* acc[q] = acc[q] * corr[q] + sum_{j < nb} p[q][j] * vb[j] for the QG queries from q0. */
+Q3_INLINE void pv_update(const int QG, head_ws *h, const float *vb, int q0, int hdp, int nb)
+{
+    for (int c = 0; c < hdp; c += 16) {
+        __m512 acc[16];
+        float *a = h->acc + (size_t)q0 * hdp + c;
+#pragma GCC unroll 16
+        for (int i = 0; i < QG; i++)
+            acc[i] = _mm512_mul_ps(_mm512_load_ps(a + (size_t)i * hdp), _mm512_set1_ps(h->corr[q0 + i]));
+        const float *p = h->p + (size_t)q0 * KEY_BLOCK, *v = vb + c;
+        for (int j = 0; j < nb; j++, p++, v += hdp) {
+            __m512 vv = _mm512_load_ps(v);
+#pragma GCC unroll 16
+            for (int i = 0; i < QG; i++) acc[i] = _mm512_fmadd_ps(_mm512_set1_ps(p[i * KEY_BLOCK]), vv, acc[i]);
+        }
+#pragma GCC unroll 16
+        for (int i = 0; i < QG; i++) _mm512_store_ps(a + (size_t)i * hdp, acc[i]);
+    }
+}
+
+/* Calls CALL(QG, q0) over the nqp (padded) queries in groups of QG. */
+#define FOR_QUERY_GROUPS(nqp, CALL)                                                                               \
+    for (int q0 = 0; q0 < (nqp); q0 += 16) {                                                                       \
+        if ((nqp) == 2) CALL(2, q0);                                                                               \
+        else if ((nqp) == 4) CALL(4, q0);                                                                          \
+        else if ((nqp) == 8) CALL(8, q0);                                                                          \
+        else CALL(16, q0);                                                                                         \
+    }
+
+/* One block of nb keys from t0 for one head's queries. */
+static void block_update(const q3_cpu_attn *a, attn_ws *w, head_ws *h, const char *const *krows,
+                         const char *const *vrows, int t0, int nb)
+{
+    const int hd = a->head_dim, hdp = padded_hd(hd), nqp = w->nqp;
+    const size_t off = (size_t)h->kvh * hd * kv_esize(a);
+    load_keys_transposed(a, krows, off, nb, w->kt);
+#define SCORES(QG, q0) scores(QG, h, w->kt, nqp, q0, hd)
+    FOR_QUERY_GROUPS(nqp, SCORES)
+#undef SCORES
+    for (int i = 0; i < nqp; i++) {
+        float *p = h->p + (size_t)i * KEY_BLOCK;
+        int valid = h->n_keys[i] - t0;
+        if (valid <= 0) { /* past this query's causal limit: an exact no-op update */
+            _mm512_store_ps(p, _mm512_setzero_ps());
+            h->corr[i] = 1.0f;
+            continue;
+        }
+        __mmask16 vm = q3_mask16(valid < nb ? valid : nb);
+        __m512 s = _mm512_load_ps(p);
+        float bmax = _mm512_reduce_max_ps(_mm512_mask_blend_ps(vm, _mm512_set1_ps(-INFINITY), s));
+        float m_old = h->m[i], m_new = m_old > bmax ? m_old : bmax;
+        float corr = m_old == -INFINITY ? 0.0f : _mm512_cvtss_f32(q3_exp2_ps(_mm512_set1_ps(m_old - m_new)));
+        __m512 pv = _mm512_maskz_mov_ps(vm, q3_exp2_ps(_mm512_sub_ps(s, _mm512_set1_ps(m_new))));
+        _mm512_store_ps(p, pv);
+        h->l[i] = h->l[i] * corr + q3_hsum(pv);
+        h->m[i] = m_new;
+        h->corr[i] = corr;
+    }
+    load_values(a, vrows, off, nb, w->vb, hdp);
+#define PV(QG, q0) pv_update(QG, h, w->vb, q0, hdp, nb)
+    FOR_QUERY_GROUPS(nqp, PV)
+#undef PV
+}
+
+/* ---- super-block states ------------------------------------------------------------------ */
+
+/* Folds a super-block's state (m, l, acc) into a total (tm, tl, tacc); an
+ * empty total (tm = -inf) takes the state as it is. The one fold of the
+ * unit: prefill calls it as it goes, decode after its threads are done. */
+static void merge_state(float *tm, float *tl, float *tacc, float m, float l, const float *acc, int hdp)
+{
+    if (m == -INFINITY) return;
+    if (*tm == -INFINITY) {
+        *tm = m;
+        *tl = l;
+        memcpy(tacc, acc, (size_t)hdp * sizeof(float));
+        return;
+    }
+    float nm = *tm > m ? *tm : m;
+    float ea = _mm512_cvtss_f32(q3_exp2_ps(_mm512_set1_ps(*tm - nm)));
+    float eb = _mm512_cvtss_f32(q3_exp2_ps(_mm512_set1_ps(m - nm)));
+    *tl = *tl * ea + l * eb;
+    __m512 va = _mm512_set1_ps(ea), vb = _mm512_set1_ps(eb);
+    for (int c = 0; c < hdp; c += 16)
+        _mm512_storeu_ps(tacc + c, _mm512_fmadd_ps(_mm512_loadu_ps(tacc + c), va, _mm512_mul_ps(_mm512_loadu_ps(acc + c), vb)));
+    *tm = nm;
+}
+
+static size_t avx512_part_stride(const q3_cpu_attn *a) { return (size_t)padded_hd(a->head_dim) + 16; }
+
+/* out[0..hd) = tacc / tl */
+static void write_output(float *dst, const float *tacc, float tl, int hd)
+{
+    __m512 l = _mm512_set1_ps(tl);
+    for (int d = 0; d < hd; d += 16)
+        _mm512_mask_storeu_ps(dst + d, q3_mask16(hd - d), _mm512_div_ps(_mm512_loadu_ps(tacc + d), l));
+}
+
+/* ---- the op ----------------------------------------------------------------------------- */
+
+static void avx512_attention(const q3_cpu_attn *a, void *scratch, int kvh0, int kvh1, int row0, int nrows, int sb,
+                             float *part)
 {
     const int G = a->n_heads / a->n_kv_heads, hd = a->head_dim, hdp = padded_hd(hd), nch = hdp / 16;
-    const int nq = nrows * G;
+    const int n_kvh = kvh1 - kvh0;
     const bool prefill = a->k_chunk != NULL;
-    attn_ws w = carve(scratch, nq, hdp);
+    attn_ws w = carve(scratch, n_kvh, nrows * G, hdp);
+    const int nqp = w.nqp;
     const __m512 qscale = _mm512_set1_ps(a->scale * LOG2E);
+    float qs[16] __attribute__((aligned(64)));
 
     int kmax = 0;
-    for (int i = 0; i < nq; i++) {
-        int r = row0 + i / G, h = kvh * G + i % G;
-        const float *src = a->q + (size_t)r * a->ldq + (size_t)h * hd;
-        for (int c = 0; c < nch; c++) {
-            __m512 v = _mm512_maskz_loadu_ps(q3_mask16(hd - c * 16), src + c * 16);
-            _mm512_store_ps(w.q + (size_t)i * hdp + c * 16, _mm512_mul_ps(v, qscale));
-            _mm512_store_ps(w.acc + (size_t)i * hdp + c * 16, _mm512_setzero_ps());
-        }
-        w.m[i] = -INFINITY;
-        w.l[i] = 0;
-        w.n_keys[i] = prefill ? a->n_cached + r + 1 : a->n_cached;
-        if (w.n_keys[i] > kmax) kmax = w.n_keys[i];
-    }
-
-    for (int t0 = 0; t0 < kmax; t0 += KEY_BLOCK) {
-        int nb = kmax - t0 < KEY_BLOCK ? kmax - t0 : KEY_BLOCK;
-        for (int j = 0; j < nb; j++) load_kv_row(a, a->k_cache, a->k_chunk, t0 + j, kvh, w.kb + (size_t)j * hdp);
-
-        /* scores and the online-softmax update, query by query */
-        for (int i = 0; i < nq; i++) {
-            float *p = w.p + (size_t)i * KEY_BLOCK;
-            int valid = w.n_keys[i] - t0;
-            if (valid <= 0) { /* past this query's causal limit: an exact no-op update */
-                _mm512_storeu_ps(p, _mm512_setzero_ps());
-                w.corr[i] = 1.0f;
-                continue;
+    for (int hi = 0; hi < n_kvh; hi++) {
+        head_ws *h = &w.h[hi];
+        h->kvh = kvh0 + hi;
+        for (int i = 0; i < nqp; i++) {
+            int r = row0 + i / G, qh = h->kvh * G + i % G;
+            const float *src = a->q + (size_t)r * a->ldq + (size_t)qh * hd;
+            for (int c = 0; c < nch; c++) {
+                __m512 v = i < w.nq ? _mm512_maskz_loadu_ps(q3_mask16(hd - c * 16), src + c * 16) : _mm512_setzero_ps();
+                _mm512_store_ps(qs, _mm512_mul_ps(v, qscale));
+                for (int d = c * 16; d < c * 16 + 16 && d < hd; d++) h->qt[(size_t)d * nqp + i] = qs[d - c * 16];
             }
-            if (valid > KEY_BLOCK) valid = KEY_BLOCK;
-            const float *qv = w.q + (size_t)i * hdp;
-            for (int j0 = 0; j0 < valid; j0 += 4) _mm_storeu_ps(p + j0, scores4(qv, w.kb, hdp, nch, j0, nb));
-            __mmask16 vm = q3_mask16(valid);
-            __m512 s = _mm512_maskz_loadu_ps(vm, p);
-            float bmax = _mm512_reduce_max_ps(_mm512_mask_blend_ps(vm, _mm512_set1_ps(-INFINITY), s));
-            float m_old = w.m[i], m_new = m_old > bmax ? m_old : bmax;
-            float corr = m_old == -INFINITY ? 0.0f : _mm512_cvtss_f32(q3_exp2_ps(_mm512_set1_ps(m_old - m_new)));
-            __m512 pv = _mm512_maskz_mov_ps(vm, q3_exp2_ps(_mm512_sub_ps(s, _mm512_set1_ps(m_new))));
-            _mm512_storeu_ps(p, pv);
-            w.l[i] = w.l[i] * corr + q3_hsum(pv);
-            w.m[i] = m_new;
-            w.corr[i] = corr;
-        }
-
-        for (int j = 0; j < nb; j++) load_kv_row(a, a->v_cache, a->v_chunk, t0 + j, kvh, w.vb + (size_t)j * hdp);
-        for (int q0 = 0; q0 < nq; q0 += 8) {
-            int left = nq - q0;
-            if (left <= 2)
-                pv_update(2, &w, q0, nq, hdp, nb);
-            else if (left <= 4)
-                pv_update(4, &w, q0, nq, hdp, nb);
-            else
-                pv_update(8, &w, q0, nq, hdp, nb);
+            h->tm[i] = -INFINITY;
+            h->tl[i] = 0;
+            h->n_keys[i] = i >= w.nq ? 0 : prefill ? a->n_cached + r + 1 : a->n_cached;
+            if (h->n_keys[i] > kmax) kmax = h->n_keys[i];
         }
     }
 
-    for (int i = 0; i < nq; i++) {
-        int r = row0 + i / G, h = kvh * G + i % G;
-        float *dst = a->out + (size_t)r * a->ldo + (size_t)h * hd;
-        __m512 inv_l = _mm512_set1_ps(w.l[i]);
-        for (int c = 0; c < nch; c++) {
-            __m512 v = _mm512_div_ps(_mm512_load_ps(w.acc + (size_t)i * hdp + c * 16), inv_l);
-            _mm512_mask_storeu_ps(dst + c * 16, q3_mask16(hd - c * 16), v);
+    const size_t slice = (size_t)hd * kv_esize(a);
+    const int sb0 = part ? sb : 0, sb1 = part ? sb + 1 : (kmax + SUPER_BLOCK - 1) / SUPER_BLOCK;
+    for (int s = sb0; s < sb1; s++) {
+        int k0 = s * SUPER_BLOCK, k1 = k0 + SUPER_BLOCK < kmax ? k0 + SUPER_BLOCK : kmax;
+        for (int hi = 0; hi < n_kvh; hi++) {
+            head_ws *h = &w.h[hi];
+            for (int i = 0; i < nqp; i++) {
+                h->m[i] = -INFINITY;
+                h->l[i] = 0;
+            }
+            memset(h->acc, 0, (size_t)nqp * hdp * sizeof(float));
         }
+        for (int t0 = k0; t0 < k1; t0 += KEY_BLOCK) {
+            int nb = k1 - t0 < KEY_BLOCK ? k1 - t0 : KEY_BLOCK;
+            int pf_end = t0 + 2 * KEY_BLOCK < k1 ? t0 + 2 * KEY_BLOCK : k1; /* the next block */
+            prefetch_rows(a, t0 + KEY_BLOCK, pf_end, (size_t)kvh0 * slice, (size_t)n_kvh * slice);
+            const char *krows[KEY_BLOCK], *vrows[KEY_BLOCK];
+            for (int j = 0; j < nb; j++) {
+                krows[j] = kv_row(a, a->k_cache, a->k_chunk, t0 + j);
+                vrows[j] = kv_row(a, a->v_cache, a->v_chunk, t0 + j);
+            }
+            for (int hi = 0; hi < n_kvh; hi++) block_update(a, &w, &w.h[hi], krows, vrows, t0, nb);
+        }
+        for (int hi = 0; hi < n_kvh; hi++) {
+            head_ws *h = &w.h[hi];
+            for (int i = 0; i < w.nq; i++) {
+                if (part) { /* decode: one row, query head kvh * G + i */
+                    float *dst = part + (size_t)(h->kvh * G + i) * avx512_part_stride(a);
+                    dst[0] = h->m[i];
+                    dst[1] = h->l[i];
+                    memcpy(dst + 16, h->acc + (size_t)i * hdp, (size_t)hdp * sizeof(float));
+                } else {
+                    merge_state(&h->tm[i], &h->tl[i], h->tacc + (size_t)i * hdp, h->m[i], h->l[i],
+                                h->acc + (size_t)i * hdp, hdp);
+                }
+            }
+        }
+    }
+    if (part) return;
+    for (int hi = 0; hi < n_kvh; hi++) {
+        head_ws *h = &w.h[hi];
+        for (int i = 0; i < w.nq; i++) {
+            int r = row0 + i / G, qh = h->kvh * G + i % G;
+            write_output(a->out + (size_t)r * a->ldo + (size_t)qh * hd, h->tacc + (size_t)i * hdp, h->tl[i], hd);
+        }
+    }
+}
+
+/* Decode: folds the super-block states of every query head, in order. */
+static void avx512_attn_merge(const q3_cpu_attn *a, const float *parts, int n_sb, float *out)
+{
+    const int hd = a->head_dim, hdp = padded_hd(hd);
+    const size_t stride = avx512_part_stride(a);
+    float tacc[hdp];
+    for (int qh = 0; qh < a->n_heads; qh++) {
+        float tm = -INFINITY, tl = 0;
+        for (int s = 0; s < n_sb; s++) {
+            const float *st = parts + ((size_t)s * a->n_heads + qh) * stride;
+            merge_state(&tm, &tl, tacc, st[0], st[1], st + 16, hdp);
+        }
+        write_output(out + (size_t)qh * hd, tacc, tl, hd);
     }
 }
 
 const q3_cpu_attn_kernels q3_cpu_attn_avx512 = {
+    .super_block = SUPER_BLOCK,
     .scratch = avx512_attn_scratch,
     .run = avx512_attention,
+    .part_stride = avx512_part_stride,
+    .merge = avx512_attn_merge,
 };

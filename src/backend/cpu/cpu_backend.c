@@ -62,6 +62,7 @@ static struct cpu_state {
     int nth;
     grow_buf *scratch;      /* [nth] per-thread kernel scratch */
     grow_buf kv_chunk;      /* prefill: the chunk's K and V rounded to the cache dtype */
+    grow_buf attn_parts;    /* decode: super-block softmax states */
     grow_buf norm_w;        /* a norm weight converted to F32 */
     /* RoPE table: row p = cos[hd/2], sin[hd/2] of position p, for p < rope_done */
     grow_buf rope;
@@ -315,7 +316,9 @@ typedef struct attn_job {
     q3_cpu_attn a;
     const q3_exec *e;
     const q3_op *op;
-    int rows, row_block, n_row_blocks;
+    int rows, row_block, n_row_blocks; /* prefill: query rows in blocks */
+    int n_sb, heads_per_item, n_groups; /* decode with super-blocks: items (super-block, KV head group) */
+    float *parts;                       /* decode: [n_sb][n_heads][part_stride] super-block states */
 } attn_job;
 
 /* Prefill with an F16/BF16 cache: rounds the chunk's K/V rows [8 item, +8) to
@@ -334,19 +337,33 @@ static void convert_item(void *ctx, int item, int ith)
     }
 }
 
-static void attn_item(void *ctx, int item, int ith)
+static void prefill_item(void *ctx, int item, int ith)
 {
     attn_job *j = ctx;
     /* heaviest first: the last row blocks see the most keys */
     int rb = j->n_row_blocks - 1 - item / j->a.n_kv_heads, kvh = item % j->a.n_kv_heads;
     int row0 = rb * j->row_block, nrows = j->rows - row0 < j->row_block ? j->rows - row0 : j->row_block;
-    st.isa->attn->run(&j->a, st.scratch[ith].p, kvh, row0, nrows);
+    st.isa->attn->run(&j->a, st.scratch[ith].p, kvh, kvh + 1, row0, nrows, 0, NULL);
+}
+
+static void decode_item(void *ctx, int item, int ith)
+{
+    attn_job *j = ctx;
+    const q3_cpu_attn_kernels *k = st.isa->attn;
+    if (!k->super_block) { /* one KV head, all keys */
+        k->run(&j->a, st.scratch[ith].p, item, item + 1, 0, 1, 0, NULL);
+        return;
+    }
+    int sb = item / j->n_groups, g = item % j->n_groups;
+    int kvh0 = g * j->heads_per_item, kvh1 = kvh0 + j->heads_per_item < j->a.n_kv_heads ? kvh0 + j->heads_per_item : j->a.n_kv_heads;
+    k->run(&j->a, st.scratch[ith].p, kvh0, kvh1, 0, 1, sb, j->parts + (size_t)sb * j->a.n_heads * k->part_stride(&j->a));
 }
 
 static void run_attention(const q3_exec *e, const q3_op *op)
 {
     const q3_config *c = e->g->cfg;
     const q3_kv_cache *kv = e->kv;
+    const q3_cpu_attn_kernels *k = st.isa->attn;
     bool prefill = op->in[1] >= 0, convert = false;
     attn_job j = {.e = e, .op = op};
     j.a = (q3_cpu_attn){
@@ -364,30 +381,57 @@ static void run_attention(const q3_exec *e, const q3_op *op)
         .cache_row_bytes = kv->row_bytes,
         .scale = (float)(1.0 / sqrt((double)c->head_dim)),
     };
-    j.rows = prefill ? e->n_real : 1;
-    if (prefill) {
-        int kv_dim = c->n_kv_heads * c->head_dim;
-        if (kv->dtype == Q3_F32) { /* the chunk's rows are already what the cache would hold */
-            j.a.k_chunk = e->buf[op->in[1]];
-            j.a.v_chunk = e->buf[op->in[2]];
-            j.a.chunk_row_bytes = (size_t)e->g->values[op->in[1]].cols * sizeof(float);
+    if (!prefill) {
+        q3_pool_job job = {.item = decode_item, .ctx = &j, .n_items = c->n_kv_heads};
+        if (k->super_block) {
+            /* super-blocks over threads; KV heads grouped so that each item reads
+               whole rows when there are super-blocks enough to go round */
+            j.n_sb = (j.a.n_cached + k->super_block - 1) / k->super_block;
+            int groups = (4 * st.nth + j.n_sb - 1) / j.n_sb;
+            groups = groups < 1 ? 1 : groups > c->n_kv_heads ? c->n_kv_heads : groups;
+            j.heads_per_item = (c->n_kv_heads + groups - 1) / groups;
+            j.n_groups = (c->n_kv_heads + j.heads_per_item - 1) / j.heads_per_item;
+            if (grow(&st.attn_parts, (size_t)j.n_sb * c->n_heads * k->part_stride(&j.a) * sizeof(float))) abort();
+            j.parts = st.attn_parts.p;
+            job.n_items = j.n_sb * j.n_groups;
+            ensure_scratch(k->scratch(&j.a, 1, j.heads_per_item));
         } else {
-            j.a.chunk_row_bytes = (size_t)kv_dim * dtype_size(kv->dtype);
-            size_t half = ((size_t)j.rows * j.a.chunk_row_bytes + 63) & ~(size_t)63;
-            if (grow(&st.kv_chunk, 2 * half)) abort();
-            j.a.k_chunk = st.kv_chunk.p;
-            j.a.v_chunk = (char *)st.kv_chunk.p + half;
-            convert = true;
+            ensure_scratch(k->scratch(&j.a, 1, 1));
         }
+        q3_pool_run(st.pool, &job);
+        if (k->super_block) k->merge(&j.a, j.parts, j.n_sb, j.a.out);
+        return;
     }
-    j.row_block = prefill ? Q3_CPU_ATTN_ROWS : 1;
+
+    j.rows = e->n_real;
+    int kv_dim = c->n_kv_heads * c->head_dim;
+    if (kv->dtype == Q3_F32) { /* the chunk's rows are already what the cache would hold */
+        j.a.k_chunk = e->buf[op->in[1]];
+        j.a.v_chunk = e->buf[op->in[2]];
+        j.a.chunk_row_bytes = (size_t)e->g->values[op->in[1]].cols * sizeof(float);
+    } else {
+        j.a.chunk_row_bytes = (size_t)kv_dim * dtype_size(kv->dtype);
+        size_t half = ((size_t)j.rows * j.a.chunk_row_bytes + 63) & ~(size_t)63;
+        if (grow(&st.kv_chunk, 2 * half)) abort();
+        j.a.k_chunk = st.kv_chunk.p;
+        j.a.v_chunk = (char *)st.kv_chunk.p + half;
+        convert = true;
+    }
+    /* Small row blocks near the start (a causal chunk skips most of the late
+       keys); deep in the context, few big blocks so each head's past K/V is
+       streamed once per chunk rather than once per 8 rows. */
+    j.row_block = Q3_CPU_ATTN_ROWS;
+    if (e->pos >= 256) {
+        int blocks = (4 * st.nth + c->n_kv_heads - 1) / c->n_kv_heads;
+        j.row_block = ((j.rows + blocks - 1) / blocks + 7) & ~7;
+    }
     j.n_row_blocks = (j.rows + j.row_block - 1) / j.row_block;
-    ensure_scratch(st.isa->attn->scratch(&j.a, j.row_block));
+    ensure_scratch(k->scratch(&j.a, j.row_block, 1));
     if (convert) {
         q3_pool_job cj = {.item = convert_item, .ctx = &j, .n_items = (j.rows + ROWS_PER_ITEM - 1) / ROWS_PER_ITEM};
         q3_pool_run(st.pool, &cj);
     }
-    q3_pool_job aj = {.item = attn_item, .ctx = &j, .n_items = j.n_row_blocks * c->n_kv_heads};
+    q3_pool_job aj = {.item = prefill_item, .ctx = &j, .n_items = j.n_row_blocks * c->n_kv_heads};
     q3_pool_run(st.pool, &aj);
 }
 

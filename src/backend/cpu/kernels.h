@@ -73,11 +73,26 @@ typedef struct q3_cpu_mm_kernels {
     void (*range)(const q3_cpu_matmul *mm, void *scratch, int o0, int o1);
 } q3_cpu_mm_kernels;
 
-/* ATTENTION of query rows [row0, row0 + nrows) and every query head of KV
- * head kvh, with scratch(a, nrows) bytes of 64-byte aligned scratch. */
+/* ATTENTION. A query's keys are reduced in super-blocks of super_block keys
+ * aligned to absolute positions, each from an empty softmax state, and the
+ * super-block states are folded left to right by one merge function, in
+ * prefill as in decode; so decode may hand super-blocks to different threads
+ * (each reading whole cache rows, all KV heads at once) and still match
+ * prefill bit for bit. super_block 0: no super-blocks (decode splits by KV
+ * head only).
+ *  run: query rows [row0, row0 + nrows), every query head of KV heads
+ *    [kvh0, kvh1). part == NULL: all keys, the output written. part != NULL
+ *    (decode): only super-block sb, and the unnormalised state of each query
+ *    head qh written to part + qh * part_stride(a) (m, l, then acc from
+ *    offset 16).
+ *  merge (decode): folds the n_sb states of each query head (parts of
+ *    super-block sb at parts + sb * n_heads * part_stride) into out. */
 typedef struct q3_cpu_attn_kernels {
-    size_t (*scratch)(const q3_cpu_attn *a, int nrows);
-    void (*run)(const q3_cpu_attn *a, void *scratch, int kvh, int row0, int nrows);
+    int super_block;
+    size_t (*scratch)(const q3_cpu_attn *a, int nrows, int n_kvh);
+    void (*run)(const q3_cpu_attn *a, void *scratch, int kvh0, int kvh1, int row0, int nrows, int sb, float *part);
+    size_t (*part_stride)(const q3_cpu_attn *a);
+    void (*merge)(const q3_cpu_attn *a, const float *parts, int n_sb, float *out);
 } q3_cpu_attn_kernels;
 
 /* Elementwise ops over one row (or n values). */

@@ -89,13 +89,12 @@ Q3_INLINE __m256i q3_cvt_f16x16(__m512 v)
     return _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
 }
 
-/* Transposes a 16 x 16 block of 32-bit values: row i of dst (at dst + i * ldd)
- * gets column i of src (rows at src + j * lds). Rows of dst are stored under
- * mask; only rows i < n_dst_rows are written. */
-Q3_INLINE void q3_transpose16(const float *src, size_t lds, float *dst, size_t ldd, int n_dst_rows, __mmask16 mask)
+/* Transposes 16 rows r[0..15] of 16 values in registers: row i of dst (at
+ * dst + i * ldd) gets column i. Rows of dst are stored under mask; only rows
+ * i < n_dst_rows are written. */
+Q3_INLINE void q3_transpose16_regs(const __m512 *r, float *dst, size_t ldd, int n_dst_rows, __mmask16 mask)
 {
-    __m512 r[16], t[16], u[16];
-    for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_ps(src + (size_t)i * lds);
+    __m512 t[16], u[16];
     for (int i = 0; i < 8; i++) {
         t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
         t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
@@ -121,6 +120,14 @@ Q3_INLINE void q3_transpose16(const float *src, size_t lds, float *dst, size_t l
         if (8 + e < n_dst_rows) _mm512_mask_storeu_ps(dst + (size_t)(8 + e) * ldd, mask, c2);
         if (12 + e < n_dst_rows) _mm512_mask_storeu_ps(dst + (size_t)(12 + e) * ldd, mask, c3);
     }
+}
+
+/* The same for a 16 x 16 block in memory (rows at src + j * lds). */
+Q3_INLINE void q3_transpose16(const float *src, size_t lds, float *dst, size_t ldd, int n_dst_rows, __mmask16 mask)
+{
+    __m512 r[16];
+    for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_ps(src + (size_t)i * lds);
+    q3_transpose16_regs(r, dst, ldd, n_dst_rows, mask);
 }
 
 /* Mask of the first n lanes (n may be negative or exceed the width). */
