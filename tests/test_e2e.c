@@ -187,6 +187,28 @@ int main(void)
     CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 1 && strstr(out, "wizard"), "unknown role: %s", out);
     remove("/tmp/q3-test-messages.json");
 
+    /* q3 chat, piped: two turns (the second reuses the cached prefix), /reset, a full context */
+    snprintf(cmd, sizeof cmd,
+             "printf 'Hello there\\nWhat next?\\n/reset\\nAgain\\n/quit\\n' | ./%s/q3 chat -m " E2E
+             " --temp 0 -n 8 2>&1", build);
+    f = popen(cmd, "r");
+    got = fread(out, 1, sizeof out - 1, f);
+    out[got] = 0;
+    status = pclose(f);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "chat exit %d", status);
+    CHECK(strstr(out, "conversation forgotten") != NULL, "chat /reset: %s", out);
+    int turns = 0;
+    for (const char *p = out; (p = strstr(p, "[prefill:")); p++) turns++;
+    CHECK(turns == 3, "three answers: %d", turns);
+    snprintf(cmd, sizeof cmd,
+             "printf 'Hello there, this is a long message that will not fit\\n/quit\\n' | ./%s/q3 chat -m " E2E
+             " --temp 0 -n 8 --ctx 16 2>&1", build);
+    f = popen(cmd, "r");
+    got = fread(out, 1, sizeof out - 1, f);
+    out[got] = 0;
+    status = pclose(f);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0 && strstr(out, "the context is full"), "chat full: %s", out);
+
     cJSON_Delete(cases);
     q3_tokenizer_free(tok);
     q3_model_close(m);

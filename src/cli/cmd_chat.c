@@ -143,7 +143,8 @@ int cmd_chat(int argc, char **argv)
             fprintf(stderr, "q3 chat: %s\n", q3_last_error());
             break;
         }
-        if (!g.hide_think || 1) cli_gen_print_stats(&g, &res);
+        fputc('\n', stdout);
+        cli_gen_print_stats(&g, &res);
         if (res.stop == Q3_STOP_CONTEXT)
             fprintf(stderr, "q3 chat: the context is full: the answer was cut; /reset to start over\n");
         /* the cache now holds the prompt and every generated token but the last */
