@@ -131,6 +131,14 @@ static void gemm_range(const q3_cpu_matmul *mm, void *scratch, int o0, int o1)
         int two_o = o1 - ob > 16;
         int st0 = block_start(ob, o1), st1 = two_o ? block_start(ob + 16, o1) : st0;
         const char *w0 = (const char *)mm->w + (size_t)st0 * ws, *w1 = (const char *)mm->w + (size_t)st1 * ws;
+        /* The next block's 32 weight rows come from memory: prefetch them into
+           L2 spread over this block's passes, else the first pass over them
+           waits on 16-row strided tile loads at full memory latency. */
+        const int next_rows = o1 - (ob + 32) < 32 ? o1 - (ob + 32) : 32;
+        const char *next = (const char *)mm->w + (size_t)(ob + 32) * ws;
+        const int n_passes = (nrb + 1) / 2, next_lines = next_rows > 0 ? next_rows * nkb : 0;
+        const int per_iter = (next_lines + n_passes * nkb - 1) / (n_passes * nkb);
+        int line = 0;
         for (int rb = 0; rb < nrb; rb += 2) {
             int two_r = nrb - rb > 1;
             const char *b0 = packed + (size_t)rb * nkb * TILE_BYTES, *b1 = b0 + (size_t)nkb * TILE_BYTES;
@@ -140,6 +148,8 @@ static void gemm_range(const q3_cpu_matmul *mm, void *scratch, int o0, int o1)
             _tile_zero(3);
             if (two_o && two_r) {
                 for (int kb = 0; kb < nkb; kb++) {
+                    for (int i = 0; i < per_iter && line < next_lines; i++, line++)
+                        _mm_prefetch(next + (size_t)(line / nkb) * ws + (size_t)(line % nkb) * 64, _MM_HINT_T1);
                     _tile_loadd(4, w0 + (size_t)kb * 64, ws);
                     _tile_loadd(6, b0 + (size_t)kb * TILE_BYTES, 64);
                     _tile_dpbf16ps(0, 4, 6);
