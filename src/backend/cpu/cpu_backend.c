@@ -391,7 +391,10 @@ static void run_attention(const q3_exec *e, const q3_op *op)
             groups = groups < 1 ? 1 : groups > c->n_kv_heads ? c->n_kv_heads : groups;
             j.heads_per_item = (c->n_kv_heads + groups - 1) / groups;
             j.n_groups = (c->n_kv_heads + j.heads_per_item - 1) / j.heads_per_item;
-            if (grow(&st.attn_parts, (size_t)j.n_sb * c->n_heads * k->part_stride(&j.a) * sizeof(float))) abort();
+            /* sized for the whole cache once, not grown token by token */
+            size_t max_sb = (size_t)(kv->n_ctx + k->super_block - 1) / (size_t)k->super_block;
+            if ((size_t)j.n_sb > max_sb) max_sb = (size_t)j.n_sb;
+            if (grow(&st.attn_parts, max_sb * c->n_heads * k->part_stride(&j.a) * sizeof(float))) abort();
             j.parts = st.attn_parts.p;
             job.n_items = j.n_sb * j.n_groups;
             ensure_scratch(k->scratch(&j.a, 1, j.heads_per_item));
