@@ -392,18 +392,31 @@ static void test_elementwise(const char *isa)
             }
         }
 
-    /* EMBED from each weight dtype; LAST_ROW */
-    for (size_t ti = 0; ti < 3; ti++) {
+    /* EMBED from each weight dtype (and a Q8_0 table); LAST_ROW */
+    for (size_t ti = 0; ti < 4; ti++) {
         rig R;
         rig_config(&R, 4, 2, 8);
-        q3_tensor w = make_weight(wtypes[ti], 300, 37, -1, 1);
-        int o = rig_value(&R, 9, 37, 0, 0);
+        q3_tensor w;
+        if (ti < 3) {
+            w = make_weight(wtypes[ti], 300, 64, -1, 1);
+        } else { /* Q8_0 blocks: f16 scale 1/64, int8 values */
+            w = (q3_tensor){.dtype = Q3_Q8_0, .ndim = 2, .shape = {300, 64}};
+            w.nbytes = q3_dtype_row_bytes(Q3_Q8_0, 300 * 64);
+            uint8_t *b = malloc(w.nbytes);
+            for (size_t i = 0; i < w.nbytes; i += 34) {
+                b[i] = 0x00;
+                b[i + 1] = 0x24; /* 2^-6 in F16 */
+                for (int j = 0; j < 32; j++) b[i + 2 + j] = (uint8_t)rnd();
+            }
+            w.data = b;
+        }
+        int o = rig_value(&R, 9, 64, 0, 0);
         for (int r = 0; r < 9; r++) R.tokens[r] = (int32_t)(rnd() % 300);
         R.n_real = 7;
         R.op = (q3_op){.kind = Q3_OP_EMBED, .out = o, .in = {-1, -1, -1}, .weight = &w};
         rig_run(&R, 0);
         rig_run(&R, 1);
-        CHECK(rig_worst(&R, 1e-30, 0) == 0, "[%s] embed %s differs", isa, q3_dtype_name(wtypes[ti]));
+        CHECK(rig_worst(&R, 1e-30, 0) == 0, "[%s] embed %s differs", isa, q3_dtype_name(w.dtype));
         rig_free(&R);
         free((void *)w.data);
     }
@@ -435,6 +448,9 @@ static void test_refuses(void)
     if (why) CHECK_CONTAINS(why, "Q4_0");
     w.dtype = Q3_BF16;
     CHECK(q3_backend_cpu.refuses(&q3_backend_cpu, &R.g, &R.op) == NULL, "cpu refuses BF16 matmuls");
+    w.dtype = Q3_Q8_0;
+    R.op.kind = Q3_OP_EMBED;
+    CHECK(q3_backend_cpu.refuses(&q3_backend_cpu, &R.g, &R.op) == NULL, "cpu refuses Q8_0 embeddings");
     CHECK(q3_backend_cpu.kv_default == Q3_F16 || q3_backend_cpu.kv_default == Q3_BF16, "kv_default");
 }
 

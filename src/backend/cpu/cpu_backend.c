@@ -440,12 +440,18 @@ static void run_attention(const q3_exec *e, const q3_op *op)
 
 /* ---- the other ops ---------------------------------------------------------------------------- */
 
+/* One row per token: quantized tables (Q8_0, Q4_0) go through the portable
+ * dequantizer, which is plenty for a few rows. */
 static void run_embed(const q3_exec *e, const q3_op *op)
 {
     const q3_tensor *w = op->weight;
     size_t cols = (size_t)w->shape[1], rb = q3_dtype_row_bytes(w->dtype, cols);
-    for (int r = 0; r < e->n_real; r++)
-        st.isa->ew->to_f32(w->dtype, (const char *)w->data + (size_t)e->tokens[r] * rb, row_of(e, op->out, r), cols);
+    bool simd = w->dtype == Q3_F32 || w->dtype == Q3_F16 || w->dtype == Q3_BF16;
+    for (int r = 0; r < e->n_real; r++) {
+        const void *src = (const char *)w->data + (size_t)e->tokens[r] * rb;
+        if (simd) st.isa->ew->to_f32(w->dtype, src, row_of(e, op->out, r), cols);
+        else q3_row_to_f32(w->dtype, src, row_of(e, op->out, r), cols);
+    }
 }
 
 static void run_kv_append(const q3_exec *e, const q3_op *op)
@@ -465,14 +471,16 @@ static const char *cpu_refuses(const q3_backend *b, const q3_graph *g, const q3_
         [Q3_Q8_0] = "no kernel for Q8_0 weights",
         [Q3_Q4_0] = "no kernel for Q4_0 weights",
     };
-    static const char *const no_rows[Q3_DTYPE_COUNT] = {
-        [Q3_Q8_0] = "no Q8_0 row conversion (embedding/norm)",
-        [Q3_Q4_0] = "no Q4_0 row conversion (embedding/norm)",
+    static const char *const no_norm[Q3_DTYPE_COUNT] = {
+        [Q3_Q8_0] = "no Q8_0 norm weights",
+        [Q3_Q4_0] = "no Q4_0 norm weights",
     };
     if (op->weight) {
         q3_dtype t = op->weight->dtype;
         if ((unsigned)t >= Q3_DTYPE_COUNT) return "unknown weight dtype";
-        if (t != Q3_F32 && t != Q3_F16 && t != Q3_BF16) return op->kind == Q3_OP_MATMUL ? no_matmul[t] : no_rows[t];
+        bool plain = t == Q3_F32 || t == Q3_F16 || t == Q3_BF16;
+        if (!plain && op->kind == Q3_OP_MATMUL) return no_matmul[t];
+        if (!plain && op->kind != Q3_OP_EMBED) return no_norm[t];
     }
     if (op->kind == Q3_OP_ROPE && g->cfg->head_dim % 2) return "RoPE needs an even head_dim";
     return NULL;
