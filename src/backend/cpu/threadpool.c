@@ -38,7 +38,8 @@ struct q3_pool {
     int nth;
     worker *workers;                       /* [nth], [0] unused (the caller) */
     q3_pool_job job;                       /* written by the caller while the claim word is closed */
-    bool quit;
+    _Atomic int n_items;                   /* job.n_items, read by workers before they claim */
+    _Atomic bool quit;
     _Alignas(64) _Atomic uint64_t claim;   /* generation << 32 | next item */
     _Alignas(64) _Atomic uint32_t generation; /* futex word, bumped once per job */
     _Alignas(64) _Atomic int sleepers;     /* workers in (or entering) futex_wait */
@@ -63,7 +64,10 @@ static void work(q3_pool *p, uint32_t gen, int ith)
     for (;;) {
         uint64_t v = atomic_load_explicit(&p->claim, memory_order_acquire);
         uint32_t i = (uint32_t)v;
-        if ((uint32_t)(v >> 32) != gen || i == CLOSED || i >= (uint32_t)p->job.n_items) return;
+        /* n_items may already be the next job's: then the claim word has
+           moved on too and the exchange below fails */
+        if ((uint32_t)(v >> 32) != gen || i == CLOSED || i >= (uint32_t)atomic_load_explicit(&p->n_items, memory_order_relaxed))
+            return;
         if (!atomic_compare_exchange_weak_explicit(&p->claim, &v, v + 1, memory_order_acq_rel, memory_order_relaxed))
             continue;
         /* item i is ours: the job (and its ctx) lives until done reaches n_items */
@@ -98,7 +102,7 @@ static void *worker_main(void *arg)
     uint32_t seen = 0;
     for (;;) {
         seen = wait_for_job(p, seen);
-        if (p->quit) break;
+        if (atomic_load(&p->quit)) break;
         work(p, seen, w->ith);
     }
     return NULL;
@@ -129,7 +133,7 @@ q3_pool *q3_pool_new(int n_threads)
 void q3_pool_free(q3_pool *p)
 {
     if (!p) return;
-    p->quit = true;
+    atomic_store(&p->quit, true);
     atomic_fetch_add(&p->generation, 1);
     futex_wake_all(&p->generation);
     for (int i = 1; i < p->nth; i++) pthread_join(p->workers[i].thread, NULL);
@@ -155,6 +159,7 @@ void q3_pool_run(q3_pool *p, const q3_pool_job *job)
     /* the claim word is closed since the last job ended: no worker reads job now */
     uint32_t gen = atomic_load_explicit(&p->generation, memory_order_relaxed) + 1;
     p->job = *job;
+    atomic_store_explicit(&p->n_items, job->n_items, memory_order_relaxed);
     atomic_store_explicit(&p->done, 0, memory_order_relaxed);
     atomic_store_explicit(&p->claim, (uint64_t)gen << 32, memory_order_release);
     atomic_store(&p->generation, gen); /* seq_cst: then sleepers is read */
