@@ -1,0 +1,327 @@
+/* Q8_0 / Q4_0 MATMUL on AVX-512 VNNI (numerics and the activation layout in
+ * quant_kernels.h).
+ *
+ * Layout of the work: "output form". A panel is 16 consecutive outputs, one
+ * per 32-bit lane. For weight block b the panel's 16 rows are transposed in
+ * registers into 8 vectors T[j]: lane l of T[j] holds the 4 weight bytes of
+ * row l that meet activation bytes 4j..4j+3 (Q8_0 offset to unsigned by xor
+ * 0x80, Q4_0 nibbles 0..15 unpacked). Then for one activation row
+ *     acc = c (the offset correction), acc = vpdpbusd(acc, T[j], broadcast
+ *     of the row's 4 bytes j) for j = 0..7
+ * leaves the 16 exact block dot products I_b in the lanes, and one
+ * cvt + mul + fma folds them into the panel's 16 float sums: 8 dot
+ * instructions per 3 others, and no lane reductions at all.
+ *  - GEMV (1 row): each panel's blocks are transposed as they stream from
+ *    memory and used at once (each weight byte read once, compute far below
+ *    the memory time);
+ *  - GEMM (rows > 1): each panel is transposed once into scratch (576 bytes
+ *    per block), then every tile of 8 activation rows walks it: 8 T vectors
+ *    and 8 row accumulators in registers, the activations' 4-byte groups
+ *    broadcast straight from memory into vpdpbusd.
+ * Both run the same per-lane sequence, so a row's outputs are the same bits
+ * from either (and from the AVX2 and reference kernels). */
+#include <string.h>
+
+#include "backend/cpu/quant_kernels.h"
+#include "backend/cpu/simd_avx512.h"
+
+#define PANEL 16
+#define PANEL_BLOCK_BYTES 576 /* packed panel block: T[0..7] (8 x 64 bytes), then 16 float scales */
+
+Q3_INLINE int32_t ld_i32(const void *p)
+{
+    int32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+Q3_INLINE float ld_f32(const void *p)
+{
+    float v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+/* ---- activations --------------------------------------------------------------------- */
+
+static void avx512_quantize(q3_dtype wt, const float *x, size_t ldx, const q3_qact *qa, int r0, int r1)
+{
+    const int nb = qa->k / Q3_QBLOCK, off = wt == Q3_Q8_0 ? 128 : 8;
+    const __m512 absmask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+    for (int r = r0; r < r1; r++) {
+        const float *xr = x + (size_t)r * ldx;
+        const int th = q3_qact_tile_rows(qa, r), i = r % Q3_QACT_TILE;
+        char *blk = q3_qact_block(qa, r, 0);
+        for (int b = 0; b < nb; b++, blk += (size_t)th * Q3_QACT_BLOCK_BYTES) {
+            __m512 lo = _mm512_loadu_ps(xr + b * Q3_QBLOCK), hi = _mm512_loadu_ps(xr + b * Q3_QBLOCK + 16);
+            float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_and_ps(lo, absmask), _mm512_and_ps(hi, absmask)));
+            int8_t *q = (int8_t *)blk + i * Q3_QBLOCK;
+            int sum = 0;
+            float d = 0.0f;
+            if (amax > 0x1p-100f) {
+                __m512 id = _mm512_set1_ps(127.0f / amax);
+                __m512i ql = _mm512_cvtps_epi32(_mm512_mul_ps(lo, id)); /* MXCSR: nearest even */
+                __m512i qh = _mm512_cvtps_epi32(_mm512_mul_ps(hi, id));
+                _mm_storeu_si128((__m128i *)q, _mm512_cvtsepi32_epi8(ql));
+                _mm_storeu_si128((__m128i *)(q + 16), _mm512_cvtsepi32_epi8(qh));
+                sum = _mm512_reduce_add_epi32(_mm512_add_epi32(ql, qh));
+                d = amax / 127.0f;
+            } else {
+                memset(q, 0, Q3_QBLOCK);
+            }
+            int32_t c = -off * sum;
+            memcpy(blk + th * Q3_QBLOCK + i * 4, &c, 4);
+            memcpy(blk + th * (Q3_QBLOCK + 4) + i * 4, &d, 4);
+        }
+    }
+}
+
+/* ---- a panel's weight block, transposed ---------------------------------------------------- */
+
+/* The rows of the panel at output o: row l is output min(o + l, o1 - 1)
+ * (duplicates are computed and never stored). */
+typedef struct panel_rows {
+    const uint8_t *p[PANEL];
+    __m512i vidx; /* p[l] - p[0], for the scale gather */
+} panel_rows;
+
+static void panel_rows_init(panel_rows *pr, const void *w, size_t ws, int o, int o1)
+{
+    int32_t idx[PANEL];
+    for (int l = 0; l < PANEL; l++) {
+        int row = o + l < o1 ? o + l : o1 - 1;
+        pr->p[l] = (const uint8_t *)w + (size_t)row * ws;
+        idx[l] = (int32_t)((size_t)(row - o) * ws);
+    }
+    pr->vidx = _mm512_loadu_si512(idx);
+}
+
+/* The 16 f16 scales at byte boff of each row, as floats (the gather reads the
+ * scale and the block's first 2 quant bytes: always inside the block). */
+Q3_INLINE __m512 panel_scales(const panel_rows *pr, size_t boff)
+{
+    __m512i g = _mm512_i32gather_epi32(pr->vidx, (const void *)(pr->p[0] + boff), 1);
+    return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(g));
+}
+
+/* Q8_0 block at byte boff of each row -> T[8] (bytes xor 0x80). Z[i] holds
+ * rows (i, i+4) for i < 4 and (i+4, i+8) for i >= 4 in its 256-bit halves,
+ * so that the three unpack/shuffle stages leave rows 0..15 in lane order. */
+Q3_INLINE void panel_q8(const panel_rows *pr, size_t boff, __m512i T[8], __m512 *dw)
+{
+    const __m512i flip = _mm512_set1_epi8((char)0x80);
+    __m512i Z[8], t[8], u[8];
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; i++) {
+        int a = i < 4 ? i : i + 4;
+        __m256i lo = _mm256_loadu_si256((const __m256i *)(pr->p[a] + boff + 2));
+        __m256i hi = _mm256_loadu_si256((const __m256i *)(pr->p[a + 4] + boff + 2));
+        Z[i] = _mm512_xor_si512(_mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1), flip);
+    }
+#pragma GCC unroll 4
+    for (int m = 0; m < 4; m++) {
+        t[2 * m] = _mm512_unpacklo_epi32(Z[2 * m], Z[2 * m + 1]);
+        t[2 * m + 1] = _mm512_unpackhi_epi32(Z[2 * m], Z[2 * m + 1]);
+    }
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; h++) { /* rows of Z[0..3], then of Z[4..7] */
+        __m512i *tt = t + 4 * h, *uu = u + 4 * h;
+        uu[0] = _mm512_unpacklo_epi64(tt[0], tt[2]);
+        uu[1] = _mm512_unpackhi_epi64(tt[0], tt[2]);
+        uu[2] = _mm512_unpacklo_epi64(tt[1], tt[3]);
+        uu[3] = _mm512_unpackhi_epi64(tt[1], tt[3]);
+    }
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; j++) {
+        T[j] = _mm512_shuffle_i32x4(u[j], u[4 + j], _MM_SHUFFLE(2, 0, 2, 0));
+        T[j + 4] = _mm512_shuffle_i32x4(u[j], u[4 + j], _MM_SHUFFLE(3, 1, 3, 1));
+    }
+    *dw = panel_scales(pr, boff);
+}
+
+/* Q4_0 block at byte boff of each row -> T[8] (T[j]: low nibbles of bytes
+ * 4j..4j+3 = values 4j..4j+3; T[4+j]: their high nibbles = values
+ * 16+4j..). Y[i] holds rows i, 4+i, 8+i, 12+i in its 128-bit lanes. */
+Q3_INLINE void panel_q4(const panel_rows *pr, size_t boff, __m512i T[8], __m512 *dw)
+{
+    const __m512i low4 = _mm512_set1_epi8(0x0f);
+    __m512i Y[4];
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++) {
+        __m512i v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(pr->p[i] + boff + 2)));
+        v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(pr->p[4 + i] + boff + 2)), 1);
+        v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(pr->p[8 + i] + boff + 2)), 2);
+        Y[i] = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(pr->p[12 + i] + boff + 2)), 3);
+    }
+    __m512i t0 = _mm512_unpacklo_epi32(Y[0], Y[1]), t1 = _mm512_unpackhi_epi32(Y[0], Y[1]);
+    __m512i t2 = _mm512_unpacklo_epi32(Y[2], Y[3]), t3 = _mm512_unpackhi_epi32(Y[2], Y[3]);
+    __m512i V[4] = {_mm512_unpacklo_epi64(t0, t2), _mm512_unpackhi_epi64(t0, t2), _mm512_unpacklo_epi64(t1, t3),
+                    _mm512_unpackhi_epi64(t1, t3)};
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; j++) {
+        T[j] = _mm512_and_si512(V[j], low4);
+        T[j + 4] = _mm512_and_si512(_mm512_srli_epi16(V[j], 4), low4);
+    }
+    *dw = panel_scales(pr, boff);
+}
+
+/* ---- the dot products -------------------------------------------------------------------- */
+
+/* One block of R activation rows against the panel: a is the block in the
+ * activation layout (q[R][32], c[R], d[R]); f[r] += float(I) * (dw * d[r]). */
+Q3_INLINE void block_dot(const int R, const __m512i T[8], __m512 dw, const char *a, __m512 *f)
+{
+    __m512i acc[Q3_QACT_TILE];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++) acc[r] = _mm512_set1_epi32(ld_i32(a + R * Q3_QBLOCK + 4 * r));
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; j++)
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++)
+            acc[r] = _mm512_dpbusd_epi32(acc[r], T[j], _mm512_set1_epi32(ld_i32(a + Q3_QBLOCK * r + 4 * j)));
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++) {
+        __m512 s = _mm512_mul_ps(dw, _mm512_set1_ps(ld_f32(a + R * (Q3_QBLOCK + 4) + 4 * r)));
+        f[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r]), s, f[r]);
+    }
+}
+
+static size_t block_bytes(q3_dtype wt) { return wt == Q3_Q8_0 ? 34 : 18; }
+
+Q3_INLINE void gemv_kind(const int q8, const void *w, size_t ws, const q3_qact *qa, float *y, int o0, int o1)
+{
+    const int nb = qa->k / Q3_QBLOCK;
+    const size_t bb = q8 ? 34 : 18;
+    for (int o = o0; o < o1; o += PANEL) {
+        panel_rows pr;
+        panel_rows_init(&pr, w, ws, o, o1);
+        __m512 f = _mm512_setzero_ps();
+        const char *a = qa->base;
+        for (int b = 0; b < nb; b++, a += Q3_QACT_BLOCK_BYTES) {
+            __m512i T[8];
+            __m512 dw;
+            if (q8) panel_q8(&pr, (size_t)b * bb, T, &dw);
+            else panel_q4(&pr, (size_t)b * bb, T, &dw);
+            block_dot(1, T, dw, a, &f);
+        }
+        _mm512_mask_storeu_ps(y + o, q3_mask16(o1 - o), f);
+    }
+}
+
+Q3_INLINE void gemm_tile(const int R, const char *panel, int nb, const char *a, float *y, size_t ldy, __mmask16 m)
+{
+    __m512 f[Q3_QACT_TILE];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++) f[r] = _mm512_setzero_ps();
+    for (int b = 0; b < nb; b++, panel += PANEL_BLOCK_BYTES, a += R * Q3_QACT_BLOCK_BYTES) {
+        __m512i T[8];
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; j++) T[j] = _mm512_load_si512(panel + 64 * j);
+        block_dot(R, T, _mm512_load_ps(panel + 512), a, f);
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++) _mm512_mask_storeu_ps(y + (size_t)r * ldy, m, f[r]);
+}
+
+static void gemm(q3_dtype wt, const void *w, size_t ws, const q3_qact *qa, float *y, size_t ldy, int o0, int o1,
+                 void *scratch)
+{
+    const int nb = qa->k / Q3_QBLOCK;
+    const size_t bb = block_bytes(wt);
+    char *panel = scratch;
+    for (int o = o0; o < o1; o += PANEL) {
+        panel_rows pr;
+        panel_rows_init(&pr, w, ws, o, o1);
+        for (int b = 0; b < nb; b++) {
+            __m512i T[8];
+            __m512 dw;
+            if (wt == Q3_Q8_0) panel_q8(&pr, (size_t)b * bb, T, &dw);
+            else panel_q4(&pr, (size_t)b * bb, T, &dw);
+            char *dst = panel + (size_t)b * PANEL_BLOCK_BYTES;
+            for (int j = 0; j < 8; j++) _mm512_store_si512(dst + 64 * j, T[j]);
+            _mm512_store_ps(dst + 512, dw);
+        }
+        __mmask16 m = q3_mask16(o1 - o);
+        for (int t0 = 0; t0 < qa->rows; t0 += Q3_QACT_TILE) {
+            const char *a = q3_qact_block(qa, t0, 0);
+            float *yt = y + (size_t)t0 * ldy + o;
+            switch (q3_qact_tile_rows(qa, t0)) {
+            case 1: gemm_tile(1, panel, nb, a, yt, ldy, m); break;
+            case 2: gemm_tile(2, panel, nb, a, yt, ldy, m); break;
+            case 3: gemm_tile(3, panel, nb, a, yt, ldy, m); break;
+            case 4: gemm_tile(4, panel, nb, a, yt, ldy, m); break;
+            case 5: gemm_tile(5, panel, nb, a, yt, ldy, m); break;
+            case 6: gemm_tile(6, panel, nb, a, yt, ldy, m); break;
+            case 7: gemm_tile(7, panel, nb, a, yt, ldy, m); break;
+            default: gemm_tile(8, panel, nb, a, yt, ldy, m); break;
+            }
+        }
+    }
+}
+
+static size_t avx512_scratch(q3_dtype wt, int rows, int k)
+{
+    return rows > 1 ? (size_t)(k / Q3_QBLOCK) * PANEL_BLOCK_BYTES : 0;
+}
+
+static void avx512_matmul(q3_dtype wt, const void *w, size_t ws, const q3_qact *qa, float *y, size_t ldy, int o0, int o1,
+                          void *scratch)
+{
+    if (o1 <= o0) return;
+    if (qa->rows > 1) gemm(wt, w, ws, qa, y, ldy, o0, o1, scratch);
+    else if (wt == Q3_Q8_0) gemv_kind(1, w, ws, qa, y, o0, o1);
+    else gemv_kind(0, w, ws, qa, y, o0, o1);
+}
+
+const q3_quant_kernels q3_quant_avx512 = {
+    .name = "avx512-vnni",
+    .granule = PANEL,
+    .quantize = avx512_quantize,
+    .scratch = avx512_scratch,
+    .matmul = avx512_matmul,
+};
+
+/* ---- behind the unit's MATMUL interface ------------------------------------------------------ */
+
+static size_t mm_scratch(const q3_cpu_matmul *mm)
+{
+    return q3_qact_bytes(mm->m, mm->k) + avx512_scratch(mm->wtype, mm->m, mm->k);
+}
+
+static int mm_granule(const q3_cpu_matmul *mm) { return PANEL; }
+
+static void mm_prepare(const q3_cpu_matmul *mm, void *scratch)
+{
+    q3_qact qa = q3_qact_carve(scratch, mm->m, mm->k);
+    avx512_quantize(mm->wtype, mm->x, mm->ldx, &qa, 0, mm->m);
+}
+
+static void mm_range(const q3_cpu_matmul *mm, void *scratch, int o0, int o1)
+{
+    q3_qact qa = q3_qact_carve(scratch, mm->m, mm->k);
+    avx512_matmul(mm->wtype, mm->w, mm->w_row_bytes, &qa, mm->y, mm->ldy, o0, o1,
+                  (char *)scratch + q3_qact_bytes(mm->m, mm->k));
+}
+
+const q3_cpu_mm_kernels q3_cpu_mm_quant_avx512 = {
+    .scratch = mm_scratch,
+    .granule = mm_granule,
+    .prepare = mm_prepare,
+    .range = mm_range,
+};
+
+/* ---- AMX (placeholder until the AMX-INT8 GEMM lands) ---- */
+bool q3_quant_has_amx_int8(void) { return false; }
+const q3_quant_kernels q3_quant_amx = {
+    .name = "avx512-amx",
+    .granule = PANEL,
+    .quantize = avx512_quantize,
+    .scratch = avx512_scratch,
+    .matmul = avx512_matmul,
+};
+const q3_cpu_mm_kernels q3_cpu_mm_quant_amx = {
+    .scratch = mm_scratch,
+    .granule = mm_granule,
+    .prepare = mm_prepare,
+    .range = mm_range,
+};

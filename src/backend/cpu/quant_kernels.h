@@ -1,0 +1,148 @@
+/* MATMUL with Q8_0 / Q4_0 weights (llama.cpp blocks, model/dtype.h) on the
+ * cpu unit: the activations are quantized to 8 bits per block of 32 values
+ * once per op, then every weight block meets every activation block in an
+ * integer dot product.
+ *
+ * ---- numerics (the same in every kernel, the scalar reference included) ----
+ * Activation block (32 values x of one row):
+ *     amax = max |x|;   amax <= 2^-100 (or 0): a zero block (d = 0, q = 0)
+ *     id   = 127 / amax              (float division)
+ *     q    = round_half_even(x * id) (float multiply; |q| <= 127)
+ *     d    = amax / 127              (kept as float, not rounded to f16 as
+ *                                     llama.cpp does: one rounding less)
+ * Inputs are expected finite: a non-finite value makes its block's q
+ * unspecified (memory stays safe).
+ * Output (row r, output o), blocks b in order 0, 1, ..., k/32 - 1:
+ *     I_b  = sum_i qw[o][b][i] * q[r][b][i]   exactly, in integers
+ *            (Q4_0: qw = nibble - 8)
+ *     acc  = fmaf((float)I_b, dw[o][b] * d[r][b], acc)   from acc = 0
+ *     y[r][o] = acc
+ * where dw is the weight block's f16 scale as float and dw * d is one float
+ * multiply. |I_b| <= 32 * 128 * 127 < 2^24, so (float)I_b is exact and the
+ * only roundings are the product of the scales and the fused multiply-add:
+ * every kernel (AVX-512 VNNI GEMV and GEMM, AMX GEMM, AVX2, reference)
+ * returns the same bits for an output whatever the number of rows, the tile
+ * it sat in or the thread that made it (kernels.h's determinism contract).
+ *
+ * Accuracy: the same scheme as llama.cpp's Q8_0/Q4_0 dot products (8 bits per
+ * 32 activations, relative rounding error <= 1/254 of the block's largest
+ * value), with the activation scale kept in float instead of f16.
+ *
+ * ---- how the integer dot products are done ----
+ * vpdpbusd multiplies unsigned bytes by signed bytes. Weights are made the
+ * unsigned side: Q8_0 bytes are offset by 128 (xor 0x80), Q4_0 nibbles are
+ * 0..15 already; the offset comes back out through c = -off * sum(q) of the
+ * activation block (off = 128 or 8), which seeds the integer accumulator.
+ * AVX2 (vpmaddubsw would saturate on 255 * 127 * 2) uses the sign trick for
+ * Q8_0 instead (|w| times x with w's sign) and the same c for Q4_0. */
+#ifndef Q3_BACKEND_CPU_QUANT_KERNELS_H
+#define Q3_BACKEND_CPU_QUANT_KERNELS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backend/cpu/kernels.h"
+#include "model/dtype.h"
+
+#define Q3_QBLOCK 32
+
+/* ---- quantized activations ---------------------------------------------------- */
+
+/* Rows of k values (k % 32 == 0) quantized as above, for one weight dtype
+ * (c depends on it), in one buffer. Rows are grouped in tiles of
+ * Q3_QACT_TILE (the last tile may hold fewer, th rows); inside a tile, the
+ * th rows' data of block b sit together at tile + b * th * 40:
+ *     q[th][32]   int8   quantized values of each row
+ *     c[th]       int32  -off * sum of the row's q (off: 128 Q8_0, 8 Q4_0)
+ *     d[th]       float  amax / 127
+ * so a GEMM tile of rows reads one block of all its rows from one place, and
+ * a single row (decode) is 40 bytes a block. Use the accessors below. */
+#define Q3_QACT_TILE 8
+#define Q3_QACT_BLOCK_BYTES 40
+
+typedef struct q3_qact {
+    char *base;   /* 64-byte aligned, q3_qact_bytes(rows, k) bytes */
+    int rows, k;
+} q3_qact;
+
+/* Bytes of rows x k quantized activations (a multiple of 64). */
+static inline size_t q3_qact_bytes(int rows, int k)
+{
+    return ((size_t)rows * (size_t)(k / Q3_QBLOCK) * Q3_QACT_BLOCK_BYTES + 63) & ~(size_t)63;
+}
+
+static inline q3_qact q3_qact_carve(void *buf, int rows, int k) { return (q3_qact){(char *)buf, rows, k}; }
+
+/* Rows in the tile of row r. */
+static inline int q3_qact_tile_rows(const q3_qact *qa, int r)
+{
+    int t0 = r - r % Q3_QACT_TILE;
+    return qa->rows - t0 < Q3_QACT_TILE ? qa->rows - t0 : Q3_QACT_TILE;
+}
+
+/* Start of block b of the tile holding row r (row r % 8 of it). */
+static inline char *q3_qact_block(const q3_qact *qa, int r, int b)
+{
+    int t0 = r - r % Q3_QACT_TILE;
+    size_t nb = (size_t)(qa->k / Q3_QBLOCK);
+    return qa->base + ((size_t)t0 * nb + (size_t)b * (size_t)q3_qact_tile_rows(qa, r)) * Q3_QACT_BLOCK_BYTES;
+}
+
+static inline int8_t *q3_qact_q(const q3_qact *qa, int r, int b)
+{
+    return (int8_t *)(q3_qact_block(qa, r, b) + (r % Q3_QACT_TILE) * Q3_QBLOCK);
+}
+static inline int32_t *q3_qact_c(const q3_qact *qa, int r, int b)
+{
+    return (int32_t *)(q3_qact_block(qa, r, b) + q3_qact_tile_rows(qa, r) * Q3_QBLOCK + (r % Q3_QACT_TILE) * 4);
+}
+static inline float *q3_qact_d(const q3_qact *qa, int r, int b)
+{
+    return (float *)(q3_qact_block(qa, r, b) + q3_qact_tile_rows(qa, r) * (Q3_QBLOCK + 4) + (r % Q3_QACT_TILE) * 4);
+}
+
+/* ---- the kernels, one table per instruction set --------------------------------- */
+
+typedef struct q3_quant_kernels {
+    const char *name;  /* "ref", "avx2", "avx512-vnni", "avx512-amx" */
+    /* Output panel width: ranges should start at multiples of it (results do
+       not depend on it). */
+    int granule;
+    /* Quantizes rows [r0, r1) of x (rows ldx floats apart) into qa for weights
+       of type wt (Q3_Q8_0 or Q3_Q4_0). Rows of qa are independent: threads may
+       quantize disjoint row ranges of one qa. */
+    void (*quantize)(q3_dtype wt, const float *x, size_t ldx, const q3_qact *qa, int r0, int r1);
+    /* Bytes of per-thread scratch matmul needs for qa->rows rows of k values
+       (64-byte aligned; 0 when rows == 1). */
+    size_t (*scratch)(q3_dtype wt, int rows, int k);
+    /* y[r][o] for r < qa->rows, o in [o0, o1): w is the [n][k] weight of type
+       wt (rows w_row_bytes apart, read in place), qa its quantized
+       activations (all rows done before the call), y rows ldy floats apart.
+       Writes only y[r][o0..o1). rows == 1 is the decode GEMV (weights
+       streamed once); rows > 1 the prefill GEMM (each weight block reused
+       from cache across all rows). */
+    void (*matmul)(q3_dtype wt, const void *w, size_t w_row_bytes, const q3_qact *qa, float *y, size_t ldy, int o0,
+                   int o1, void *scratch);
+} q3_quant_kernels;
+
+extern const q3_quant_kernels q3_quant_ref;     /* portable C: the oracle */
+extern const q3_quant_kernels q3_quant_avx2;    /* AVX2 (vpmaddubsw) */
+extern const q3_quant_kernels q3_quant_avx512;  /* AVX-512 VNNI (vpdpbusd) GEMV and GEMM */
+extern const q3_quant_kernels q3_quant_amx;     /* AVX-512 VNNI GEMV, AMX-INT8 GEMM (rows >= 16) */
+
+/* True when the CPU has AMX-INT8 and the AMX path of the unit is usable
+ * (q3_cpu_has_amx_path: tile data permission granted). */
+bool q3_quant_has_amx_int8(void);
+
+/* ---- the same behind the unit's MATMUL interface (kernels.h) -----------------------
+ * For a q3_cpu_matmul whose wtype is Q3_Q8_0 or Q3_Q4_0 (k % 32 == 0):
+ *  - scratch(mm) = q3_qact_bytes(m, k) + the table's matmul scratch;
+ *  - prepare(mm, scratch) quantizes all m rows of x into the thread's own
+ *    scratch (redundantly on every thread: cheap next to the matmul, see
+ *    bench_quant), so no barrier is needed between quantizing and the range;
+ *  - range(mm, scratch, o0, o1) runs the table's matmul;
+ *  - granule(mm) = the table's granule. */
+extern const q3_cpu_mm_kernels q3_cpu_mm_quant_avx2, q3_cpu_mm_quant_avx512, q3_cpu_mm_quant_amx;
+
+#endif

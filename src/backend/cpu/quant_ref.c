@@ -1,0 +1,82 @@
+/* The scalar reference of the Q8_0 / Q4_0 matmul (numerics and the layout of
+ * quantized activations in quant_kernels.h). Plain C, one
+ * output at a time: the oracle the SIMD kernels are tested against bit for
+ * bit. (Compiled without FMA flags: fmaf is the correctly rounded library
+ * function, and -std=c17 keeps the compiler from contracting anything else.) */
+#include <math.h>
+#include <string.h>
+
+#include "backend/cpu/quant_kernels.h"
+
+static void ref_quantize(q3_dtype wt, const float *x, size_t ldx, const q3_qact *qa, int r0, int r1)
+{
+    const int k = qa->k, nb = k / Q3_QBLOCK, off = wt == Q3_Q8_0 ? 128 : 8;
+    for (int r = r0; r < r1; r++) {
+        const float *xr = x + (size_t)r * ldx;
+        for (int b = 0; b < nb; b++) {
+            const float *xb = xr + b * Q3_QBLOCK;
+            int8_t *q = q3_qact_q(qa, r, b);
+            float amax = 0.0f;
+            for (int i = 0; i < Q3_QBLOCK; i++) amax = fmaxf(amax, fabsf(xb[i]));
+            int sum = 0;
+            if (amax > 0x1p-100f) {
+                float id = 127.0f / amax;
+                for (int i = 0; i < Q3_QBLOCK; i++) {
+                    float t = xb[i] * id;
+                    /* round half even (the default mode); non-finite input: 0 here, unspecified in SIMD */
+                    int v = t >= -127.5f && t <= 127.5f ? (int)nearbyintf(t) : 0;
+                    q[i] = (int8_t)v;
+                    sum += v;
+                }
+                *q3_qact_d(qa, r, b) = amax / 127.0f;
+            } else {
+                memset(q, 0, Q3_QBLOCK);
+                *q3_qact_d(qa, r, b) = 0.0f;
+            }
+            *q3_qact_c(qa, r, b) = -off * sum;
+        }
+    }
+}
+
+static size_t ref_scratch(q3_dtype wt, int rows, int k) { return 0; }
+
+static float f16_at(const uint8_t *p) { return q3_f16_to_f32((uint16_t)(p[0] | p[1] << 8)); }
+
+static void ref_matmul(q3_dtype wt, const void *w, size_t w_row_bytes, const q3_qact *qa, float *y, size_t ldy,
+                       int o0, int o1, void *scratch)
+{
+    const int k = qa->k, nb = k / Q3_QBLOCK;
+    for (int r = 0; r < qa->rows; r++) {
+        for (int o = o0; o < o1; o++) {
+            const uint8_t *wr = (const uint8_t *)w + (size_t)o * w_row_bytes;
+            float acc = 0.0f;
+            for (int b = 0; b < nb; b++) {
+                const int8_t *xb = q3_qact_q(qa, r, b);
+                int32_t dot = 0;
+                float dw;
+                if (wt == Q3_Q8_0) {
+                    const uint8_t *blk = wr + (size_t)b * 34;
+                    dw = f16_at(blk);
+                    for (int i = 0; i < Q3_QBLOCK; i++) dot += (int8_t)blk[2 + i] * xb[i];
+                } else {
+                    const uint8_t *blk = wr + (size_t)b * 18;
+                    dw = f16_at(blk);
+                    for (int i = 0; i < 16; i++) {
+                        dot += ((blk[2 + i] & 15) - 8) * xb[i];
+                        dot += ((blk[2 + i] >> 4) - 8) * xb[i + 16];
+                    }
+                }
+                acc = fmaf((float)dot, dw * *q3_qact_d(qa, r, b), acc);
+            }
+            y[(size_t)r * ldy + o] = acc;
+        }
+    }
+}
+
+const q3_quant_kernels q3_quant_ref = {
+    .name = "ref",
+    .granule = 1,
+    .quantize = ref_quantize,
+    .scratch = ref_scratch,
+    .matmul = ref_matmul,
+};
