@@ -18,10 +18,10 @@ typedef struct tolerance {
 
 /* Logits for every position of c->tokens: mode 0 = one prefill, 1 = prefill
  * then decode from the split, 2+ = chunked prefill with chunk `chunk`. */
-static float *run_mode(q3_model *m, const char *unit, const golden_case *c, int mode, int chunk)
+static float *run_mode(q3_model *m, const char *unit, const char *kv, const golden_case *c, int mode, int chunk)
 {
     size_t V = (size_t)c->vocab, n = (size_t)c->n_tokens;
-    q3_session_opts o = {.n_ctx = 512, .chunk = mode == 0 ? (int)n : chunk, .backend = unit};
+    q3_session_opts o = {.n_ctx = 512, .chunk = mode == 0 ? (int)n : chunk, .backend = unit, .kv_dtype = kv};
     q3_session *s;
     if (q3_session_new(m, &o, &s)) {
         fprintf(stderr, "session: %s\n", q3_last_error());
@@ -84,8 +84,11 @@ static int pick_tolerance(const char *model, const char *unit, const char *cas, 
     return 1;
 }
 
-static void run_model(const char *model_name, const char *unit)
+/* kv: the KV cache dtype ("f32" holds every unit to the golden tolerance;
+ * a unit's 16-bit default is held to the looser kv16 bound, modes 0 and 1). */
+static void run_model(const char *model_name, const char *unit, const char *kv)
 {
+    bool kv16 = strcmp(kv, "f32") != 0;
     char dir[256];
     snprintf(dir, sizeof dir, TEST_DATA "/golden/%s", model_name);
     q3_model *m;
@@ -99,6 +102,10 @@ static void run_model(const char *model_name, const char *unit)
         golden_case c, twin;
         tolerance tol, twin_tol;
         if (!pick_tolerance(model_name, unit, names[i], &tol)) continue;
+        if (kv16) { /* K/V rounded to 16 bits: ~1e-3 relative on the attention output */
+            tol.max_abs = fmaxf(tol.max_abs, 5e-3f);
+            tol.argmax_gap = fmaxf(tol.argmax_gap, 1e-2f);
+        }
         /* "<x>.numpy" is the same sequence as "<x>": run it once, compare with both */
         if (strstr(names[i], ".numpy")) continue;
         if (golden_load(dir, names[i], &c)) {
@@ -108,15 +115,20 @@ static void run_model(const char *model_name, const char *unit)
         char twin_name[160];
         snprintf(twin_name, sizeof twin_name, "%s.numpy", names[i]);
         int has_twin = pick_tolerance(model_name, unit, twin_name, &twin_tol) && !golden_load(dir, twin_name, &twin);
+        if (kv16 && has_twin) {
+            twin_tol.max_abs = fmaxf(twin_tol.max_abs, 5e-3f);
+            twin_tol.argmax_gap = fmaxf(twin_tol.argmax_gap, 1e-2f);
+        }
         CHECK(c.vocab == q3_model_vocab_size(m), "vocab");
         int modes[][2] = {{0, 0}, {1, 128}, {2, 1}, {2, 7}, {2, 64}};
         float *first = NULL;
         for (size_t k = 0; k < sizeof modes / sizeof modes[0]; k++) {
             /* chunk 1 on the longest cases is slow on the reference unit and adds nothing over 7 */
             if (modes[k][0] == 2 && modes[k][1] == 1 && c.n_tokens > 64) continue;
-            float *got = run_mode(m, unit, &c, modes[k][0], modes[k][1]);
+            if (kv16 && modes[k][0] == 2) continue;
+            float *got = run_mode(m, unit, kv, &c, modes[k][0], modes[k][1]);
             char what[256];
-            snprintf(what, sizeof what, "%s/%s [%s] %s%d", model_name, names[i], unit,
+            snprintf(what, sizeof what, "%s/%s [%s kv %s] %s%d", model_name, names[i], unit, kv,
                      modes[k][0] == 0 ? "prefill" : modes[k][0] == 1 ? "decode-after-prefill" : "chunk ",
                      modes[k][0] == 2 ? modes[k][1] : 0);
             CHECK(got != NULL, "%s: run failed", what);
@@ -129,7 +141,7 @@ static void run_model(const char *model_name, const char *unit)
                 float worst = 0;
                 for (size_t j = 0; j < (size_t)c.n_tokens * (size_t)c.vocab; j++)
                     worst = fmaxf(worst, fabsf(first[j] - got[j]));
-                CHECK(worst <= 2e-5f, "%s: differs from whole prefill by %.3g", what, worst);
+                CHECK(worst <= (kv16 ? 2e-3f : 2e-5f), "%s: differs from whole prefill by %.3g", what, worst);
                 free(got);
             }
         }
@@ -146,7 +158,10 @@ int main(void)
     for (int u = 0; q3_backends[u]; u++) {
         const q3_backend *b = q3_backends[u];
         if (b->present && !b->present(b)) continue;
-        for (size_t i = 0; i < sizeof models / sizeof models[0]; i++) run_model(models[i], b->name);
+        for (size_t i = 0; i < sizeof models / sizeof models[0]; i++) {
+            run_model(models[i], b->name, "f32");
+            if (b->kv_default != Q3_F32) run_model(models[i], b->name, q3_dtype_name(b->kv_default));
+        }
     }
     TEST_DONE();
 }

@@ -505,7 +505,7 @@ q3_status q3_convert_model(const q3_model *m, const char *out_path, const q3_con
 {
     q3_clear_error();
     if (o->type != Q3_F32 && o->type != Q3_F16 && o->type != Q3_BF16 && o->type != Q3_Q8_0 && o->type != Q3_Q4_0)
-        return q3_fail(Q3_ERR_UNSUPPORTED, "q3 convert cannot write %s weights (f32, f16, bf16, q8_0, q4_0): pass --type",
+        return q3_fail(Q3_ERR_INVALID, "q3 convert cannot write %s weights (f32, f16, bf16, q8_0, q4_0): pass --type",
                        q3_dtype_name(o->type));
     const q3_gguf *src_gguf = m->gguf;
     int folder = q3_is_dir(m->path);
