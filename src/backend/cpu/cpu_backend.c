@@ -14,7 +14,8 @@
  * Memory: weights are read where they are mapped. Scratch (per-thread matmul
  * packing and attention blocks, the chunk's K/V in the cache dtype, the RoPE
  * table) grows when an op needs more than any op before it, which happens on
- * the first run of a shape, never in steady state. */
+ * the first run of a shape, never in steady state. run() has no way to report
+ * failure (backend.h), so a failed scratch allocation aborts. */
 #include "backend/cpu/cpu_backend.h"
 
 #include <math.h>
