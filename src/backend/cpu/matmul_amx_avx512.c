@@ -206,11 +206,20 @@ static void gemv_range(const q3_cpu_matmul *mm, void *scratch, int o0, int o1)
         const char *w0 = (const char *)mm->w + (size_t)st[0] * ws;
         const char *w1 = (const char *)mm->w + (size_t)st[nb > 1 ? 1 : 0] * ws;
         const char *w2 = (const char *)mm->w + (size_t)st[nb > 2 ? 2 : 0] * ws;
+        /* The next group's rows are one contiguous stretch of the weight:
+           prefetch it into L2 linearly while this group runs (the 48 row
+           streams of a tile group ramp up too slowly on their own). */
+        const char *next = (const char *)mm->w + (size_t)(ob + 16 * GEMV_BLOCKS) * ws;
+        size_t next_bytes = o1 - (ob + 16 * GEMV_BLOCKS) > 0 ? (size_t)(o1 - (ob + 16 * GEMV_BLOCKS)) * ws : 0;
+        if (next_bytes > (size_t)16 * GEMV_BLOCKS * ws) next_bytes = (size_t)16 * GEMV_BLOCKS * ws;
+        const size_t per_kb = (next_bytes / 64 + nkb - 1) / nkb;
         _tile_zero(0);
         _tile_zero(1);
         _tile_zero(2);
         if (nb == GEMV_BLOCKS) {
             for (int kb = 0; kb < nkb; kb++) {
+                for (size_t i = 0, line = (size_t)kb * per_kb; i < per_kb && line * 64 < next_bytes; i++, line++)
+                    _mm_prefetch(next + line * 64, _MM_HINT_T1);
                 _tile_loadd(6, xb + (size_t)kb * 64, 4);
                 _tile_loadd(3, w0 + (size_t)kb * 64, ws);
                 _tile_dpbf16ps(0, 3, 6);
