@@ -1,16 +1,19 @@
 /* The kernels of the cpu unit, one table per instruction set (AVX-512 with
- * BF16/VNNI, AVX2+FMA), chosen once at start-up by cpu_backend.c.
+ * AMX for BF16 matmuls, AVX-512 with BF16/VNNI, AVX2+FMA), chosen once at
+ * start-up by cpu_backend.c.
  *
  * Determinism contract (what the golden tests' mode agreement relies on):
- * every output value is a fixed function of its own inputs, never of the
- * number of rows in the run, of where a row sits in a tile, or of how work
- * was split across threads. Concretely:
- *  - MATMUL: out[r][o] accumulates in vector lanes along k in one fixed order
- *    and is reduced by one fixed lane tree, the same in the GEMM (rows > 1)
- *    and the GEMV (rows == 1) kernels;
+ * within one table, every output value is a fixed function of its own
+ * inputs, never of the number of rows in the run, of where a row sits in a
+ * tile, or of how work was split across threads. Concretely:
+ *  - MATMUL: out[r][o] goes through one fixed sequence of operations in the
+ *    GEMM (rows > 1) and the GEMV (rows == 1) alike: vector lanes along k
+ *    summed by one lane tree (AVX-512, AVX2), or the same chain of TDPBF16PS
+ *    over 32-value k blocks (AMX);
  *  - ATTENTION: a query walks its keys in blocks aligned to absolute key
- *    positions, with per-key dot products and the online-softmax update done
- *    by the same code in prefill and decode;
+ *    positions (and, on AVX-512, super-blocks folded in order), with the
+ *    scores and the online-softmax update done by the same code in prefill
+ *    and decode;
  *  - elementwise ops handle tails with masks, never with a scalar path that
  *    rounds differently. */
 #ifndef Q3_BACKEND_CPU_KERNELS_H
@@ -57,7 +60,8 @@ typedef struct q3_cpu_attn {
     float scale;           /* 1 / sqrt(head_dim) */
 } q3_cpu_attn;
 
-/* Query rows a prefill attention work item covers (queries of one KV head). */
+/* Query rows a prefill attention work item covers near the start of the
+ * context (deeper, cpu_backend.c uses bigger blocks). */
 #define Q3_CPU_ATTN_ROWS 8
 
 /* ---- the tables ------------------------------------------------------------------ */
