@@ -167,19 +167,27 @@ Q3_INLINE void panel_q4(const panel_rows *pr, size_t boff, __m512i T[8], __m512 
 
 /* ---- the dot products -------------------------------------------------------------------- */
 
+/* acc += vpdpbusd(T, the 4 bytes at p broadcast): the broadcast embedded in
+ * the instruction. (GCC emits a separate vpbroadcastd, which on this core
+ * costs a shuffle-port uop per dot product: 20-30% of the GEMM.) */
+Q3_INLINE __m512i dot_bcast(__m512i acc, __m512i T, const void *p)
+{
+    __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(T), "m"(*(const int32_t *)p));
+    return acc;
+}
+
 /* One block of R activation rows against the panel: a is the block in the
  * activation layout (q[R][32], c[R], d[R]); f[r] += float(I) * (dw * d[r]). */
 Q3_INLINE void block_dot(const int R, const __m512i T[8], __m512 dw, const char *a, __m512 *f)
 {
     __m512i acc[Q3_QACT_TILE];
-#pragma GCC unroll 8
+#pragma GCC unroll 16
     for (int r = 0; r < R; r++) acc[r] = _mm512_set1_epi32(ld_i32(a + R * Q3_QBLOCK + 4 * r));
 #pragma GCC unroll 8
     for (int j = 0; j < 8; j++)
-#pragma GCC unroll 8
-        for (int r = 0; r < R; r++)
-            acc[r] = _mm512_dpbusd_epi32(acc[r], T[j], _mm512_set1_epi32(ld_i32(a + Q3_QBLOCK * r + 4 * j)));
-#pragma GCC unroll 8
+#pragma GCC unroll 16
+        for (int r = 0; r < R; r++) acc[r] = dot_bcast(acc[r], T[j], a + Q3_QBLOCK * r + 4 * j);
+#pragma GCC unroll 16
     for (int r = 0; r < R; r++) {
         __m512 s = _mm512_mul_ps(dw, _mm512_set1_ps(ld_f32(a + R * (Q3_QBLOCK + 4) + 4 * r)));
         f[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r]), s, f[r]);
@@ -208,54 +216,78 @@ Q3_INLINE void gemv_kind(const int q8, const void *w, size_t ws, const q3_qact *
     }
 }
 
-Q3_INLINE void gemm_tile(const int R, const char *panel, int nb, const char *a, float *y, size_t ldy, __mmask16 m)
+/* ---- the GEMM -------------------------------------------------------------------------------- */
+
+/* Transposes the panel at output o (all nb blocks) into dst: per block T[0..7]
+ * then the 16 scales (PANEL_BLOCK_BYTES). signed_q: the weights as signed
+ * bytes (Q8_0 as stored, Q4_0 nibble - 8) for AMX, instead of unsigned. */
+static void pack_panel(q3_dtype wt, const void *w, size_t ws, int nb, int o, int o1, char *dst, int signed_q)
+{
+    const size_t bb = block_bytes(wt);
+    const __m512i flip = _mm512_set1_epi8(wt == Q3_Q8_0 ? (char)0x80 : 0), eight = _mm512_set1_epi8(wt == Q3_Q8_0 ? 0 : 8);
+    panel_rows pr;
+    panel_rows_init(&pr, w, ws, o, o1);
+    for (int b = 0; b < nb; b++, dst += PANEL_BLOCK_BYTES) {
+        __m512i T[8];
+        __m512 dw;
+        if (wt == Q3_Q8_0) panel_q8(&pr, (size_t)b * bb, T, &dw);
+        else panel_q4(&pr, (size_t)b * bb, T, &dw);
+        for (int j = 0; j < 8; j++) {
+            __m512i t = signed_q ? _mm512_sub_epi8(_mm512_xor_si512(T[j], flip), eight) : T[j];
+            _mm512_store_si512(dst + 64 * j, t);
+        }
+        _mm512_store_ps(dst + 512, dw);
+    }
+}
+
+/* R rows (one activation tile) against a packed panel, all blocks. The R
+ * sums live in f[] (beyond the registers for R = 16: the compiler keeps
+ * them in L1, one load and store per row and block next to 8 dot products).
+ * signed_panel: the panel was packed for AMX; made unsigned again here. */
+Q3_INLINE void gemm_tile(const int R, const char *panel, int nb, const char *a, float *y, size_t ldy, __mmask16 m,
+                         int signed_panel, __m512i flip, __m512i eight)
 {
     __m512 f[Q3_QACT_TILE];
-#pragma GCC unroll 8
+#pragma GCC unroll 16
     for (int r = 0; r < R; r++) f[r] = _mm512_setzero_ps();
     for (int b = 0; b < nb; b++, panel += PANEL_BLOCK_BYTES, a += R * Q3_QACT_BLOCK_BYTES) {
         __m512i T[8];
 #pragma GCC unroll 8
-        for (int j = 0; j < 8; j++) T[j] = _mm512_load_si512(panel + 64 * j);
+        for (int j = 0; j < 8; j++) {
+            T[j] = _mm512_load_si512(panel + 64 * j);
+            if (signed_panel) T[j] = _mm512_xor_si512(_mm512_add_epi8(T[j], eight), flip);
+        }
         block_dot(R, T, _mm512_load_ps(panel + 512), a, f);
     }
-#pragma GCC unroll 8
+#pragma GCC unroll 16
     for (int r = 0; r < R; r++) _mm512_mask_storeu_ps(y + (size_t)r * ldy, m, f[r]);
+}
+
+/* The activation tile at row t0 (th rows) against a packed panel. */
+static void gemm_rows(const char *panel, int nb, const q3_qact *qa, int t0, float *y, size_t ldy, __mmask16 m,
+                      int signed_panel, q3_dtype wt)
+{
+    const char *a = q3_qact_block(qa, t0, 0);
+    const __m512i flip = _mm512_set1_epi8(wt == Q3_Q8_0 ? (char)0x80 : 0), eight = _mm512_set1_epi8(wt == Q3_Q8_0 ? 0 : 8);
+    const int sp = signed_panel;
+    switch (q3_qact_tile_rows(qa, t0)) {
+#define TILE_CASE(n) \
+    case n: gemm_tile(n, panel, nb, a, y, ldy, m, sp, flip, eight); break;
+        TILE_CASE(1) TILE_CASE(2) TILE_CASE(3) TILE_CASE(4) TILE_CASE(5) TILE_CASE(6) TILE_CASE(7) TILE_CASE(8)
+        TILE_CASE(9) TILE_CASE(10) TILE_CASE(11) TILE_CASE(12) TILE_CASE(13) TILE_CASE(14) TILE_CASE(15)
+#undef TILE_CASE
+    default: gemm_tile(16, panel, nb, a, y, ldy, m, sp, flip, eight); break;
+    }
 }
 
 static void gemm(q3_dtype wt, const void *w, size_t ws, const q3_qact *qa, float *y, size_t ldy, int o0, int o1,
                  void *scratch)
 {
     const int nb = qa->k / Q3_QBLOCK;
-    const size_t bb = block_bytes(wt);
-    char *panel = scratch;
     for (int o = o0; o < o1; o += PANEL) {
-        panel_rows pr;
-        panel_rows_init(&pr, w, ws, o, o1);
-        for (int b = 0; b < nb; b++) {
-            __m512i T[8];
-            __m512 dw;
-            if (wt == Q3_Q8_0) panel_q8(&pr, (size_t)b * bb, T, &dw);
-            else panel_q4(&pr, (size_t)b * bb, T, &dw);
-            char *dst = panel + (size_t)b * PANEL_BLOCK_BYTES;
-            for (int j = 0; j < 8; j++) _mm512_store_si512(dst + 64 * j, T[j]);
-            _mm512_store_ps(dst + 512, dw);
-        }
-        __mmask16 m = q3_mask16(o1 - o);
-        for (int t0 = 0; t0 < qa->rows; t0 += Q3_QACT_TILE) {
-            const char *a = q3_qact_block(qa, t0, 0);
-            float *yt = y + (size_t)t0 * ldy + o;
-            switch (q3_qact_tile_rows(qa, t0)) {
-            case 1: gemm_tile(1, panel, nb, a, yt, ldy, m); break;
-            case 2: gemm_tile(2, panel, nb, a, yt, ldy, m); break;
-            case 3: gemm_tile(3, panel, nb, a, yt, ldy, m); break;
-            case 4: gemm_tile(4, panel, nb, a, yt, ldy, m); break;
-            case 5: gemm_tile(5, panel, nb, a, yt, ldy, m); break;
-            case 6: gemm_tile(6, panel, nb, a, yt, ldy, m); break;
-            case 7: gemm_tile(7, panel, nb, a, yt, ldy, m); break;
-            default: gemm_tile(8, panel, nb, a, yt, ldy, m); break;
-            }
-        }
+        pack_panel(wt, w, ws, nb, o, o1, scratch, 0);
+        for (int t0 = 0; t0 < qa->rows; t0 += Q3_QACT_TILE)
+            gemm_rows(scratch, nb, qa, t0, y + (size_t)t0 * ldy + o, ldy, q3_mask16(o1 - o), 0, wt);
     }
 }
 
@@ -310,18 +342,161 @@ const q3_cpu_mm_kernels q3_cpu_mm_quant_avx512 = {
     .range = mm_range,
 };
 
-/* ---- AMX (placeholder until the AMX-INT8 GEMM lands) ---- */
-bool q3_quant_has_amx_int8(void) { return false; }
+/* ==== AMX-INT8 GEMM ================================================================================
+ * The same panels, packed as signed bytes, as the B tile (8 rows of 64 bytes
+ * = k/4 x 16 outputs x 4 bytes: the VNNI layout is the transposition the
+ * panel already is); 16 activation rows of one block as the A tile (16 rows
+ * x 32 bytes, straight from the activation layout); TDPBSSD leaves the 16 x
+ * 16 exact block dot products I_b in a C tile, row r = activation row r,
+ * lane = output. Stored to L1, each row takes the cvt + mul + fma of
+ * block_dot: the same bits as every other kernel. Blocks alternate between
+ * two C tiles so the tile unit computes block b + 1 while the vector unit
+ * folds block b. Tiles of fewer than 16 rows (and rows < 16) go to the VNNI
+ * tiles. Compiled for AMX here only; run only where q3_quant_has_amx_int8(). */
+#pragma GCC push_options
+#pragma GCC target("amx-tile,amx-int8")
+#include <cpuid.h>
+
+#include "backend/cpu/cpu_features.h"
+
+typedef struct amx_config {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} amx_config;
+
+/* C0..C3: 16 x 16 int32; A4, A5: 16 rows x 32 bytes; B6, B7: 8 rows x 64 bytes. */
+static void amx_load_config(void)
+{
+    amx_config c;
+    memset(&c, 0, sizeof c);
+    c.palette = 1;
+    for (int t = 0; t < 8; t++) {
+        c.rows[t] = t >= 6 ? 8 : 16;
+        c.colsb[t] = t == 4 || t == 5 ? 32 : 64;
+    }
+    /* ldtilecfg by hand, as matmul_amx_avx512.c explains (GCC 12 drops the stores) */
+    __asm__ volatile("ldtilecfg %0" ::"m"(c));
+}
+
+bool q3_quant_has_amx_int8(void)
+{
+    static int known = -1;
+    if (known < 0) {
+        unsigned a, b, c, d;
+        bool int8 = __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d & (1u << 25));
+        known = int8 && q3_cpu_has_amx_path(q3_cpu_features_get());
+    }
+    return known;
+}
+
+/* Folds the C tile stored at cbuf (16 x 16 int32) into the 16 row sums. */
+Q3_INLINE void amx_fold(const int32_t *cbuf, __m512 dw, const char *a, __m512 *f)
+{
+#pragma GCC unroll 16
+    for (int r = 0; r < 16; r++) {
+        __m512 s = _mm512_mul_ps(dw, _mm512_set1_ps(ld_f32(a + 16 * (Q3_QBLOCK + 4) + 4 * r)));
+        f[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(cbuf + 16 * r)), s, f[r]);
+    }
+}
+
+/* One full 16-row activation tile (a: its block 0) against a signed panel.
+ * Software-pipelined two blocks deep over four C tiles: the products of
+ * blocks b + 2, b + 3 are issued before blocks b, b + 1 are stored and
+ * folded, so the tile unit never waits for the vector unit (a C tile must
+ * go through memory, and the loads of the fold wait for the tile store).
+ * Four C slots in cbuf, so a store never waits for the loads of the last fold. */
+static void amx_tile(const char *panel, int nb, const char *a, float *y, size_t ldy, __mmask16 m, int32_t *cbuf)
+{
+    __m512 f[16];
+    for (int r = 0; r < 16; r++) f[r] = _mm512_setzero_ps();
+    const size_t ab = 16 * Q3_QACT_BLOCK_BYTES; /* one block of the tile */
+#define A_(blk) (a + (size_t)(blk) * ab)
+#define P_(blk) (panel + (size_t)(blk) * PANEL_BLOCK_BYTES)
+#define DP(c, ta, tb, blk)                 \
+    do {                                   \
+        _tile_zero(c);                     \
+        _tile_loadd(ta, A_(blk), Q3_QBLOCK); \
+        _tile_loadd(tb, P_(blk), 64);      \
+        _tile_dpbssd(c, ta, tb);           \
+    } while (0)
+#define FOLD(c, blk)                                                              \
+    do {                                                                          \
+        _tile_stored(c, cbuf + 256 * (c), 64);                                    \
+        amx_fold(cbuf + 256 * (c), _mm512_load_ps(P_(blk) + 512), A_(blk), f);    \
+    } while (0)
+    DP(0, 4, 6, 0);
+    if (nb > 1) DP(1, 5, 7, 1);
+    for (int b = 0; b < nb; b += 4) {
+        if (b + 2 < nb) DP(2, 4, 6, b + 2);
+        if (b + 3 < nb) DP(3, 5, 7, b + 3);
+        FOLD(0, b);
+        if (b + 1 < nb) FOLD(1, b + 1);
+        if (b + 4 < nb) DP(0, 4, 6, b + 4);
+        if (b + 5 < nb) DP(1, 5, 7, b + 5);
+        if (b + 2 < nb) FOLD(2, b + 2);
+        if (b + 3 < nb) FOLD(3, b + 3);
+    }
+#undef A_
+#undef P_
+#undef DP
+#undef FOLD
+    for (int r = 0; r < 16; r++) _mm512_mask_storeu_ps(y + (size_t)r * ldy, m, f[r]);
+}
+
+/* Scratch: the panel, then four C tiles. */
+static size_t amx_scratch(q3_dtype wt, int rows, int k)
+{
+    return rows > 1 ? (size_t)(k / Q3_QBLOCK) * PANEL_BLOCK_BYTES + 4096 : 0;
+}
+static void amx_matmul(q3_dtype wt, const void *w, size_t ws, const q3_qact *qa, float *y, size_t ldy, int o0, int o1,
+                       void *scratch)
+{
+    if (o1 <= o0) return;
+    if (qa->rows < Q3_QACT_TILE) {
+        avx512_matmul(wt, w, ws, qa, y, ldy, o0, o1, scratch);
+        return;
+    }
+    const int nb = qa->k / Q3_QBLOCK;
+    char *panel = scratch;
+    int32_t *cbuf = (int32_t *)(panel + (size_t)nb * PANEL_BLOCK_BYTES);
+    amx_load_config();
+    for (int o = o0; o < o1; o += PANEL) {
+        pack_panel(wt, w, ws, nb, o, o1, panel, 1);
+        __mmask16 m = q3_mask16(o1 - o);
+        for (int t0 = 0; t0 < qa->rows; t0 += Q3_QACT_TILE) {
+            float *yt = y + (size_t)t0 * ldy + o;
+            if (q3_qact_tile_rows(qa, t0) == Q3_QACT_TILE) amx_tile(panel, nb, q3_qact_block(qa, t0, 0), yt, ldy, m, cbuf);
+            else gemm_rows(panel, nb, qa, t0, yt, ldy, m, 1, wt);
+        }
+    }
+}
+
 const q3_quant_kernels q3_quant_amx = {
     .name = "avx512-amx",
     .granule = PANEL,
     .quantize = avx512_quantize,
-    .scratch = avx512_scratch,
-    .matmul = avx512_matmul,
+    .scratch = amx_scratch,
+    .matmul = amx_matmul,
 };
+
+static size_t amx_mm_scratch(const q3_cpu_matmul *mm)
+{
+    return q3_qact_bytes(mm->m, mm->k) + amx_scratch(mm->wtype, mm->m, mm->k);
+}
+
+static void amx_mm_range(const q3_cpu_matmul *mm, void *scratch, int o0, int o1)
+{
+    q3_qact qa = q3_qact_carve(scratch, mm->m, mm->k);
+    amx_matmul(mm->wtype, mm->w, mm->w_row_bytes, &qa, mm->y, mm->ldy, o0, o1,
+               (char *)scratch + q3_qact_bytes(mm->m, mm->k));
+}
+
 const q3_cpu_mm_kernels q3_cpu_mm_quant_amx = {
-    .scratch = mm_scratch,
+    .scratch = amx_mm_scratch,
     .granule = mm_granule,
     .prepare = mm_prepare,
-    .range = mm_range,
+    .range = amx_mm_range,
 };
+
+#pragma GCC pop_options

@@ -58,7 +58,7 @@
  *     d[th]       float  amax / 127
  * so a GEMM tile of rows reads one block of all its rows from one place, and
  * a single row (decode) is 40 bytes a block. Use the accessors below. */
-#define Q3_QACT_TILE 8
+#define Q3_QACT_TILE 16
 #define Q3_QACT_BLOCK_BYTES 40
 
 typedef struct q3_qact {
