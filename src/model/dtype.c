@@ -58,26 +58,27 @@ float q3_f16_to_f32(uint16_t h)
     return f;
 }
 
+/* Round to nearest even, branch-light (the KV hand-off converts millions of
+ * values per prefill chunk); equal to the plain definition for all 2^32 inputs. */
 uint16_t q3_f32_to_f16(float f)
 {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    uint16_t sign = (uint16_t)((u >> 16) & 0x8000);
-    float a = fabsf(f);
-    if (isnan(f)) return sign | 0x7e00;
-    if (a >= 65520.0f) return sign | 0x7c00; /* rounds to inf */
-    if (a < 0x1p-14f) {                       /* subnormal or zero */
-        float m = a * 0x1p24f;                /* in units of 2^-24 */
-        uint16_t q = (uint16_t)nearbyintf(m); /* round half even (default mode) */
-        return sign | q;
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    uint16_t sign = (uint16_t)((x >> 16) & 0x8000);
+    x &= 0x7fffffffu;
+    if (x > 0x7f800000u) return sign | 0x7e00;  /* NaN */
+    if (x >= 0x477ff000u) return sign | 0x7c00; /* 65520 and up round to infinity */
+    if (x < 0x38800000u) {                       /* below 2^-14: a subnormal half */
+        float a;
+        memcpy(&a, &x, 4);
+        a += 0.5f; /* the FPU rounds (half to even) to units of 2^-24 in the low mantissa bits */
+        uint32_t u;
+        memcpy(&u, &a, 4);
+        return sign | (uint16_t)(u - 0x3f000000u);
     }
-    uint32_t au;
-    memcpy(&au, &a, 4);
-    uint32_t exp = (au >> 23) - 112, man = au & 0x7fffff;
-    uint32_t h = (exp << 10) | (man >> 13);
-    uint32_t rest = man & 0x1fff;
-    if (rest > 0x1000 || (rest == 0x1000 && (h & 1))) h++;
-    return sign | (uint16_t)h;
+    uint32_t odd = (x >> 13) & 1u;
+    x += 0xc8000fffu + odd; /* exponent 127 -> 15 bias, and round half to even */
+    return sign | (uint16_t)(x >> 13);
 }
 
 static float load_f16(const uint8_t *p) { return q3_f16_to_f32((uint16_t)(p[0] | p[1] << 8)); }
