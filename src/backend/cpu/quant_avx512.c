@@ -196,18 +196,38 @@ Q3_INLINE void block_dot(const int R, const __m512i T[8], __m512 dw, const char 
 
 static size_t block_bytes(q3_dtype wt) { return wt == Q3_Q8_0 ? 34 : 18; }
 
+/* Prefetches lines [from, to) of a region of bytes (clipped to its size). */
+Q3_INLINE void prefetch_lines(const char *p, size_t bytes, size_t from, size_t to, const int hint)
+{
+    if (to > bytes) to = bytes;
+    for (size_t l = from; l < to; l += 64) {
+        if (hint == 0) _mm_prefetch(p + l, _MM_HINT_T0);
+        else _mm_prefetch(p + l, _MM_HINT_T1);
+    }
+}
+
+/* The GEMV streams each panel's 16 rows at once (16 interleaved streams,
+ * which the hardware prefetchers follow poorly: ~60% of the read bandwidth),
+ * so it prefetches the next panel, a contiguous 16 rows, in address order,
+ * spread over the current panel's block steps (and the first panel of the
+ * range up front): ~90% of the bandwidth. */
 Q3_INLINE void gemv_kind(const int q8, const void *w, size_t ws, const q3_qact *qa, float *y, int o0, int o1)
 {
     const int nb = qa->k / Q3_QBLOCK;
-    const size_t bb = q8 ? 34 : 18;
+    const size_t bb = q8 ? 34 : 18, pbytes = (size_t)PANEL * ws;
+    const size_t per_step = (pbytes / 64 + (size_t)nb - 1) / (size_t)nb * 64; /* bytes of the next panel per block */
+    prefetch_lines((const char *)w + (size_t)o0 * ws, (size_t)(o1 - o0) * ws, 0, pbytes, 0);
     for (int o = o0; o < o1; o += PANEL) {
         panel_rows pr;
         panel_rows_init(&pr, w, ws, o, o1);
+        const char *next = (const char *)w + (size_t)(o + PANEL) * ws;
+        const size_t next_bytes = o + PANEL < o1 ? (size_t)(o1 - o - PANEL) * ws : 0;
         __m512 f = _mm512_setzero_ps();
         const char *a = qa->base;
         for (int b = 0; b < nb; b++, a += Q3_QACT_BLOCK_BYTES) {
             __m512i T[8];
             __m512 dw;
+            prefetch_lines(next, next_bytes < pbytes ? next_bytes : pbytes, (size_t)b * per_step, (size_t)(b + 1) * per_step, 0);
             if (q8) panel_q8(&pr, (size_t)b * bb, T, &dw);
             else panel_q4(&pr, (size_t)b * bb, T, &dw);
             block_dot(1, T, dw, a, &f);
@@ -283,11 +303,19 @@ static void gemm_rows(const char *panel, int nb, const q3_qact *qa, int t0, floa
 static void gemm(q3_dtype wt, const void *w, size_t ws, const q3_qact *qa, float *y, size_t ldy, int o0, int o1,
                  void *scratch)
 {
-    const int nb = qa->k / Q3_QBLOCK;
+    const int nb = qa->k / Q3_QBLOCK, n_tiles = (qa->rows + Q3_QACT_TILE - 1) / Q3_QACT_TILE;
+    const size_t pbytes = (size_t)PANEL * ws, per_tile = (pbytes / 64 + (size_t)n_tiles - 1) / (size_t)n_tiles * 64;
     for (int o = o0; o < o1; o += PANEL) {
         pack_panel(wt, w, ws, nb, o, o1, scratch, 0);
-        for (int t0 = 0; t0 < qa->rows; t0 += Q3_QACT_TILE)
+        /* the next panel's weights into L2 while this one computes */
+        const char *next = (const char *)w + (size_t)(o + PANEL) * ws;
+        size_t next_bytes = o + PANEL < o1 ? (size_t)(o1 - o - PANEL) * ws : 0;
+        if (next_bytes > pbytes) next_bytes = pbytes;
+        for (int t = 0; t < n_tiles; t++) {
+            prefetch_lines(next, next_bytes, (size_t)t * per_tile, (size_t)(t + 1) * per_tile, 1);
+            int t0 = t * Q3_QACT_TILE;
             gemm_rows(scratch, nb, qa, t0, y + (size_t)t0 * ldy + o, ldy, q3_mask16(o1 - o), 0, wt);
+        }
     }
 }
 
@@ -460,11 +488,17 @@ static void amx_matmul(q3_dtype wt, const void *w, size_t ws, const q3_qact *qa,
     const int nb = qa->k / Q3_QBLOCK;
     char *panel = scratch;
     int32_t *cbuf = (int32_t *)(panel + (size_t)nb * PANEL_BLOCK_BYTES);
+    const int n_tiles = (qa->rows + Q3_QACT_TILE - 1) / Q3_QACT_TILE;
+    const size_t pbytes = (size_t)PANEL * ws, per_tile = (pbytes / 64 + (size_t)n_tiles - 1) / (size_t)n_tiles * 64;
     amx_load_config();
     for (int o = o0; o < o1; o += PANEL) {
         pack_panel(wt, w, ws, nb, o, o1, panel, 1);
         __mmask16 m = q3_mask16(o1 - o);
-        for (int t0 = 0; t0 < qa->rows; t0 += Q3_QACT_TILE) {
+        const char *next = (const char *)w + (size_t)(o + PANEL) * ws;
+        size_t next_bytes = o + PANEL < o1 ? (size_t)(o1 - o - PANEL) * ws : 0;
+        if (next_bytes > pbytes) next_bytes = pbytes;
+        for (int t0 = 0, t = 0; t0 < qa->rows; t0 += Q3_QACT_TILE, t++) {
+            prefetch_lines(next, next_bytes, (size_t)t * per_tile, (size_t)(t + 1) * per_tile, 1);
             float *yt = y + (size_t)t0 * ldy + o;
             if (q3_qact_tile_rows(qa, t0) == Q3_QACT_TILE) amx_tile(panel, nb, q3_qact_block(qa, t0, 0), yt, ldy, m, cbuf);
             else gemm_rows(panel, nb, qa, t0, yt, ldy, m, 1, wt);
