@@ -13,7 +13,7 @@
  * its repeats (best in brackets). Every kernel table is first checked
  * against the scalar reference on sampled outputs.
  *
- *   build/bench/bench_quant [--reps N] [--threads T] [--isa avx512|avx2|amx] [--only decode|token|prefill]
+ *   build/bench/bench_quant [--reps N] [--threads T] [--isa avx512|avx2] [--only decode|token|prefill]
  *                           [--dtype q8_0|q4_0] [--arena MIB] [--bw GBS --peak GOPS]
  */
 #include <math.h>
@@ -333,7 +333,7 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--peak") && i + 1 < argc) peak_arg = atof(argv[++i]);
         else {
             fprintf(stderr,
-                    "usage: %s [--reps N] [--threads T] [--isa avx512|avx2|amx] [--only decode|token|prefill] "
+                    "usage: %s [--reps N] [--threads T] [--isa avx512|avx2] [--only decode|token|prefill] "
                     "[--dtype q8_0|q4_0] [--arena MIB] [--bw GBS --peak GOPS]\n",
                     argv[0]);
             return 2;
@@ -346,7 +346,6 @@ int main(int argc, char **argv)
     pool = q3_pool_new(threads);
     n_pool = pool ? q3_pool_size(pool) : 1;
 
-    if (q3_quant_has_amx_int8()) tables[n_tables++] = (table){"amx", &q3_quant_amx, &q3_cpu_mm_quant_amx};
     if (q3_cpu_has_avx512_path(f)) tables[n_tables++] = (table){"avx512", &q3_quant_avx512, &q3_cpu_mm_quant_avx512};
     if (q3_cpu_has_avx2_path(f)) tables[n_tables++] = (table){"avx2", &q3_quant_avx2, &q3_cpu_mm_quant_avx2};
 

@@ -49,8 +49,8 @@ static void *xalloc(size_t n)
 }
 
 /* The kernel tables this CPU can run, reference first. */
-static const q3_quant_kernels *tables[4];
-static const q3_cpu_mm_kernels *mm_tables[4];
+static const q3_quant_kernels *tables[3];
+static const q3_cpu_mm_kernels *mm_tables[3];
 static int n_tables;
 
 static void find_tables(void)
@@ -64,10 +64,6 @@ static void find_tables(void)
     if (q3_cpu_has_avx512_path(f)) {
         mm_tables[n_tables] = &q3_cpu_mm_quant_avx512;
         tables[n_tables++] = &q3_quant_avx512;
-    }
-    if (q3_quant_has_amx_int8()) {
-        mm_tables[n_tables] = &q3_cpu_mm_quant_amx;
-        tables[n_tables++] = &q3_quant_amx;
     }
     printf("kernel tables:");
     for (int i = 0; i < n_tables; i++) printf(" %s", tables[i]->name);

@@ -19,7 +19,14 @@
  *    and 8 row accumulators in registers, the activations' 4-byte groups
  *    broadcast straight from memory into vpdpbusd.
  * Both run the same per-lane sequence, so a row's outputs are the same bits
- * from either (and from the AVX2 and reference kernels). */
+ * from either (and from the AVX2 and reference kernels).
+ *
+ * Tried and dropped: an AMX-INT8 GEMM (TDPBSSD on the same panels, one C
+ * tile per 32-value block because every block has its own scales). Each C
+ * tile must go through memory (a tile store, 16 row loads) before the
+ * cvt + mul + fma of its block, and on this machine the tile loads and
+ * stores plus the fold's loads saturate the load/store ports: it measured
+ * 0.9x this kernel in bench_quant, so it is not worth its complexity. */
 #include <string.h>
 
 #include "backend/cpu/quant_kernels.h"
@@ -239,12 +246,10 @@ Q3_INLINE void gemv_kind(const int q8, const void *w, size_t ws, const q3_qact *
 /* ---- the GEMM -------------------------------------------------------------------------------- */
 
 /* Transposes the panel at output o (all nb blocks) into dst: per block T[0..7]
- * then the 16 scales (PANEL_BLOCK_BYTES). signed_q: the weights as signed
- * bytes (Q8_0 as stored, Q4_0 nibble - 8) for AMX, instead of unsigned. */
-static void pack_panel(q3_dtype wt, const void *w, size_t ws, int nb, int o, int o1, char *dst, int signed_q)
+ * then the 16 scales (PANEL_BLOCK_BYTES). */
+static void pack_panel(q3_dtype wt, const void *w, size_t ws, int nb, int o, int o1, char *dst)
 {
     const size_t bb = block_bytes(wt);
-    const __m512i flip = _mm512_set1_epi8(wt == Q3_Q8_0 ? (char)0x80 : 0), eight = _mm512_set1_epi8(wt == Q3_Q8_0 ? 0 : 8);
     panel_rows pr;
     panel_rows_init(&pr, w, ws, o, o1);
     for (int b = 0; b < nb; b++, dst += PANEL_BLOCK_BYTES) {
@@ -252,20 +257,15 @@ static void pack_panel(q3_dtype wt, const void *w, size_t ws, int nb, int o, int
         __m512 dw;
         if (wt == Q3_Q8_0) panel_q8(&pr, (size_t)b * bb, T, &dw);
         else panel_q4(&pr, (size_t)b * bb, T, &dw);
-        for (int j = 0; j < 8; j++) {
-            __m512i t = signed_q ? _mm512_sub_epi8(_mm512_xor_si512(T[j], flip), eight) : T[j];
-            _mm512_store_si512(dst + 64 * j, t);
-        }
+        for (int j = 0; j < 8; j++) _mm512_store_si512(dst + 64 * j, T[j]);
         _mm512_store_ps(dst + 512, dw);
     }
 }
 
 /* R rows (one activation tile) against a packed panel, all blocks. The R
  * sums live in f[] (beyond the registers for R = 16: the compiler keeps
- * them in L1, one load and store per row and block next to 8 dot products).
- * signed_panel: the panel was packed for AMX; made unsigned again here. */
-Q3_INLINE void gemm_tile(const int R, const char *panel, int nb, const char *a, float *y, size_t ldy, __mmask16 m,
-                         int signed_panel, __m512i flip, __m512i eight)
+ * them in L1, one load and store per row and block next to 8 dot products). */
+Q3_INLINE void gemm_tile(const int R, const char *panel, int nb, const char *a, float *y, size_t ldy, __mmask16 m)
 {
     __m512 f[Q3_QACT_TILE];
 #pragma GCC unroll 16
@@ -273,10 +273,7 @@ Q3_INLINE void gemm_tile(const int R, const char *panel, int nb, const char *a, 
     for (int b = 0; b < nb; b++, panel += PANEL_BLOCK_BYTES, a += R * Q3_QACT_BLOCK_BYTES) {
         __m512i T[8];
 #pragma GCC unroll 8
-        for (int j = 0; j < 8; j++) {
-            T[j] = _mm512_load_si512(panel + 64 * j);
-            if (signed_panel) T[j] = _mm512_xor_si512(_mm512_add_epi8(T[j], eight), flip);
-        }
+        for (int j = 0; j < 8; j++) T[j] = _mm512_load_si512(panel + 64 * j);
         block_dot(R, T, _mm512_load_ps(panel + 512), a, f);
     }
 #pragma GCC unroll 16
@@ -284,19 +281,16 @@ Q3_INLINE void gemm_tile(const int R, const char *panel, int nb, const char *a, 
 }
 
 /* The activation tile at row t0 (th rows) against a packed panel. */
-static void gemm_rows(const char *panel, int nb, const q3_qact *qa, int t0, float *y, size_t ldy, __mmask16 m,
-                      int signed_panel, q3_dtype wt)
+static void gemm_rows(const char *panel, int nb, const q3_qact *qa, int t0, float *y, size_t ldy, __mmask16 m)
 {
     const char *a = q3_qact_block(qa, t0, 0);
-    const __m512i flip = _mm512_set1_epi8(wt == Q3_Q8_0 ? (char)0x80 : 0), eight = _mm512_set1_epi8(wt == Q3_Q8_0 ? 0 : 8);
-    const int sp = signed_panel;
     switch (q3_qact_tile_rows(qa, t0)) {
 #define TILE_CASE(n) \
-    case n: gemm_tile(n, panel, nb, a, y, ldy, m, sp, flip, eight); break;
+    case n: gemm_tile(n, panel, nb, a, y, ldy, m); break;
         TILE_CASE(1) TILE_CASE(2) TILE_CASE(3) TILE_CASE(4) TILE_CASE(5) TILE_CASE(6) TILE_CASE(7) TILE_CASE(8)
         TILE_CASE(9) TILE_CASE(10) TILE_CASE(11) TILE_CASE(12) TILE_CASE(13) TILE_CASE(14) TILE_CASE(15)
 #undef TILE_CASE
-    default: gemm_tile(16, panel, nb, a, y, ldy, m, sp, flip, eight); break;
+    default: gemm_tile(16, panel, nb, a, y, ldy, m); break;
     }
 }
 
@@ -306,7 +300,7 @@ static void gemm(q3_dtype wt, const void *w, size_t ws, const q3_qact *qa, float
     const int nb = qa->k / Q3_QBLOCK, n_tiles = (qa->rows + Q3_QACT_TILE - 1) / Q3_QACT_TILE;
     const size_t pbytes = (size_t)PANEL * ws, per_tile = (pbytes / 64 + (size_t)n_tiles - 1) / (size_t)n_tiles * 64;
     for (int o = o0; o < o1; o += PANEL) {
-        pack_panel(wt, w, ws, nb, o, o1, scratch, 0);
+        pack_panel(wt, w, ws, nb, o, o1, scratch);
         /* the next panel's weights into L2 while this one computes */
         const char *next = (const char *)w + (size_t)(o + PANEL) * ws;
         size_t next_bytes = o + PANEL < o1 ? (size_t)(o1 - o - PANEL) * ws : 0;
@@ -314,7 +308,7 @@ static void gemm(q3_dtype wt, const void *w, size_t ws, const q3_qact *qa, float
         for (int t = 0; t < n_tiles; t++) {
             prefetch_lines(next, next_bytes, (size_t)t * per_tile, (size_t)(t + 1) * per_tile, 1);
             int t0 = t * Q3_QACT_TILE;
-            gemm_rows(scratch, nb, qa, t0, y + (size_t)t0 * ldy + o, ldy, q3_mask16(o1 - o), 0, wt);
+            gemm_rows(scratch, nb, qa, t0, y + (size_t)t0 * ldy + o, ldy, q3_mask16(o1 - o));
         }
     }
 }
@@ -369,168 +363,3 @@ const q3_cpu_mm_kernels q3_cpu_mm_quant_avx512 = {
     .prepare = mm_prepare,
     .range = mm_range,
 };
-
-/* ==== AMX-INT8 GEMM ================================================================================
- * The same panels, packed as signed bytes, as the B tile (8 rows of 64 bytes
- * = k/4 x 16 outputs x 4 bytes: the VNNI layout is the transposition the
- * panel already is); 16 activation rows of one block as the A tile (16 rows
- * x 32 bytes, straight from the activation layout); TDPBSSD leaves the 16 x
- * 16 exact block dot products I_b in a C tile, row r = activation row r,
- * lane = output. Stored to L1, each row takes the cvt + mul + fma of
- * block_dot: the same bits as every other kernel. Blocks alternate between
- * two C tiles so the tile unit computes block b + 1 while the vector unit
- * folds block b. Tiles of fewer than 16 rows (and rows < 16) go to the VNNI
- * tiles. Compiled for AMX here only; run only where q3_quant_has_amx_int8(). */
-#pragma GCC push_options
-#pragma GCC target("amx-tile,amx-int8")
-#include <cpuid.h>
-
-#include "backend/cpu/cpu_features.h"
-
-typedef struct amx_config {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} amx_config;
-
-/* C0..C3: 16 x 16 int32; A4, A5: 16 rows x 32 bytes; B6, B7: 8 rows x 64 bytes. */
-static void amx_load_config(void)
-{
-    amx_config c;
-    memset(&c, 0, sizeof c);
-    c.palette = 1;
-    for (int t = 0; t < 8; t++) {
-        c.rows[t] = t >= 6 ? 8 : 16;
-        c.colsb[t] = t == 4 || t == 5 ? 32 : 64;
-    }
-    /* ldtilecfg by hand, as matmul_amx_avx512.c explains (GCC 12 drops the stores) */
-    __asm__ volatile("ldtilecfg %0" ::"m"(c));
-}
-
-bool q3_quant_has_amx_int8(void)
-{
-    static int known = -1;
-    if (known < 0) {
-        unsigned a, b, c, d;
-        bool int8 = __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d & (1u << 25));
-        known = int8 && q3_cpu_has_amx_path(q3_cpu_features_get());
-    }
-    return known;
-}
-
-/* Folds the C tile stored at cbuf (16 x 16 int32) into the 16 row sums. */
-Q3_INLINE void amx_fold(const int32_t *cbuf, __m512 dw, const char *a, __m512 *f)
-{
-#pragma GCC unroll 16
-    for (int r = 0; r < 16; r++) {
-        __m512 s = _mm512_mul_ps(dw, _mm512_set1_ps(ld_f32(a + 16 * (Q3_QBLOCK + 4) + 4 * r)));
-        f[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(cbuf + 16 * r)), s, f[r]);
-    }
-}
-
-/* One full 16-row activation tile (a: its block 0) against a signed panel.
- * Software-pipelined two blocks deep over four C tiles: the products of
- * blocks b + 2, b + 3 are issued before blocks b, b + 1 are stored and
- * folded, so the tile unit never waits for the vector unit (a C tile must
- * go through memory, and the loads of the fold wait for the tile store).
- * Four C slots in cbuf, so a store never waits for the loads of the last fold. */
-static void amx_tile(const char *panel, int nb, const char *a, float *y, size_t ldy, __mmask16 m, int32_t *cbuf)
-{
-    __m512 f[16];
-    for (int r = 0; r < 16; r++) f[r] = _mm512_setzero_ps();
-    const size_t ab = 16 * Q3_QACT_BLOCK_BYTES; /* one block of the tile */
-#define A_(blk) (a + (size_t)(blk) * ab)
-#define P_(blk) (panel + (size_t)(blk) * PANEL_BLOCK_BYTES)
-#define DP(c, ta, tb, blk)                 \
-    do {                                   \
-        _tile_zero(c);                     \
-        _tile_loadd(ta, A_(blk), Q3_QBLOCK); \
-        _tile_loadd(tb, P_(blk), 64);      \
-        _tile_dpbssd(c, ta, tb);           \
-    } while (0)
-#define FOLD(c, blk)                                                              \
-    do {                                                                          \
-        _tile_stored(c, cbuf + 256 * (c), 64);                                    \
-        amx_fold(cbuf + 256 * (c), _mm512_load_ps(P_(blk) + 512), A_(blk), f);    \
-    } while (0)
-    DP(0, 4, 6, 0);
-    if (nb > 1) DP(1, 5, 7, 1);
-    for (int b = 0; b < nb; b += 4) {
-        if (b + 2 < nb) DP(2, 4, 6, b + 2);
-        if (b + 3 < nb) DP(3, 5, 7, b + 3);
-        FOLD(0, b);
-        if (b + 1 < nb) FOLD(1, b + 1);
-        if (b + 4 < nb) DP(0, 4, 6, b + 4);
-        if (b + 5 < nb) DP(1, 5, 7, b + 5);
-        if (b + 2 < nb) FOLD(2, b + 2);
-        if (b + 3 < nb) FOLD(3, b + 3);
-    }
-#undef A_
-#undef P_
-#undef DP
-#undef FOLD
-    for (int r = 0; r < 16; r++) _mm512_mask_storeu_ps(y + (size_t)r * ldy, m, f[r]);
-}
-
-/* Scratch: the panel, then four C tiles. */
-static size_t amx_scratch(q3_dtype wt, int rows, int k)
-{
-    return rows > 1 ? (size_t)(k / Q3_QBLOCK) * PANEL_BLOCK_BYTES + 4096 : 0;
-}
-static void amx_matmul(q3_dtype wt, const void *w, size_t ws, const q3_qact *qa, float *y, size_t ldy, int o0, int o1,
-                       void *scratch)
-{
-    if (o1 <= o0) return;
-    if (qa->rows < Q3_QACT_TILE) {
-        avx512_matmul(wt, w, ws, qa, y, ldy, o0, o1, scratch);
-        return;
-    }
-    const int nb = qa->k / Q3_QBLOCK;
-    char *panel = scratch;
-    int32_t *cbuf = (int32_t *)(panel + (size_t)nb * PANEL_BLOCK_BYTES);
-    const int n_tiles = (qa->rows + Q3_QACT_TILE - 1) / Q3_QACT_TILE;
-    const size_t pbytes = (size_t)PANEL * ws, per_tile = (pbytes / 64 + (size_t)n_tiles - 1) / (size_t)n_tiles * 64;
-    amx_load_config();
-    for (int o = o0; o < o1; o += PANEL) {
-        pack_panel(wt, w, ws, nb, o, o1, panel, 1);
-        __mmask16 m = q3_mask16(o1 - o);
-        const char *next = (const char *)w + (size_t)(o + PANEL) * ws;
-        size_t next_bytes = o + PANEL < o1 ? (size_t)(o1 - o - PANEL) * ws : 0;
-        if (next_bytes > pbytes) next_bytes = pbytes;
-        for (int t0 = 0, t = 0; t0 < qa->rows; t0 += Q3_QACT_TILE, t++) {
-            prefetch_lines(next, next_bytes, (size_t)t * per_tile, (size_t)(t + 1) * per_tile, 1);
-            float *yt = y + (size_t)t0 * ldy + o;
-            if (q3_qact_tile_rows(qa, t0) == Q3_QACT_TILE) amx_tile(panel, nb, q3_qact_block(qa, t0, 0), yt, ldy, m, cbuf);
-            else gemm_rows(panel, nb, qa, t0, yt, ldy, m, 1, wt);
-        }
-    }
-}
-
-const q3_quant_kernels q3_quant_amx = {
-    .name = "avx512-amx",
-    .granule = PANEL,
-    .quantize = avx512_quantize,
-    .scratch = amx_scratch,
-    .matmul = amx_matmul,
-};
-
-static size_t amx_mm_scratch(const q3_cpu_matmul *mm)
-{
-    return q3_qact_bytes(mm->m, mm->k) + amx_scratch(mm->wtype, mm->m, mm->k);
-}
-
-static void amx_mm_range(const q3_cpu_matmul *mm, void *scratch, int o0, int o1)
-{
-    q3_qact qa = q3_qact_carve(scratch, mm->m, mm->k);
-    amx_matmul(mm->wtype, mm->w, mm->w_row_bytes, &qa, mm->y, mm->ldy, o0, o1,
-               (char *)scratch + q3_qact_bytes(mm->m, mm->k));
-}
-
-const q3_cpu_mm_kernels q3_cpu_mm_quant_amx = {
-    .scratch = amx_mm_scratch,
-    .granule = mm_granule,
-    .prepare = mm_prepare,
-    .range = amx_mm_range,
-};
-
-#pragma GCC pop_options

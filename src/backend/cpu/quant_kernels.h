@@ -20,7 +20,7 @@
  * where dw is the weight block's f16 scale as float and dw * d is one float
  * multiply. |I_b| <= 32 * 128 * 127 < 2^24, so (float)I_b is exact and the
  * only roundings are the product of the scales and the fused multiply-add:
- * every kernel (AVX-512 VNNI GEMV and GEMM, AMX GEMM, AVX2, reference)
+ * every kernel (AVX-512 VNNI GEMV and GEMM, AVX2, reference)
  * returns the same bits for an output whatever the number of rows, the tile
  * it sat in or the thread that made it (kernels.h's determinism contract).
  *
@@ -105,7 +105,7 @@ static inline float *q3_qact_d(const q3_qact *qa, int r, int b)
 /* ---- the kernels, one table per instruction set --------------------------------- */
 
 typedef struct q3_quant_kernels {
-    const char *name;  /* "ref", "avx2", "avx512-vnni", "avx512-amx" */
+    const char *name;  /* "ref", "avx2", "avx512-vnni" */
     /* Output panel width: ranges should start at multiples of it (results do
        not depend on it). */
     int granule;
@@ -129,11 +129,6 @@ typedef struct q3_quant_kernels {
 extern const q3_quant_kernels q3_quant_ref;     /* portable C: the oracle */
 extern const q3_quant_kernels q3_quant_avx2;    /* AVX2 (vpmaddubsw) */
 extern const q3_quant_kernels q3_quant_avx512;  /* AVX-512 VNNI (vpdpbusd) GEMV and GEMM */
-extern const q3_quant_kernels q3_quant_amx;     /* AVX-512 VNNI GEMV, AMX-INT8 GEMM (rows >= 16) */
-
-/* True when the CPU has AMX-INT8 and the AMX path of the unit is usable
- * (q3_cpu_has_amx_path: tile data permission granted). */
-bool q3_quant_has_amx_int8(void);
 
 /* ---- the same behind the unit's MATMUL interface (kernels.h) -----------------------
  * For a q3_cpu_matmul whose wtype is Q3_Q8_0 or Q3_Q4_0 (k % 32 == 0):
@@ -143,6 +138,6 @@ bool q3_quant_has_amx_int8(void);
  *    bench_quant), so no barrier is needed between quantizing and the range;
  *  - range(mm, scratch, o0, o1) runs the table's matmul;
  *  - granule(mm) = the table's granule. */
-extern const q3_cpu_mm_kernels q3_cpu_mm_quant_avx2, q3_cpu_mm_quant_avx512, q3_cpu_mm_quant_amx;
+extern const q3_cpu_mm_kernels q3_cpu_mm_quant_avx2, q3_cpu_mm_quant_avx512;
 
 #endif
