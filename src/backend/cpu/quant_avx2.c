@@ -12,9 +12,9 @@
  *    |w| (unsigned, <= 128) times x with w's sign (|pair sum| <= 32512);
  *  - Q4_0: nibbles 0..15 unpacked to bytes are the unsigned side, and the
  *    activation block's c = -8 * sum(q) seeds the sum.
- * Rows are walked in tiles of 8 (their activations stay in L1), each tile
+ * Rows are walked in tiles of 16 (their activations stay in L1), each tile
  * over all blocks of the panel (its weights stay in L1 across the tiles);
- * the GEMV is the same with one row. */
+ * the GEMV is the same with one row, prefetching the next panel as it goes. */
 #include <string.h>
 
 #include "backend/cpu/quant_kernels.h"
@@ -131,8 +131,13 @@ Q3_INLINE __m256 scales8(const uint8_t *const rp[PANEL], __m256i vidx, size_t bo
     return _mm256_cvtph_ps(h);
 }
 
+/* One activation tile against the panel at rp, all blocks. The panel's
+ * rows are read as 8 interleaved streams, which the hardware prefetchers
+ * follow poorly, so the first tile also prefetches next_bytes of the next
+ * panel (contiguous rows) in address order, per_step bytes per block. */
 Q3_INLINE void panel_tile(const int q8, const uint8_t *const rp[PANEL], __m256i vidx, size_t bb, const q3_qact *qa,
-                          int t0, int th, float *y, size_t ldy, int cols)
+                          int t0, int th, float *y, size_t ldy, int cols, const char *next, size_t next_bytes,
+                          size_t per_step)
 {
     const int nb = qa->k / Q3_QBLOCK;
     __m256 f[Q3_QACT_TILE];
@@ -140,6 +145,9 @@ Q3_INLINE void panel_tile(const int q8, const uint8_t *const rp[PANEL], __m256i 
     const char *a = q3_qact_block(qa, t0, 0);
     for (int b = 0; b < nb; b++, a += (size_t)th * Q3_QACT_BLOCK_BYTES) {
         size_t boff = (size_t)b * bb;
+        if (t0 == 0)
+            for (size_t l = (size_t)b * per_step; l < (size_t)(b + 1) * per_step && l < next_bytes; l += 64)
+                _mm_prefetch(next + l, _MM_HINT_T0);
         __m256 dw = scales8(rp, vidx, boff);
         for (int r = 0; r < th; r++) {
             const int8_t *xq = (const int8_t *)a + r * Q3_QBLOCK;
@@ -155,8 +163,14 @@ Q3_INLINE void panel_tile(const int q8, const uint8_t *const rp[PANEL], __m256i 
 Q3_INLINE void matmul_kind(const int q8, const void *w, size_t ws, const q3_qact *qa, float *y, size_t ldy, int o0,
                            int o1)
 {
-    const size_t bb = q8 ? 34 : 18;
+    const size_t bb = q8 ? 34 : 18, pbytes = (size_t)PANEL * ws, nb = (size_t)(qa->k / Q3_QBLOCK);
+    const size_t per_step = (pbytes / 64 + nb - 1) / nb * 64;
+    for (size_t l = 0; l < pbytes && l < (size_t)(o1 - o0) * ws; l += 64)
+        _mm_prefetch((const char *)w + (size_t)o0 * ws + l, _MM_HINT_T0);
     for (int o = o0; o < o1; o += PANEL) {
+        const char *next = (const char *)w + (size_t)(o + PANEL) * ws;
+        size_t next_bytes = o + PANEL < o1 ? (size_t)(o1 - o - PANEL) * ws : 0;
+        if (next_bytes > pbytes) next_bytes = pbytes;
         const uint8_t *rp[PANEL];
         int32_t idx[PANEL];
         for (int l = 0; l < PANEL; l++) {
@@ -166,7 +180,8 @@ Q3_INLINE void matmul_kind(const int q8, const void *w, size_t ws, const q3_qact
         }
         __m256i vidx = _mm256_loadu_si256((const __m256i *)idx);
         for (int t0 = 0; t0 < qa->rows; t0 += Q3_QACT_TILE)
-            panel_tile(q8, rp, vidx, bb, qa, t0, q3_qact_tile_rows(qa, t0), y + (size_t)t0 * ldy + o, ldy, o1 - o);
+            panel_tile(q8, rp, vidx, bb, qa, t0, q3_qact_tile_rows(qa, t0), y + (size_t)t0 * ldy + o, ldy, o1 - o, next,
+                       next_bytes, per_step);
     }
 }
 
