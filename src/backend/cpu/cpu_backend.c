@@ -471,17 +471,27 @@ static const char *cpu_refuses(const q3_backend *b, const q3_graph *g, const q3_
     static const char *const no_matmul[Q3_DTYPE_COUNT] = {
         [Q3_Q8_0] = "no kernel for Q8_0 weights",
         [Q3_Q4_0] = "no kernel for Q4_0 weights",
+        [Q3_Q4_K] = "no kernel for Q4_K weights",
+        [Q3_Q6_K] = "no kernel for Q6_K weights",
     };
     static const char *const no_norm[Q3_DTYPE_COUNT] = {
         [Q3_Q8_0] = "no Q8_0 norm weights",
         [Q3_Q4_0] = "no Q4_0 norm weights",
+        [Q3_Q4_K] = "no Q4_K norm weights",
+        [Q3_Q6_K] = "no Q6_K norm weights",
+    };
+    static const char *const no_embed[Q3_DTYPE_COUNT] = {
+        [Q3_Q4_K] = "no Q4_K row conversion (embedding)",
+        [Q3_Q6_K] = "no Q6_K row conversion (embedding)",
     };
     if (op->weight) {
         q3_dtype t = op->weight->dtype;
         if ((unsigned)t >= Q3_DTYPE_COUNT) return "unknown weight dtype";
         bool plain = t == Q3_F32 || t == Q3_F16 || t == Q3_BF16;
-        if (!plain && op->kind == Q3_OP_MATMUL) return no_matmul[t];
-        if (!plain && op->kind != Q3_OP_EMBED) return no_norm[t];
+        /* a dtype missing from the tables (K-quants) is refused too, never admitted by default */
+        if (!plain && op->kind == Q3_OP_MATMUL) return no_matmul[t] ? no_matmul[t] : "no kernel for this weight dtype";
+        if (!plain && op->kind != Q3_OP_EMBED) return no_norm[t] ? no_norm[t] : "no norm kernel for this weight dtype";
+        if (!plain && t != Q3_Q8_0 && t != Q3_Q4_0) return no_embed[t] ? no_embed[t] : "no row conversion for this weight dtype";
     }
     if (op->kind == Q3_OP_ROPE && g->cfg->head_dim % 2) return "RoPE needs an even head_dim";
     return NULL;
