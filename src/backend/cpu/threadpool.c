@@ -12,6 +12,7 @@
 #include <stdbool.h>
 #include <stdlib.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -21,10 +22,12 @@
 #define cpu_relax() ((void)0)
 #endif
 
-/* Pause instructions a worker spins before it sleeps: ~100-200 us on recent
- * x86 (a pause is ~40-140 cycles), longer than the gap between two ops of a
- * graph, short enough not to burn a core between requests. */
-#define SPIN_PAUSES 4000
+/* How long a worker spins for the next job before it sleeps: longer than the
+ * gap between two ops of a graph (a few inline elementwise ops), short enough
+ * that on a shared machine an idle worker soon gives its core back (measured
+ * there: 50 us beats 200 us by ~5-10% of decode time). In time, not pause
+ * counts: a pause is ~10 cycles on some x86 parts and ~140 on others. */
+#define SPIN_NS 50000
 /* Claim-word index meaning "this job is closed: no more claims". */
 #define CLOSED 0xffffffffu
 
@@ -78,13 +81,22 @@ static void work(q3_pool *p, uint32_t gen, int ith)
     }
 }
 
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
 /* Waits until generation differs from seen; returns the new value. */
 static uint32_t wait_for_job(q3_pool *p, uint32_t seen)
 {
-    for (int i = 0; i < SPIN_PAUSES; i++) {
+    uint64_t deadline = now_ns() + SPIN_NS;
+    for (unsigned i = 1;; i++) {
         uint32_t g = atomic_load_explicit(&p->generation, memory_order_acquire);
         if (g != seen) return g;
         cpu_relax();
+        if (i % 64 == 0 && now_ns() > deadline) break;
     }
     for (;;) {
         atomic_fetch_add(&p->sleepers, 1); /* seq_cst: pairs with the caller's bump-then-check */
@@ -167,7 +179,7 @@ void q3_pool_run(q3_pool *p, const q3_pool_job *job)
     work(p, gen, 0);
     for (unsigned spins = 0; atomic_load_explicit(&p->done, memory_order_acquire) < job->n_items; spins++) {
         cpu_relax();
-        if (spins > 4096) sched_yield(); /* the worker holding an item was descheduled */
+        if (spins > 256) sched_yield(); /* the worker holding an item was descheduled */
     }
     atomic_store_explicit(&p->claim, (uint64_t)gen << 32 | CLOSED, memory_order_release);
 }
