@@ -11,10 +11,12 @@
  * MATMUL (q3_cpu_mm_quant_*: every thread quantizes the activations into its
  * own scratch, then claims ranges of outputs). Each timing is the median of
  * its repeats (best in brackets). Every kernel table is first checked
- * against the scalar reference on sampled outputs.
+ * against the scalar reference on sampled outputs (they are bit-identical).
+ * On a shared machine, --cpu-time times the 1-thread runs in this thread's
+ * CPU time (the limits stay wall-clock: compare with care).
  *
  *   build/bench/bench_quant [--reps N] [--threads T] [--isa avx512|avx2] [--only decode|token|prefill]
- *                           [--dtype q8_0|q4_0] [--arena MIB] [--bw GBS --peak GOPS]
+ *                           [--dtype q8_0|q4_0] [--arena MIB] [--bw GBS --peak GOPS] [--cpu-time]
  */
 #include <math.h>
 #include <stdio.h>
@@ -334,7 +336,7 @@ int main(int argc, char **argv)
         else {
             fprintf(stderr,
                     "usage: %s [--reps N] [--threads T] [--isa avx512|avx2] [--only decode|token|prefill] "
-                    "[--dtype q8_0|q4_0] [--arena MIB] [--bw GBS --peak GOPS]\n",
+                    "[--dtype q8_0|q4_0] [--arena MIB] [--bw GBS --peak GOPS] [--cpu-time]\n",
                     argv[0]);
             return 2;
         }
