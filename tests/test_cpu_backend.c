@@ -439,13 +439,16 @@ static void test_refuses(void)
     rig_config(&R, 4, 2, 8);
     q3_tensor w = {.dtype = Q3_Q8_0, .ndim = 2, .shape = {64, 64}};
     R.op = (q3_op){.kind = Q3_OP_MATMUL, .weight = &w};
+    /* Q8_0 / Q4_0 matmuls run on the int8 kernels (src/backend/cpu/quant_kernels.h) */
     const char *why = q3_backend_cpu.refuses(&q3_backend_cpu, &R.g, &R.op);
-    CHECK(why != NULL, "cpu admits Q8_0 matmuls");
-    if (why) CHECK_CONTAINS(why, "Q8_0");
+    CHECK(why == NULL, "cpu refuses Q8_0 matmuls: %s", why);
     w.dtype = Q3_Q4_0;
     why = q3_backend_cpu.refuses(&q3_backend_cpu, &R.g, &R.op);
-    CHECK(why != NULL, "cpu admits Q4_0 matmuls");
-    if (why) CHECK_CONTAINS(why, "Q4_0");
+    CHECK(why == NULL, "cpu refuses Q4_0 matmuls: %s", why);
+    w.dtype = Q3_Q4_K;
+    why = q3_backend_cpu.refuses(&q3_backend_cpu, &R.g, &R.op);
+    CHECK(why != NULL, "cpu admits Q4_K matmuls");
+    if (why) CHECK_CONTAINS(why, "Q4_K");
     w.dtype = Q3_BF16;
     CHECK(q3_backend_cpu.refuses(&q3_backend_cpu, &R.g, &R.op) == NULL, "cpu refuses BF16 matmuls");
     w.dtype = Q3_Q8_0;

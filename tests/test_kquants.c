@@ -699,7 +699,9 @@ static void test_model(void)
         if (lc && lk) {
             float d = max_abs_diff(lc, lk, nv);
             if (getenv("Q3_TEST_VERBOSE")) printf("cpu (K-quant ops on ref) vs ref: %.3g\n", d);
-            CHECK(d < 2e-3f, "cpu with ref fallback vs ref: %g", d);
+            /* its Q8_0 ffn_down runs on cpu with activations rounded to 8 bits: the golden
+               README's bound for such engines is 5e-2 */
+            CHECK(d < 5e-2f, "cpu with ref fallback vs ref: %g", d);
         }
         free(lc);
     } else {

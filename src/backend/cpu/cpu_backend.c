@@ -25,6 +25,7 @@
 #include <string.h>
 
 #include "backend/cpu/cpu_features.h"
+#include "backend/cpu/quant_kernels.h"
 #include "backend/cpu/threadpool.h"
 
 /* Elementwise ops with fewer values than this run inline on one thread:
@@ -264,20 +265,21 @@ static void run_rows(const q3_exec *e, const q3_op *op, const float *w)
 
 typedef struct mm_job {
     q3_cpu_matmul mm;
+    const q3_cpu_mm_kernels *k; /* BF16/F32/F16 kernels of the ISA, or the Q8_0/Q4_0 ones */
     int item;   /* outputs per work item */
 } mm_job;
 
 static void mm_begin(void *ctx, int ith)
 {
     mm_job *j = ctx;
-    st.isa->mm->prepare(&j->mm, st.scratch[ith].p);
+    j->k->prepare(&j->mm, st.scratch[ith].p);
 }
 
 static void mm_item(void *ctx, int item, int ith)
 {
     mm_job *j = ctx;
     int o0 = item * j->item, o1 = o0 + j->item < j->mm.n ? o0 + j->item : j->mm.n;
-    st.isa->mm->range(&j->mm, st.scratch[ith].p, o0, o1);
+    j->k->range(&j->mm, st.scratch[ith].p, o0, o1);
 }
 
 static void run_matmul(const q3_exec *e, const q3_op *op)
@@ -296,6 +298,11 @@ static void run_matmul(const q3_exec *e, const q3_op *op)
                     .k = (int)w->shape[1],
                 }};
     const q3_cpu_mm_kernels *k = st.isa->mm;
+    /* quantized weights: int8 dot products on activations quantized per 32-block
+       (each thread quantizes all rows into its own scratch: no barrier) */
+    if (w->dtype == Q3_Q8_0 || w->dtype == Q3_Q4_0)
+        k = st.isa == &isa_avx2 ? &q3_cpu_mm_quant_avx2 : &q3_cpu_mm_quant_avx512;
+    j.k = k;
     ensure_scratch(k->scratch(&j.mm));
     int g = k->granule(&j.mm);
     bool inline_run = st.nth == 1 || (double)j.mm.m * j.mm.n * j.mm.k < PARALLEL_MIN_MACS;
@@ -488,6 +495,8 @@ static const char *cpu_refuses(const q3_backend *b, const q3_graph *g, const q3_
         q3_dtype t = op->weight->dtype;
         if ((unsigned)t >= Q3_DTYPE_COUNT) return "unknown weight dtype";
         bool plain = t == Q3_F32 || t == Q3_F16 || t == Q3_BF16;
+        bool quant_mm = op->kind == Q3_OP_MATMUL && (t == Q3_Q8_0 || t == Q3_Q4_0) && op->weight->shape[1] % 32 == 0;
+        if (quant_mm) return NULL;
         /* a dtype missing from the tables (K-quants) is refused too, never admitted by default */
         if (!plain && op->kind == Q3_OP_MATMUL) return no_matmul[t] ? no_matmul[t] : "no kernel for this weight dtype";
         if (!plain && op->kind != Q3_OP_EMBED) return no_norm[t] ? no_norm[t] : "no norm kernel for this weight dtype";
