@@ -6,7 +6,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
+#include "backend/cpu/limits.h"
 #include "backend/registry.h"
 #include "cli/cli.h"
 #include "cli/defaults.h"
@@ -132,11 +134,12 @@ int cmd_bench(int argc, char **argv)
     const char *model = NULL, *units_arg = NULL, *svg = NULL, *prefill_on = NULL, *decode_on = NULL;
     q3_bench_opts o = {.chunk = 128, .gen = 64, .repeats = 5};
     double drain = 15;
-    int json = 0;
+    int json = 0, limits = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { fputs(usage, stdout); return 0; }
         if (!strcmp(a, "--json")) { json = 1; continue; }
+        if (!strcmp(a, "--no-limits")) { limits = 0; continue; }
         if (!v) return cli_error("bench", "option '%s' needs a value\n%s", a, usage);
         if (!strcmp(a, "-m") || !strcmp(a, "--model")) model = v;
         else if (!strcmp(a, "--compute-units") || !strcmp(a, "--backend")) units_arg = v;
@@ -224,6 +227,23 @@ int cmd_bench(int argc, char **argv)
         }
         runs[i].sample = sample_text(model, m->cfg.vocab_size, runs[i].r.generated, runs[i].r.n_generated);
     }
+    /* the machine's limits, measured in the same run */
+    int nth = (int)sysconf(_SC_NPROCESSORS_ONLN);
+    if (getenv("Q3_THREADS")) nth = atoi(getenv("Q3_THREADS"));
+    if (nth < 1) nth = 1;
+    double bw1 = 0, bw = 0, peak[Q3_LIMIT_KIND_COUNT] = {0};
+    if (limits) {
+        if (!json) fprintf(stderr, "  measuring the machine's limits ...\n");
+        bw1 = q3_limit_read_gbs(1, (size_t)512 << 20, 2);
+        bw = q3_limit_read_gbs(nth, (size_t)512 << 20, 2);
+        for (int k = 0; k < Q3_LIMIT_KIND_COUNT; k++) {
+            const char *isa;
+            peak[k] = q3_limit_peak((q3_limit_kind)k, nth, 0.2, &isa);
+        }
+    }
+    /* the prefill peak to compare with: AMX where the CPU has it (the cpu unit then uses it), else the BF16 dot */
+    double prefill_peak = peak[Q3_LIMIT_AMX_BF16] > 0 ? peak[Q3_LIMIT_AMX_BF16] : peak[Q3_LIMIT_DOT_BF16];
+    const char *prefill_peak_name = peak[Q3_LIMIT_AMX_BF16] > 0 ? "AMX BF16" : "BF16 dot";
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
     double peak_rss = (double)ru.ru_maxrss * 1024.0;
@@ -256,6 +276,18 @@ int cmd_bench(int argc, char **argv)
                    r->decode_ms.min, r->decode_ms.max, r->decode_ms.n);
             if (runs[i].sample) printf("%s: sample (greedy, random weights): %.200s\n", runs[i].decode_unit, runs[i].sample);
         }
+        if (limits) {
+            printf("\nmachine (measured now, %d threads): read %.1f GB/s (1 thread %.1f); peak FP32 FMA %.0f, BF16 dot %.0f, "
+                   "AMX BF16 %.0f GFLOP/s, INT8 dot %.0f GOP/s\n",
+                   nth, bw, bw1, peak[Q3_LIMIT_FMA_F32], peak[Q3_LIMIT_DOT_BF16], peak[Q3_LIMIT_AMX_BF16],
+                   peak[Q3_LIMIT_DOT_INT8]);
+            for (int i = 0; i < n_runs; i++) {
+                const q3_bench_result *r = &runs[i].r;
+                printf("%s: decode at %.0f%% of the measured read bandwidth; prefill at %.0f%% of the %s peak\n",
+                       runs[i].decode_unit, 100 * r->decode_bytes / (r->decode_ms.mean * 1e6) / bw,
+                       100 * r->prefill_flops / (r->prefill_ms.p50 * 1e6) / prefill_peak, prefill_peak_name);
+            }
+        }
         printf("\nopen + first token of a 16-token prompt: %.1f ms; peak resident memory %.0f MB "
                "(weights %.0f MB, mmapped)\n", ttft_ms, peak_rss / 1e6, (double)wbytes / 1e6);
     } else {
@@ -274,6 +306,16 @@ int cmd_bench(int argc, char **argv)
         cJSON_AddNumberToObject(jc, "depth", o.depth);
         cJSON_AddNumberToObject(root, "ttft_ms", ttft_ms);
         cJSON_AddNumberToObject(root, "peak_rss_bytes", peak_rss);
+        if (limits) {
+            cJSON *mc = cJSON_AddObjectToObject(root, "machine");
+            cJSON_AddNumberToObject(mc, "threads", nth);
+            cJSON_AddNumberToObject(mc, "read_gb_s_1thread", bw1);
+            cJSON_AddNumberToObject(mc, "read_gb_s", bw);
+            cJSON_AddNumberToObject(mc, "fp32_fma_gflop_s", peak[Q3_LIMIT_FMA_F32]);
+            cJSON_AddNumberToObject(mc, "bf16_dot_gflop_s", peak[Q3_LIMIT_DOT_BF16]);
+            cJSON_AddNumberToObject(mc, "amx_bf16_gflop_s", peak[Q3_LIMIT_AMX_BF16] > 0 ? peak[Q3_LIMIT_AMX_BF16] : 0);
+            cJSON_AddNumberToObject(mc, "int8_dot_gop_s", peak[Q3_LIMIT_DOT_INT8]);
+        }
         cJSON *jr = cJSON_AddArrayToObject(root, "runs");
         for (int i = 0; i < n_runs; i++) {
             const q3_bench_result *r = &runs[i].r;
@@ -292,6 +334,11 @@ int cmd_bench(int argc, char **argv)
             cJSON_AddNumberToObject(x, "handoff_ms", r->handoff_ms);
             cJSON_AddNumberToObject(x, "prefill_gflop_s", r->prefill_flops / (r->prefill_ms.p50 * 1e6));
             cJSON_AddNumberToObject(x, "decode_gb_s", r->decode_bytes / (r->decode_ms.mean * 1e6));
+            if (limits && bw > 0 && prefill_peak > 0) {
+                cJSON_AddNumberToObject(x, "decode_fraction_of_bandwidth", r->decode_bytes / (r->decode_ms.mean * 1e6) / bw);
+                cJSON_AddNumberToObject(x, "prefill_fraction_of_peak",
+                                        r->prefill_flops / (r->prefill_ms.p50 * 1e6) / prefill_peak);
+            }
             if (runs[i].sample) cJSON_AddStringToObject(x, "sample_text", runs[i].sample);
             cJSON_AddItemToArray(jr, x);
         }
