@@ -227,6 +227,10 @@ int cmd_bench(int argc, char **argv)
         }
         runs[i].sample = sample_text(model, m->cfg.vocab_size, runs[i].r.generated, runs[i].r.n_generated);
     }
+    /* peak memory of the runs, before the limit benchmarks allocate their buffer */
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    double peak_rss = (double)ru.ru_maxrss * 1024.0;
     /* the machine's limits, measured in the same run */
     int nth = (int)sysconf(_SC_NPROCESSORS_ONLN);
     if (getenv("Q3_THREADS")) nth = atoi(getenv("Q3_THREADS"));
@@ -244,9 +248,6 @@ int cmd_bench(int argc, char **argv)
     /* the prefill peak to compare with: AMX where the CPU has it (the cpu unit then uses it), else the BF16 dot */
     double prefill_peak = peak[Q3_LIMIT_AMX_BF16] > 0 ? peak[Q3_LIMIT_AMX_BF16] : peak[Q3_LIMIT_DOT_BF16];
     const char *prefill_peak_name = peak[Q3_LIMIT_AMX_BF16] > 0 ? "AMX BF16" : "BF16 dot";
-    struct rusage ru;
-    getrusage(RUSAGE_SELF, &ru);
-    double peak_rss = (double)ru.ru_maxrss * 1024.0;
     if (!json) {
         printf("\n%-13s %-24s %12s %-24s %8s %12s\n", "unit", "prefill ms/chunk p50/p99", "prompt tok/s",
                "decode ms/tok p50/p99", "tok/s", "RTFx");
