@@ -41,11 +41,14 @@ static int fuzz_tokenize(const uint8_t *data, size_t size)
     const q3_tokenizer *tok = tokenize_load();
     const char *text = (const char *)data;
     int valid = fuzz_utf8_valid(text, size);
+    /* no NFC oracle for marks Unicode 9.0 did not have (fuzz_has_post_unicode9_mark):
+     * such text is still encoded and decoded and checked, only not compared */
+    int oracle = valid && !fuzz_has_post_unicode9_mark(text, size);
     for (int special_as_text = 0; special_as_text <= 1; special_as_text++) {
         size_t el = 0;
-        char *expect = valid ? fuzz_expected_text(tokenize_added, tokenize_n_added, special_as_text, 1, text, size, &el)
+        char *expect = oracle ? fuzz_expected_text(tokenize_added, tokenize_n_added, special_as_text, 1, text, size, &el)
                              : NULL;
-        FUZZ_CHECK(!valid || expect, "the oracle could not normalise the text");
+        FUZZ_CHECK(!oracle || expect, "the oracle could not normalise the text");
         q3_status st = fuzz_check_encode(tok, text, size, special_as_text ? Q3_ENCODE_SPECIAL_AS_TEXT : 0, expect, el);
         if (valid) FUZZ_CHECK(st == Q3_OK, "valid UTF-8 does not encode: %s", q3_last_error());
         free(expect);

@@ -178,6 +178,14 @@ static void gguf_seeds(void)
     const int64_t sq8[2] = {2, 32}, sq4[1] = {64};
     die_if(q3_gguf_writer_add_tensor(w, "q8", Q3_Q8_0, 2, sq8, q8), "q8");
     die_if(q3_gguf_writer_add_tensor(w, "q4", Q3_Q4_0, 1, sq4, q4), "q4");
+    static float ksrc[256];
+    for (int i = 0; i < 256; i++) ksrc[i] = (float)((i * 37) % 101 - 50) / 25.0f;
+    static uint8_t q4k[144], q6k[210];
+    die_if(q3_quantize(Q3_Q4_K, ksrc, q4k, 256), "q4_k");
+    die_if(q3_quantize(Q3_Q6_K, ksrc, q6k, 256), "q6_k");
+    const int64_t sk[1] = {256};
+    die_if(q3_gguf_writer_add_tensor(w, "q4k", Q3_Q4_K, 1, sk, q4k), "q4k");
+    die_if(q3_gguf_writer_add_tensor(w, "q6k", Q3_Q6_K, 1, sk, q6k), "q6k");
     die_if(q3_gguf_writer_write(w, out_path("gguf", "quant_arrays.gguf"), NULL, NULL), "quant");
     q3_gguf_writer_free(w);
 
