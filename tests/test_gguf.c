@@ -740,6 +740,68 @@ static void expect_fail(const spec *s, q3_status want_st, const char *want, cons
     expect_fail_bytes(b.p, b.n, want_st, want, label);
 }
 
+/* As expect_fail, with the file extended by a hole to `size` bytes: a sparse
+ * file whose counts and lengths fit in it, so that only q3's own limits can
+ * refuse them (before allocating what they claim). */
+static void expect_fail_sparse(const spec *s, uint64_t size, const char *want, const char *label)
+{
+    static buf b;
+    build(s, &b);
+    const char *path = tmp_path("sparse.gguf");
+    CHECK(write_file(path, b.p, b.n) && truncate(path, (off_t)size) == 0, "write %s: %s", path, strerror(errno));
+    q3_gguf *g = (q3_gguf *)1;
+    q3_status st = q3_gguf_open(path, &g);
+    CHECK(st == Q3_ERR_FORMAT && g == NULL, "%s: status %s: %s", label, q3_status_name(st), q3_last_error());
+    if (st == Q3_OK) q3_gguf_close(g);
+    CHECK_CONTAINS(q3_last_error(), path);
+    CHECK_CONTAINS(q3_last_error(), want);
+    unlink(path);
+}
+
+/* Sizes the file could hold but no model needs: refused by q3's limits. */
+static void test_hostile_limits(void)
+{
+    spec c = base_spec();
+    c.arch_len = 1ull << 31; /* a 2 GiB string, in a 2 GiB file */
+    expect_fail_sparse(&c, (1ull << 31) + 4096,
+                       "'general.architecture' (string): string length 2147483648 at byte 56: the metadata "
+                       "would take more than the 1073741824 bytes q3 allows",
+                       "2 GiB string");
+    c = base_spec(), c.elem_count = 1ull << 27; /* 2^27 empty strings: 4+ GiB of values */
+    expect_fail_sparse(&c, (1ull << 30) + 4096,
+                       "'test.nested' (array): array of 134217728 string at byte 125: the metadata would take "
+                       "more than the 1073741824 bytes q3 allows",
+                       "2^27 strings");
+    c = base_spec(), c.n_tensors = Q3_GGUF_MAX_TENSORS + 1;
+    expect_fail_sparse(&c, 40u << 20, "tensor count 1048577 is more than the 1048576 q3 reads", "2^20+1 tensors");
+    c = base_spec(), c.n_kv = Q3_GGUF_MAX_KV + 1;
+    expect_fail_sparse(&c, 40u << 20, "metadata count 1048577 is more than the 1048576 q3 reads", "2^20+1 pairs");
+
+    /* an f64 beyond float's range read as f32 fails (the cast would be undefined) */
+    static buf b;
+    b.n = 0;
+    b_raw(&b, "GGUF", 4);
+    b_u32(&b, 3);
+    b_u64(&b, 0);
+    b_u64(&b, 3);
+    double big = 1e300, ok = 1e6, inf = INFINITY;
+    b_str(&b, "big"), b_u32(&b, Q3_GGUF_F64), b_raw(&b, &big, 8);
+    b_str(&b, "ok"), b_u32(&b, Q3_GGUF_F64), b_raw(&b, &ok, 8);
+    b_str(&b, "inf"), b_u32(&b, Q3_GGUF_F64), b_raw(&b, &inf, 8);
+    const char *path = tmp_path("f64.gguf");
+    q3_gguf *g = NULL;
+    CHECK(write_file(path, b.p, b.n) && q3_gguf_open(path, &g) == Q3_OK, "f64 file: %s", q3_last_error());
+    if (g) {
+        float f = 7;
+        CHECK(q3_gguf_get_f32(g, "big", &f) == Q3_ERR_FORMAT && f == 7, "1e300 as f32");
+        CHECK_CONTAINS(q3_last_error(), "metadata key 'big' = 1e+300 is out of a float's range");
+        CHECK(q3_gguf_get_f32(g, "ok", &f) == Q3_OK && f == 1e6f, "1e6 as f32");
+        CHECK(q3_gguf_get_f32(g, "inf", &f) == Q3_OK && isinf(f), "inf as f32 (callers check ranges)");
+        q3_gguf_close(g);
+    }
+    unlink(path);
+}
+
 static void test_hostile(void)
 {
     static buf b;
@@ -986,6 +1048,7 @@ int main(void)
     test_writer_round_trip();
     test_writer_copies_golden();
     test_hostile();
+    test_hostile_limits();
     test_hostile_golden();
     unlink(tmp_path("round.gguf"));
     unlink(tmp_path("cancelled.gguf"));

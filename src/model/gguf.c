@@ -12,7 +12,9 @@
 #include "model/gguf.h"
 
 #include <assert.h>
+#include <float.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdalign.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -226,9 +228,21 @@ typedef struct cursor {
     const uint8_t *base;
     size_t size, pos;
     arena_chunk **arena;
+    size_t meta_left; /* of Q3_GGUF_MAX_METADATA_BYTES, for arena copies */
 } cursor;
 
 static size_t remaining(const cursor *c) { return c->size - c->pos; }
+
+/* Charges an arena copy of n bytes (rounded as arena_alloc rounds it) to the
+ * metadata budget; 0 if it fits, -1 (nothing charged) if it does not. Callers
+ * check n against the file first, so the rounding cannot overflow. */
+static int charge_metadata(cursor *c, size_t n)
+{
+    size_t cost = (n + alignof(max_align_t) - 1) & ~(alignof(max_align_t) - 1);
+    if (cost < n || cost > c->meta_left) return -1;
+    c->meta_left -= cost;
+    return 0;
+}
 
 /* Returns a pointer to the next n bytes and advances, or NULL with a message
  * naming what was being read. */
@@ -275,6 +289,9 @@ static q3_status read_string(cursor *c, size_t max_len, const char *what, const 
     if (len > max_len)
         return q3_fail(Q3_ERR_FORMAT, "%s %" PRIu64 " at byte %zu exceeds the limit of %zu bytes", what_len,
                        len, c->pos - 8, max_len);
+    if (charge_metadata(c, (size_t)len + 1))
+        return q3_fail(Q3_ERR_FORMAT, "%s %" PRIu64 " at byte %zu: the metadata would take more than the %zu bytes q3 allows",
+                       what_len, len, c->pos - 8, (size_t)Q3_GGUF_MAX_METADATA_BYTES);
     char *s = arena_alloc(c->arena, (size_t)len + 1);
     if (!s) return q3_fail(Q3_ERR_NOMEM, "out of memory for a %" PRIu64 "-byte %s", len, what);
     memcpy(s, take(c, (size_t)len, what), (size_t)len);
@@ -352,6 +369,11 @@ static q3_status parse_value(cursor *c, q3_gguf_type type, q3_gguf_value *v, int
         return Q3_OK;
     }
     /* count * sizeof(value) cannot overflow: count <= file size / 8. */
+    if (charge_metadata(c, (size_t)count * sizeof(q3_gguf_value)))
+        return q3_fail(Q3_ERR_FORMAT,
+                       "array of %" PRIu64 " %s at byte %zu: the metadata would take more than the %zu bytes q3 allows",
+                       count, q3_gguf_type_name((q3_gguf_type)elem), c->pos - 12,
+                       (size_t)Q3_GGUF_MAX_METADATA_BYTES);
     q3_gguf_value *items = arena_alloc(c->arena, (size_t)count * sizeof *items);
     if (!items && count)
         return q3_fail(Q3_ERR_NOMEM, "out of memory for an array of %" PRIu64 " values", count);
@@ -614,7 +636,8 @@ enum { MIN_KV_BYTES = 13, MIN_TENSOR_INFO_BYTES = 32, HEADER_BYTES = 24 };
 /* Parses the mapped file into g; messages are without the path. */
 static q3_status parse(q3_gguf *g)
 {
-    cursor c = {.base = g->map.data, .size = g->map.size, .pos = 0, .arena = &g->arena};
+    cursor c = {.base = g->map.data, .size = g->map.size, .pos = 0, .arena = &g->arena,
+                .meta_left = Q3_GGUF_MAX_METADATA_BYTES};
     if (g->map.size < HEADER_BYTES)
         return q3_fail(Q3_ERR_FORMAT, "file is %zu bytes, too small for a GGUF header (%d)", g->map.size,
                        HEADER_BYTES);
@@ -638,6 +661,14 @@ static q3_status parse(q3_gguf *g)
     if (n_tensors > (remaining(&c) - (size_t)n_kv * MIN_KV_BYTES) / MIN_TENSOR_INFO_BYTES)
         return q3_fail(Q3_ERR_FORMAT, "tensor count %" PRIu64 " cannot fit in the %zu bytes after the header",
                        n_tensors, remaining(&c));
+    /* Counts the file could hold may still be more than any model has: ~200
+     * bytes of memory each would be several times a (sparse) file's size. */
+    if (n_kv > Q3_GGUF_MAX_KV)
+        return q3_fail(Q3_ERR_FORMAT, "metadata count %" PRIu64 " is more than the %u q3 reads", n_kv,
+                       Q3_GGUF_MAX_KV);
+    if (n_tensors > Q3_GGUF_MAX_TENSORS)
+        return q3_fail(Q3_ERR_FORMAT, "tensor count %" PRIu64 " is more than the %u q3 reads", n_tensors,
+                       Q3_GGUF_MAX_TENSORS);
     g->n_kv = (size_t)n_kv;
     g->n_tensors = (size_t)n_tensors;
 
@@ -809,8 +840,12 @@ q3_status q3_gguf_get_f32(const q3_gguf *g, const char *key, float *out)
 {
     const q3_gguf_value *v;
     q3_status st = find_typed(g, key, (1u << Q3_GGUF_F32) | (1u << Q3_GGUF_F64), "a float", &v);
-    if (!st) *out = (float)v->as.f;
-    return st;
+    if (st) return st;
+    /* Converting a finite double beyond FLT_MAX to float is undefined behaviour. */
+    if (isfinite(v->as.f) && fabs(v->as.f) > FLT_MAX)
+        return q3_fail(Q3_ERR_FORMAT, "%s: metadata key '%s' = %g is out of a float's range", g->path, key, v->as.f);
+    *out = (float)v->as.f;
+    return Q3_OK;
 }
 
 q3_status q3_gguf_get_bool(const q3_gguf *g, const char *key, bool *out)

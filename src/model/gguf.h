@@ -51,6 +51,14 @@ const char *q3_gguf_type_name(q3_gguf_type t);
 #define Q3_GGUF_MAX_ARRAY_DEPTH 8
 /* Longest metadata key accepted, in bytes. */
 #define Q3_GGUF_MAX_KEY_LEN 65535u
+/* Most metadata pairs and tensors a header may declare (Qwen3 files have tens
+ * of pairs and 3 + 11 x layers tensors), checked before anything is allocated. */
+#define Q3_GGUF_MAX_KV (1u << 20)
+#define Q3_GGUF_MAX_TENSORS (1u << 20)
+/* Most bytes the copies of metadata strings and string/array item lists may
+ * take (Qwen3's 151k tokens and merges take ~20 MB): a string as long as a
+ * (sparse) file is a message, not an allocation. */
+#define Q3_GGUF_MAX_METADATA_BYTES ((size_t)1 << 30)
 
 /* ggml tensor type codes that q3 maps to its dtypes (others are named in messages). */
 enum {
@@ -139,7 +147,7 @@ const q3_gguf_value *q3_gguf_find(const q3_gguf *g, const char *key);
  * *out untouched) with a message naming the file and key:
  * Q3_ERR_FORMAT if the key is missing, has the wrong type, or its value does
  * not fit. Integer getters accept any integer type whose value fits; the
- * float getter accepts f32 and f64. */
+ * float getter accepts f32 and f64 (an f64 beyond a float's range fails). */
 q3_status q3_gguf_get_str(const q3_gguf *g, const char *key, const char **out);
 q3_status q3_gguf_get_u32(const q3_gguf *g, const char *key, uint32_t *out);
 q3_status q3_gguf_get_i32(const q3_gguf *g, const char *key, int32_t *out);
