@@ -14,6 +14,7 @@
 #include "model/gguf_write.h"
 #include "model/quantize.h"
 #include "model/safetensors.h"
+#include "text/tokenizer_gguf.h"
 #include "util/error.h"
 #include "util/file.h"
 #include "test.h"
@@ -797,6 +798,27 @@ static void test_hostile_limits(void)
         CHECK_CONTAINS(q3_last_error(), "metadata key 'big' = 1e+300 is out of a float's range");
         CHECK(q3_gguf_get_f32(g, "ok", &f) == Q3_OK && f == 1e6f, "1e6 as f32");
         CHECK(q3_gguf_get_f32(g, "inf", &f) == Q3_OK && isinf(f), "inf as f32 (callers check ranges)");
+        q3_gguf_close(g);
+    }
+
+    /* A tokenizer with 2^20 (empty) tokens: refused by count, before its arrays. */
+    b.n = 0;
+    b_raw(&b, "GGUF", 4);
+    b_u32(&b, 3);
+    b_u64(&b, 0);
+    b_u64(&b, 4);
+    b_str(&b, "tokenizer.ggml.model"), b_u32(&b, Q3_GGUF_STRING), b_str(&b, "gpt2");
+    b_str(&b, "tokenizer.ggml.pre"), b_u32(&b, Q3_GGUF_STRING), b_str(&b, "qwen2");
+    b_str(&b, "tokenizer.ggml.merges"), b_u32(&b, Q3_GGUF_ARRAY), b_u32(&b, Q3_GGUF_STRING), b_u64(&b, 0);
+    b_str(&b, "tokenizer.ggml.tokens"), b_u32(&b, Q3_GGUF_ARRAY), b_u32(&b, Q3_GGUF_STRING), b_u64(&b, 1u << 20);
+    path = tmp_path("many-tokens.gguf");
+    CHECK(write_file(path, b.p, b.n) && truncate(path, (off_t)(b.n + (8u << 20) + 64)) == 0, "write %s", path);
+    g = NULL;
+    CHECK(q3_gguf_open(path, &g) == Q3_OK, "2^20 tokens open as metadata: %s", q3_last_error());
+    if (g) {
+        q3_tokenizer *tk = (q3_tokenizer *)1;
+        CHECK(q3_tokenizer_load_gguf(g, &tk) == Q3_ERR_FORMAT && !tk, "2^20 tokens");
+        CHECK_CONTAINS(q3_last_error(), "tokenizer.ggml.tokens has 1048576 entries, more than the 1048575 q3 reads");
         q3_gguf_close(g);
     }
     unlink(path);

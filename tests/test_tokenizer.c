@@ -711,6 +711,20 @@ static void test_tiny_from_parts(void)
     p.merges = unknown;
     CHECK(q3_tokenizer_from_parts(&p, "tiny", &tok) == Q3_ERR_FORMAT, "unknown merge part");
     CHECK_CONTAINS(q3_last_error(), "not in the vocabulary");
+
+    /* Counts beyond the limits fail before the arrays are read or the maps sized
+     * from them (a merge count near 2^32 used to wrap the map's size). */
+    p.n_merges = (size_t)1 << 24;
+    tok = (q3_tokenizer *)1;
+    CHECK(q3_tokenizer_from_parts(&p, "tiny", &tok) == Q3_ERR_FORMAT && !tok, "2^24 merges");
+    CHECK_CONTAINS(q3_last_error(), "tiny: 16777216 merges, more than 16777215");
+    p.n_merges = SIZE_MAX;
+    CHECK(q3_tokenizer_from_parts(&p, "tiny", &tok) == Q3_ERR_FORMAT && !tok, "SIZE_MAX merges");
+    CHECK_CONTAINS(q3_last_error(), "merges, more than 16777215");
+    p.n_merges = 1;
+    p.n_vocab = (size_t)1 << 20;
+    CHECK(q3_tokenizer_from_parts(&p, "tiny", &tok) == Q3_ERR_FORMAT && !tok, "2^20 tokens");
+    CHECK_CONTAINS(q3_last_error(), "tiny: 1048576 vocabulary entries, more than 1048575");
 }
 
 /* The full Qwen3 tokenizer rebuilt from parts (as a GGUF reader would) must encode the

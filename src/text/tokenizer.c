@@ -366,6 +366,10 @@ q3_status q3_tokenizer_from_parts(const q3_tokenizer_parts *p, const char *name,
         return q3_fail(Q3_ERR_INVALID, "%s: tokenizer parts: a count is set but its array is NULL", name);
     if (p->n_vocab > TK_MAX_ID)
         return q3_fail(Q3_ERR_FORMAT, "%s: %zu vocabulary entries, more than %d", name, p->n_vocab, TK_MAX_ID);
+    /* Before tk_new sizes the merge map from it (a uint32 table size, which a larger
+     * count would wrap). */
+    if (p->n_merges > TK_MAX_MERGES)
+        return q3_fail(Q3_ERR_FORMAT, "%s: %zu merges, more than %d", name, p->n_merges, TK_MAX_MERGES);
 
     q3_tokenizer *t;
     q3_status st = tk_new(name, p->n_vocab, p->n_merges, &t);

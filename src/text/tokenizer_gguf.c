@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "text/tokenizer_impl.h"
 #include "util/error.h"
 
 /* An integer element type (token_type is i32 as llama.cpp writes it; accept any). */
@@ -37,6 +38,13 @@ q3_status q3_tokenizer_load_gguf(const q3_gguf *g, q3_tokenizer **out)
         return st;
     size_t n = tokens->as.arr.count, n_merges = merges->as.arr.count;
     if (n == 0) return q3_fail(Q3_ERR_FORMAT, "%s: tokenizer.ggml.tokens is empty", path);
+    /* The counts are bounded by the file only: check them before the arrays below. */
+    if (n > TK_MAX_ID)
+        return q3_fail(Q3_ERR_FORMAT, "%s: tokenizer.ggml.tokens has %zu entries, more than the %d q3 reads", path, n,
+                       TK_MAX_ID);
+    if (n_merges > TK_MAX_MERGES)
+        return q3_fail(Q3_ERR_FORMAT, "%s: tokenizer.ggml.merges has %zu entries, more than the %d q3 reads", path,
+                       n_merges, TK_MAX_MERGES);
     if (q3_gguf_find(g, "tokenizer.ggml.token_type")) {
         if ((st = q3_gguf_get_arr(g, "tokenizer.ggml.token_type", -1, &types))) return st;
         if (!is_int_type(types->as.arr.type))
