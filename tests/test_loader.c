@@ -263,6 +263,9 @@ static void shard_cases(void)
         cJSON_Delete(parts[s]);
         free(bufs[s]);
     }
+    /* the shard the index names first is opened first */
+    char first_shard[64];
+    snprintf(first_shard, sizeof first_shard, "%s", map->child->valuestring);
     cJSON *idx = cJSON_CreateObject();
     cJSON_AddItemToObject(idx, "weight_map", map);
     char *text = cJSON_Print(idx);
@@ -275,6 +278,8 @@ static void shard_cases(void)
     CHECK(q3_model_open(TINY, &b) == Q3_OK, "tiny open: %s", q3_last_error());
     if (a && b) {
         CHECK(a->n_files == 2, "two shards mapped, got %d", a->n_files);
+        CHECK(a->n_files == 2 && strstr(a->files[0].path, first_shard), "shards in order of first mention: %s",
+              a->files[0].path);
         int32_t toks[6] = {1, 5, 9, 100, 7, 1000};
         float *la = malloc(1024 * sizeof(float)), *lb = malloc(1024 * sizeof(float));
         q3_session *sa, *sb;
@@ -304,6 +309,37 @@ static void shard_cases(void)
     expect_fail("index naming a missing shard", dir_copy, Q3_ERR_IO, "gone.safetensors");
     write_file(p, "{\"weight_map\": ", 15);
     expect_fail("malformed index", dir_copy, Q3_ERR_FORMAT, "index.json");
+
+    /* more distinct shards than q3 opens: refused before any is opened */
+    cJSON *many = cJSON_CreateObject();
+    for (int k = 0; k < 4097; k++) {
+        char key[32], val[48];
+        snprintf(key, sizeof key, "t%d", k);
+        snprintf(val, sizeof val, "s-%05d.safetensors", k);
+        cJSON_AddStringToObject(many, key, val);
+    }
+    cJSON_ReplaceItemInObject(idx, "weight_map", many);
+    text = cJSON_PrintUnformatted(idx);
+    write_file(p, text, strlen(text));
+    free(text);
+    expect_fail("4097 shards", dir_copy, Q3_ERR_FORMAT, "weight_map names 4097 shard files, more than the 4096 q3 opens");
+    /* a shard name longer than a path: a message, not a truncated path */
+    char *long_name = malloc(5001);
+    memset(long_name, 'x', 5000);
+    long_name[5000] = 0;
+    cJSON *one = cJSON_CreateObject();
+    cJSON_AddStringToObject(one, "model.norm.weight", long_name);
+    cJSON_ReplaceItemInObject(idx, "weight_map", one);
+    text = cJSON_PrintUnformatted(idx);
+    write_file(p, text, strlen(text));
+    free(text);
+    free(long_name);
+    expect_fail("shard name too long", dir_copy, Q3_ERR_FORMAT, "is too long for a path");
+    cJSON_ReplaceItemInObject(idx, "weight_map", cJSON_CreateObject());
+    text = cJSON_PrintUnformatted(idx);
+    write_file(p, text, strlen(text));
+    free(text);
+    expect_fail("empty weight_map", dir_copy, Q3_ERR_FORMAT, "weight_map is empty");
     cJSON_Delete(idx);
     cJSON_Delete(h);
 }

@@ -103,8 +103,31 @@ static q3_status bind_hf_weights(q3_model *m)
 
 /* ---- shards ---------------------------------------------------------------- */
 
+/* Most shard files an index may name (the largest Qwen3 checkpoints have ~120). */
+enum { MAX_SHARDS = 4096 };
+
+typedef struct shard_ref {
+    const char *name; /* in the cJSON tree */
+    size_t first;     /* index of its first weight_map entry */
+} shard_ref;
+
+static int cmp_shard_name(const void *a, const void *b)
+{
+    const shard_ref *x = a, *y = b;
+    int c = strcmp(x->name, y->name);
+    return c ? c : (x->first > y->first) - (x->first < y->first);
+}
+
+static int cmp_shard_first(const void *a, const void *b)
+{
+    const shard_ref *x = a, *y = b;
+    return (x->first > y->first) - (x->first < y->first);
+}
+
 /* Reads model.safetensors.index.json's weight_map and returns the distinct
- * shard file names (caller frees each and the array). */
+ * shard file names in order of first mention (caller frees each and the
+ * array). Sorted, not compared pairwise: a 64 MB index holds millions of
+ * entries. */
 static q3_status read_shard_list(const char *index_path, char ***names, int *count)
 {
     char *text;
@@ -118,30 +141,60 @@ static q3_status read_shard_list(const char *index_path, char ***names, int *cou
         cJSON_Delete(root);
         return q3_fail(Q3_ERR_FORMAT, "%s: no \"weight_map\" object", index_path);
     }
-    int cap = cJSON_GetArraySize(map), n = 0;
-    char **list = calloc((size_t)cap + 1, sizeof *list);
+    size_t n_entries = (size_t)cJSON_GetArraySize(map), n = 0;
+    shard_ref *refs = malloc((n_entries ? n_entries : 1) * sizeof *refs);
+    char **list = NULL;
+    if (!refs) {
+        st = q3_fail(Q3_ERR_NOMEM, "%s: out of memory for %zu weight_map entries", index_path, n_entries);
+        goto done;
+    }
     const cJSON *e;
-    st = Q3_OK;
+    size_t i = 0;
     cJSON_ArrayForEach(e, map) {
         if (!cJSON_IsString(e) || strchr(e->valuestring, '/') || !strcmp(e->valuestring, "..") ||
             !e->valuestring[0]) {
             st = q3_fail(Q3_ERR_FORMAT, "%s: weight_map entry \"%s\" is not a plain file name", index_path,
                          e->string);
-            break;
+            goto done;
         }
-        int seen = 0;
-        for (int i = 0; i < n && !seen; i++) seen = !strcmp(list[i], e->valuestring);
-        if (!seen) list[n++] = strdup(e->valuestring);
+        refs[i] = (shard_ref){e->valuestring, i};
+        i++;
     }
+    if (n_entries == 0) {
+        st = q3_fail(Q3_ERR_FORMAT, "%s: weight_map is empty", index_path);
+        goto done;
+    }
+    /* distinct names, each at its first mention, back in file order */
+    qsort(refs, n_entries, sizeof *refs, cmp_shard_name);
+    for (i = 0; i < n_entries; i++)
+        if (i == 0 || strcmp(refs[i].name, refs[n - 1].name)) refs[n++] = refs[i];
+    if (n > MAX_SHARDS) {
+        st = q3_fail(Q3_ERR_FORMAT, "%s: weight_map names %zu shard files, more than the %d q3 opens", index_path,
+                     n, MAX_SHARDS);
+        goto done;
+    }
+    qsort(refs, n, sizeof *refs, cmp_shard_first);
+    list = calloc(n, sizeof *list);
+    if (!list) {
+        st = q3_fail(Q3_ERR_NOMEM, "%s: out of memory", index_path);
+        goto done;
+    }
+    for (i = 0; i < n; i++)
+        if (!(list[i] = strdup(refs[i].name))) {
+            st = q3_fail(Q3_ERR_NOMEM, "%s: out of memory", index_path);
+            goto done;
+        }
+done:
+    free(refs);
     cJSON_Delete(root);
-    if (!st && n == 0) st = q3_fail(Q3_ERR_FORMAT, "%s: weight_map is empty", index_path);
     if (st) {
-        for (int i = 0; i < n; i++) free(list[i]);
+        if (list)
+            for (i = 0; i < n; i++) free(list[i]);
         free(list);
         return st;
     }
     *names = list;
-    *count = n;
+    *count = (int)n;
     return Q3_OK;
 }
 
@@ -166,9 +219,11 @@ static q3_status open_shards(q3_model *m)
     m->files = calloc((size_t)n, sizeof *m->files);
     for (int i = 0; i < n; i++) {
         if (!st && m->files) {
-            snprintf(p, sizeof p, "%s/%s", m->path, names[i]);
-            st = q3_safetensors_open(p, &m->files[i]);
-            if (!st) m->n_files++;
+            if ((size_t)snprintf(p, sizeof p, "%s/%s", m->path, names[i]) >= sizeof p)
+                st = q3_fail(Q3_ERR_FORMAT, "%s: shard file name \"%.60s...\" is too long for a path", m->path,
+                             names[i]);
+            else if (!(st = q3_safetensors_open(p, &m->files[i])))
+                m->n_files++;
         }
         free(names[i]);
     }
