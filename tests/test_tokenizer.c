@@ -368,6 +368,13 @@ static void test_broken_files(void)
     LOAD_FAILS("{\"model\": {\"vocab\": {\"a\": 0,}, \"merges\": []}}", "malformed JSON");
     LOAD_FAILS("{\"model\": {\"vocab\": {\"a\": 0}, \"merges\": []} \"x\"}", "malformed JSON");
     LOAD_FAILS("{\"model\": {\"vocab\": {\"a\": 0}, \"merges\": []}} junk", "after the end");
+    LOAD_FAILS("{\"model\": {\"vocab\": {\"a\": 12345678901}, \"merges\": []}}",
+               "the id of \"a\" is not a non-negative integer below 1048575");
+    LOAD_FAILS("{\"model\": {\"vocab\": {\"a\": 2000000}, \"merges\": []}}", "has id 2000000, outside 0..1048574");
+    /* a skipped string ending in a lone backslash at the end of the file */
+    LOAD_FAILS("{\"model\": {\"vocab\": {\"a\": 0}, \"merges\": [], \"x\": \"\\", "unterminated string");
+    LOAD_FAILS("{\"x\": \"ab\\", "unterminated string");
+    LOAD_FAILS("{\"ab\\", "unterminated string"); /* a key read (unescaped), not skipped */
 
     /* The real file, cut short at many places. */
     char *buf;

@@ -135,7 +135,7 @@ static q3_status read_string(jscan *j, const char **s, size_t *len)
             p = q;
             continue;
         }
-        if (p + 1 >= end) break;
+        if (p + 1 >= end) return jfail(j, end, "unterminated string"); /* a lone backslash last */
         char e = p[1], c;
         p += 2;
         switch (e) {
@@ -184,6 +184,7 @@ static q3_status skip_string(jscan *j)
         if (p >= end) return jfail(j, end, "unterminated string");
         if (*p == '"') break;
         if ((unsigned char)*p < 0x20) return jfail(j, p, "control character in a string");
+        if (end - p < 2) return jfail(j, end, "unterminated string"); /* not p = end + 1 */
         p += 2; /* a backslash and the character it escapes (checked when read) */
     }
     j->p = p + 1;
@@ -350,8 +351,8 @@ static q3_status read_vocab(jscan *j, q3_tokenizer *t, batch *B)
         while (p < end && *p >= '0' && *p <= '9' && id <= TK_MAX_ID) id = id * 10 + (*p++ - '0');
         if (p >= end) return jfail(j, p, "expected a number");
         if (p == digits || *p == '.' || *p == 'e' || *p == 'E' || (*p >= '0' && *p <= '9'))
-            return q3_fail(Q3_ERR_FORMAT, "%s: model.vocab: the id of \"%.*s\" is not a non-negative integer below 2^24",
-                           j->path, (int)(key_len > 60 ? 60 : key_len), key);
+            return q3_fail(Q3_ERR_FORMAT, "%s: model.vocab: the id of \"%.*s\" is not a non-negative integer below %d",
+                           j->path, (int)(key_len > 60 ? 60 : key_len), key, TK_MAX_ID);
         j->p = p;
         size_t k = B->n;
         if ((st = keep_string(j, B, key, key_len, &B->a[k], &B->a_esc[k]))) return st;
@@ -687,7 +688,8 @@ static q3_status read_model_members(jscan *j, q3_tokenizer **tp, model_opts *mo,
             if (have_vocab) return q3_fail(Q3_ERR_FORMAT, "%s: model.vocab appears twice", j->path);
             /* ~75 bytes of file per vocabulary entry and merge in Qwen's; the maps grow if needed. */
             size_t guess = (size_t)(j->end - j->base) / 80 + 1024;
-            if ((st = tk_new(j->path, guess, guess, tp))) return st;
+            /* no more ids than TK_MAX_ID, however large (or blank) the file is */
+            if ((st = tk_new(j->path, guess < TK_MAX_ID ? guess : TK_MAX_ID, guess, tp))) return st;
             if ((st = read_vocab(j, *tp, B))) return st;
             have_vocab = 1;
         } else if (key_is(key, key_len, "merges")) {
