@@ -13,6 +13,7 @@
 
 #include "golden.h"
 #include "model/model.h"
+#include "model/safetensors.h"
 #include "q3.h"
 #include "test.h"
 
@@ -228,6 +229,42 @@ static void safetensors_cases(void)
 }
 
 /* Splits tiny into two shards with an index; logits equal the single file's. */
+/* Lookup by name is a binary search over the header's names: every one of
+ * thousands of names (in no order) is found, and no other. */
+static void lookup_cases(void)
+{
+    enum { N = 5000 };
+    size_t cap = (size_t)N * 80 + 64, len = 0;
+    char *hdr = malloc(cap);
+    len += (size_t)snprintf(hdr + len, cap - len, "{");
+    for (int k = 0; k < N; k++) {
+        unsigned key = (unsigned)k * 2654435761u; /* names out of order */
+        len += (size_t)snprintf(hdr + len, cap - len, "%s\"t%08x.%d\":{\"dtype\":\"F32\",\"shape\":[%d],"
+                                "\"data_offsets\":[%d,%d]}", k ? "," : "", key, k, k == N - 1, 0, 4 * (k == N - 1));
+    }
+    snprintf(hdr + len, cap - len, "}");
+    char p[600];
+    snprintf(p, sizeof p, "%s/many.safetensors", tmp_root);
+    write_st(p, hdr, (const uint8_t *)"\0\0\0\0", 4, 0);
+    q3_safetensors f;
+    CHECK(q3_safetensors_open(p, &f) == Q3_OK, "5000 tensors: %s", q3_last_error());
+    if (f.tensors) {
+        int found = 0;
+        for (int k = 0; k < N; k++) {
+            char name[64];
+            snprintf(name, sizeof name, "t%08x.%d", (unsigned)k * 2654435761u, k);
+            const q3_tensor *t = q3_safetensors_find(&f, name);
+            found += t && !strcmp(t->name, name) && t == &f.tensors[k];
+        }
+        CHECK(found == N, "found %d of %d tensors by name", found, N);
+        CHECK(!q3_safetensors_find(&f, "") && !q3_safetensors_find(&f, "t") && !q3_safetensors_find(&f, "u"),
+              "names not in the file");
+        q3_safetensors_close(&f);
+    }
+    free(hdr);
+    unlink(p);
+}
+
 static void shard_cases(void)
 {
     const uint8_t *data;
@@ -414,6 +451,7 @@ int main(void)
     if (!tiny_config || !tiny_st) TEST_DONE();
     config_cases();
     safetensors_cases();
+    lookup_cases();
     shard_cases();
     session_cases();
     cli_cases();

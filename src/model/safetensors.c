@@ -98,6 +98,7 @@ q3_status q3_safetensors_open(const char *path, q3_safetensors *out)
     cJSON *root = NULL;
     q3_tensor *tensors = NULL;
     span *spans = NULL;
+    int *by_name = NULL;
     int n = 0;
     if (map.size < 8) {
         st = q3_fail(Q3_ERR_FORMAT, "%s: file is %zu bytes, too short for a safetensors header", path, map.size);
@@ -147,6 +148,12 @@ q3_status q3_safetensors_open(const char *path, q3_safetensors *out)
                          tensors[spans[i].idx].name);
             goto fail;
         }
+    by_name = malloc(((size_t)n + 1) * sizeof *by_name);
+    if (!by_name) {
+        st = q3_fail(Q3_ERR_NOMEM, "%s: out of memory", path);
+        goto fail;
+    }
+    for (int i = 0; i < n; i++) by_name[i] = spans[i].idx;
     /* overlaps: in order of begin, each non-empty span must start at or after the
      * furthest end so far (an empty tensor in between owns no bytes and must not
      * hide an overlap of its neighbours) */
@@ -170,11 +177,13 @@ q3_status q3_safetensors_open(const char *path, q3_safetensors *out)
     out->path = strdup(path);
     out->map = map;
     out->tensors = tensors;
+    out->by_name = by_name;
     out->n_tensors = n;
     return Q3_OK;
 fail:
     cJSON_Delete(root);
     free(spans);
+    free(by_name);
     free(tensors);
     q3_unmap_file(&map);
     return st;
@@ -184,13 +193,21 @@ void q3_safetensors_close(q3_safetensors *f)
 {
     free(f->path);
     free(f->tensors);
+    free(f->by_name);
     q3_unmap_file(&f->map);
     memset(f, 0, sizeof *f);
 }
 
 const q3_tensor *q3_safetensors_find(const q3_safetensors *f, const char *name)
 {
-    for (int i = 0; i < f->n_tensors; i++)
-        if (!strcmp(f->tensors[i].name, name)) return &f->tensors[i];
+    int lo = 0, hi = f->n_tensors; /* names are unique: at most one match */
+    while (lo < hi) {
+        int mid = lo + (hi - lo) / 2;
+        const q3_tensor *t = &f->tensors[f->by_name[mid]];
+        int c = strcmp(name, t->name);
+        if (c == 0) return t;
+        if (c < 0) hi = mid;
+        else lo = mid + 1;
+    }
     return NULL;
 }

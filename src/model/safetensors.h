@@ -8,7 +8,8 @@
 typedef struct q3_safetensors {
     char *path;            /* owned copy, for messages */
     q3_mapping map;        /* the whole file, read-only */
-    q3_tensor *tensors;    /* [n_tensors], views into map */
+    q3_tensor *tensors;    /* [n_tensors], views into map, in header order */
+    int *by_name;          /* [n_tensors] indices into tensors, sorted by name */
     int n_tensors;
 } q3_safetensors;
 
@@ -18,6 +19,7 @@ typedef struct q3_safetensors {
  * the file and the tensor. */
 q3_status q3_safetensors_open(const char *path, q3_safetensors *out);
 void q3_safetensors_close(q3_safetensors *f);
+/* The tensor called name, or NULL; a binary search (a header may hold millions). */
 const q3_tensor *q3_safetensors_find(const q3_safetensors *f, const char *name);
 
 /* Largest header accepted; real checkpoints use well under 1 MB. */
