@@ -89,8 +89,11 @@ uint64_t tk_hash_bytes(const void *p, size_t n)
 
 /* ==== vocabulary map: bytes -> id ========================================== */
 
+/* Slots for n entries, or 0 when n is beyond what a 32-bit table can hold
+ * (callers bound their counts far below that; this keeps the table honest). */
 static uint32_t table_size_for(size_t n)
 {
+    if (n > (size_t)1 << 30) return 0;
     size_t size = 1024;
     while (size < n + n / 2 + 1) size *= 2; /* load factor <= 2/3 */
     return (uint32_t)size;
@@ -99,6 +102,7 @@ static uint32_t table_size_for(size_t n)
 static int vocab_alloc(q3_tokenizer *t, size_t n)
 {
     uint32_t size = table_size_for(n);
+    if (!size) return -1;
     tk_vocab_slot *slots = malloc((size_t)size * sizeof *slots);
     if (!slots) return -1;
     memset(slots, 0xFF, (size_t)size * sizeof *slots); /* id = -1 */
@@ -111,6 +115,7 @@ static int vocab_alloc(q3_tokenizer *t, size_t n)
 static int merge_alloc(q3_tokenizer *t, size_t n)
 {
     uint32_t size = table_size_for(n);
+    if (!size) return -1;
     uint64_t *slots = malloc((size_t)size * sizeof *slots);
     if (!slots) return -1;
     memset(slots, 0xFF, (size_t)size * sizeof *slots); /* TK_SLOT_EMPTY */
