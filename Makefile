@@ -60,6 +60,18 @@ $(BUILD)/%.o: %.c
 test: all
 	@BUILD=$(BUILD) sh tests/run.sh
 
+# The parser, text and fuzz-regression tests under Valgrind's memcheck: leaks
+# (definite and indirect) on the error paths and reads of uninitialised memory.
+# Valgrind hides AVX-512 from the program, so these run the portable paths.
+VALGRIND_TESTS := test_loader test_gguf test_tokenizer test_chat_template test_sampler test_fuzz_regressions
+valgrind: all
+	@fail=0; for t in $(VALGRIND_TESTS); do \
+	  printf 'valgrind %-24s ' $$t; \
+	  if valgrind -q --leak-check=full --errors-for-leak-kinds=definite,indirect --error-exitcode=99 \
+	      $(BUILD)/tests/$$t >$(BUILD)/tests/$$t.valgrind.log 2>&1; then tail -1 $(BUILD)/tests/$$t.valgrind.log; \
+	  else echo "FAILED (see $(BUILD)/tests/$$t.valgrind.log)"; grep -m20 '==[0-9]*==' $(BUILD)/tests/$$t.valgrind.log; fail=1; fi; \
+	done; exit $$fail
+
 deps:
 	sh scripts/install-deps.sh
 	sh scripts/fetch-tokenizer.sh
@@ -67,7 +79,7 @@ deps:
 clean:
 	rm -rf build build-san
 
-.PHONY: all test deps clean
+.PHONY: all test valgrind deps clean
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
 
 # ---- fuzzing ----

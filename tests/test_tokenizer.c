@@ -21,13 +21,6 @@
 #define TOKENIZER_JSON TEST_DATA "/golden/e2e/tokenizer.json"
 #define TOK_DATA TEST_DATA "/tokenizer"
 
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
-
 /* ==== helpers ================================================================== */
 
 /* A deterministic xorshift generator for the randomised checks. */
@@ -860,21 +853,20 @@ static void test_threads(const q3_tokenizer *tok)
 
 int main(void)
 {
+    /* Loaded twice: a second load of the same file must work as the first
+       (load time is measured in bench/bench_tokenizer, not here). */
     q3_tokenizer *tok = NULL;
-    double best = 1e9;
-    for (int r = 0; r < 3; r++) {
+    for (int r = 0; r < 2; r++) {
         q3_tokenizer *t;
-        double t0 = now_ms();
         q3_status st = q3_tokenizer_load(TOKENIZER_JSON, &t);
-        double dt = now_ms() - t0;
         CHECK(st == Q3_OK, "load: %s", q3_last_error());
         if (st != Q3_OK) TEST_DONE();
-        if (dt < best) best = dt;
-        if (tok) q3_tokenizer_free(tok);
+        if (tok) {
+            CHECK(q3_tokenizer_vocab_size(t) == q3_tokenizer_vocab_size(tok), "a second load differs");
+            q3_tokenizer_free(tok);
+        }
         tok = t;
     }
-    printf("load tokenizer.json: %.1f ms (best of 3)\n", best);
-    CHECK(best < 1000, "loading took %.0f ms", best); /* the target is < 100 ms; this only catches disasters */
 
     test_golden(tok);
     test_roundtrip(tok);
