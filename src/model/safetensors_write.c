@@ -2,9 +2,9 @@
  * data with positional writes, commit by rename. See safetensors_write.h. */
 #include "model/safetensors_write.h"
 #include "util/error.h"
+#include "util/strbuf.h"
 
 #include <errno.h>
-#include <stdarg.h>
 #include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -147,37 +147,6 @@ q3_status q3_st_writer_add(q3_st_writer *w, const char *name, q3_dtype dtype, in
 
 /* ---- the header ----------------------------------------------------------- */
 
-/* A growable text buffer; on allocation failure `failed` sticks. */
-typedef struct text_buf {
-    char *s;
-    size_t len, cap;
-    int failed;
-} text_buf;
-
-static void buf_printf(text_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-
-static void buf_printf(text_buf *b, const char *fmt, ...)
-{
-    if (b->failed) return;
-    for (;;) {
-        va_list ap;
-        va_start(ap, fmt);
-        int n = vsnprintf(b->s ? b->s + b->len : NULL, b->s ? b->cap - b->len : 0, fmt, ap);
-        va_end(ap);
-        if (n < 0) { b->failed = 1; return; }
-        if (b->s && b->len + (size_t)n < b->cap) {
-            b->len += (size_t)n;
-            return;
-        }
-        size_t cap = b->cap ? b->cap : 4096;
-        while (cap <= b->len + (size_t)n) cap *= 2;
-        char *s = realloc(b->s, cap);
-        if (!s) { b->failed = 1; return; }
-        b->s = s;
-        b->cap = cap;
-    }
-}
-
 static q3_status write_all_at(int fd, const void *data, size_t n, uint64_t at, const char *path)
 {
     const char *p = data;
@@ -199,26 +168,26 @@ q3_status q3_st_writer_begin_data(q3_st_writer *w)
         return q3_fail(Q3_ERR_INVALID, "%s: header already written", w->path);
 
     /* 8 bytes of length first, then the JSON, padded with spaces to 8. */
-    text_buf b = {0};
-    buf_printf(&b, "%8s", "");
-    buf_printf(&b, "{\"__metadata__\":{\"format\":\"pt\"}");
+    q3_strbuf b = {0};
+    q3_strbuf_printf(&b, "%8s", "");
+    q3_strbuf_printf(&b, "{\"__metadata__\":{\"format\":\"pt\"}");
     for (int i = 0; i < w->n; i++) {
         const st_entry *e = &w->entries[i];
-        buf_printf(&b, ",\"%s\":{\"dtype\":\"%s\",\"shape\":[", e->name, q3_st_dtype_name(e->dtype));
-        for (int d = 0; d < e->ndim; d++) buf_printf(&b, "%s%" PRId64, d ? "," : "", e->shape[d]);
-        buf_printf(&b, "],\"data_offsets\":[%" PRIu64 ",%" PRIu64 "]}", e->begin, e->end);
+        q3_strbuf_printf(&b, ",\"%s\":{\"dtype\":\"%s\",\"shape\":[", e->name, q3_st_dtype_name(e->dtype));
+        for (int d = 0; d < e->ndim; d++) q3_strbuf_printf(&b, "%s%" PRId64, d ? "," : "", e->shape[d]);
+        q3_strbuf_printf(&b, "],\"data_offsets\":[%" PRIu64 ",%" PRIu64 "]}", e->begin, e->end);
     }
-    buf_printf(&b, "}");
-    while (!b.failed && b.len % 8) buf_printf(&b, " ");
-    if (b.failed) {
-        free(b.s);
+    q3_strbuf_printf(&b, "}");
+    while (!b.oom && b.len % 8) q3_strbuf_printf(&b, " ");
+    if (b.oom) {
+        free(b.data);
         return q3_fail(Q3_ERR_NOMEM, "%s: out of memory for the header", w->path);
     }
     uint64_t header_len = b.len - 8;
-    for (int i = 0; i < 8; i++) b.s[i] = (char)(header_len >> (8 * i) & 0xff);
+    for (int i = 0; i < 8; i++) b.data[i] = (char)(header_len >> (8 * i) & 0xff);
 
-    q3_status st = write_all_at(w->fd, b.s, b.len, 0, w->tmp_path);
-    free(b.s);
+    q3_status st = write_all_at(w->fd, b.data, b.len, 0, w->tmp_path);
+    free(b.data);
     if (st) return st;
     w->data_start = 8 + header_len;
     return Q3_OK;

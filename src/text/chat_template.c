@@ -12,6 +12,7 @@
 #include "text/json_write.h"
 #include "util/error.h"
 #include "util/file.h"
+#include "util/strbuf.h"
 
 /* ---- recognising templates ----------------------------------------------- */
 
@@ -136,34 +137,6 @@ q3_status q3_chat_template_load(const char *path, q3_chat_template_kind *out)
     return st;
 }
 
-/* ---- output buffer ------------------------------------------------------- */
-
-typedef struct out_buf {
-    char *data;
-    size_t len, cap;
-    int oom; /* an allocation failed; the text is incomplete */
-} out_buf;
-
-static void emit_n(out_buf *b, const char *s, size_t n)
-{
-    if (b->oom) return;
-    if (b->len + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 1024;
-        while (cap < b->len + n + 1) cap *= 2;
-        char *p = realloc(b->data, cap);
-        if (!p) {
-            b->oom = 1;
-            return;
-        }
-        b->data = p;
-        b->cap = cap;
-    }
-    memcpy(b->data + b->len, s, n);
-    b->len += n;
-    b->data[b->len] = 0;
-}
-
-static void emit(out_buf *b, const char *s) { emit_n(b, s, strlen(s)); }
 
 /* ---- the few Python str methods the template uses ------------------------ */
 
@@ -174,7 +147,7 @@ typedef struct span {
 
 static span span_of(const char *s) { return (span){s, strlen(s)}; }
 
-static void emit_span(out_buf *b, span s) { emit_n(b, s.s, s.n); }
+static void emit_span(q3_strbuf *b, span s) { q3_strbuf_put(b, s.s, s.n); }
 
 static span lstrip_newlines(span t) /* t.lstrip('\n') */
 {
@@ -266,19 +239,19 @@ static int printable_scalar(const cJSON *v)
 /* Emits `{{ v }}`: missing -> "", null -> "None", booleans "True"/"False",
  * numbers as Python prints an int or float, strings as they are.
  * v must satisfy printable_scalar. */
-static void emit_python_str(out_buf *b, const cJSON *v)
+static void emit_python_str(q3_strbuf *b, const cJSON *v)
 {
     char num[64];
     if (!v) return;
-    if (cJSON_IsNull(v)) emit(b, "None");
-    else if (cJSON_IsTrue(v)) emit(b, "True");
-    else if (cJSON_IsFalse(v)) emit(b, "False");
-    else if (cJSON_IsString(v)) emit(b, v->valuestring);
+    if (cJSON_IsNull(v)) q3_strbuf_puts(b, "None");
+    else if (cJSON_IsTrue(v)) q3_strbuf_puts(b, "True");
+    else if (cJSON_IsFalse(v)) q3_strbuf_puts(b, "False");
+    else if (cJSON_IsString(v)) q3_strbuf_puts(b, v->valuestring);
     else if (cJSON_IsNumber(v)) {
         int n = q3_json_number_is_int(v) ? q3_json_format_number(v, num, sizeof num)
                                           : q3_json_format_double(v->valuedouble, num, sizeof num);
         if (n < (int)sizeof num) {
-            emit(b, num);
+            q3_strbuf_puts(b, num);
         } else { /* a very long integer literal */
             char *big = malloc((size_t)n + 1);
             if (!big) {
@@ -286,7 +259,7 @@ static void emit_python_str(out_buf *b, const cJSON *v)
                 return;
             }
             q3_json_format_number(v, big, (size_t)n + 1);
-            emit(b, big);
+            q3_strbuf_puts(b, big);
             free(big);
         }
     }
@@ -418,39 +391,39 @@ static const char TOOLS_FOOTER[] =
     "{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n";
 
 /* Emits v | tojson. */
-static q3_status emit_json(out_buf *b, const cJSON *v)
+static q3_status emit_json(q3_strbuf *b, const cJSON *v)
 {
     char *text = NULL;
     size_t len = 0;
     q3_status st = q3_json_dumps(v, &text, &len);
     if (st != Q3_OK) return st;
-    emit_n(b, text, len);
+    q3_strbuf_put(b, text, len);
     free(text);
     return Q3_OK;
 }
 
 /* The system block: the tools list (with the first system message inside
  * it), or the first system message alone. */
-static q3_status render_system_block(out_buf *b, const chat_msg *msgs, const cJSON *tools)
+static q3_status render_system_block(q3_strbuf *b, const chat_msg *msgs, const cJSON *tools)
 {
     if (truthy(tools)) { /* {%- if tools %} */
-        emit(b, "<|im_start|>system\n");
+        q3_strbuf_puts(b, "<|im_start|>system\n");
         if (msgs[0].role == ROLE_SYSTEM) {
             emit_span(b, msgs[0].content);
-            emit(b, "\n\n");
+            q3_strbuf_puts(b, "\n\n");
         }
-        emit(b, TOOLS_HEADER);
+        q3_strbuf_puts(b, TOOLS_HEADER);
         const cJSON *tool;
         cJSON_ArrayForEach(tool, tools) {
-            emit(b, "\n");
+            q3_strbuf_puts(b, "\n");
             q3_status st = emit_json(b, tool);
             if (st != Q3_OK) return st;
         }
-        emit(b, TOOLS_FOOTER);
+        q3_strbuf_puts(b, TOOLS_FOOTER);
     } else if (msgs[0].role == ROLE_SYSTEM) {
-        emit(b, "<|im_start|>system\n");
+        q3_strbuf_puts(b, "<|im_start|>system\n");
         emit_span(b, msgs[0].content);
-        emit(b, "<|im_end|>\n");
+        q3_strbuf_puts(b, "<|im_end|>\n");
     }
     return Q3_OK;
 }
@@ -470,31 +443,31 @@ static size_t last_query_index(const chat_msg *msgs, size_t n)
     return n - 1;
 }
 
-static q3_status render_tool_calls(out_buf *b, const cJSON *calls, span content)
+static q3_status render_tool_calls(q3_strbuf *b, const cJSON *calls, span content)
 {
     const cJSON *call;
     int first = 1;
     cJSON_ArrayForEach(call, calls) {
         /* {%- if (loop.first and content) or (not loop.first) %} */
-        if (!first || content.n) emit(b, "\n");
+        if (!first || content.n) q3_strbuf_puts(b, "\n");
         first = 0;
         const cJSON *fn = call_function(call);
-        emit(b, "<tool_call>\n{\"name\": \"");
+        q3_strbuf_puts(b, "<tool_call>\n{\"name\": \"");
         emit_python_str(b, member(fn, "name"));
-        emit(b, "\", \"arguments\": ");
+        q3_strbuf_puts(b, "\", \"arguments\": ");
         const cJSON *args = member(fn, "arguments");
         if (cJSON_IsString(args)) {
-            emit(b, args->valuestring); /* a string is taken to be JSON already */
+            q3_strbuf_puts(b, args->valuestring); /* a string is taken to be JSON already */
         } else {
             q3_status st = emit_json(b, args);
             if (st != Q3_OK) return st;
         }
-        emit(b, "}\n</tool_call>");
+        q3_strbuf_puts(b, "}\n</tool_call>");
     }
     return Q3_OK;
 }
 
-static q3_status render_assistant(out_buf *b, const chat_msg *m, size_t index, size_t last_query,
+static q3_status render_assistant(q3_strbuf *b, const chat_msg *m, size_t index, size_t last_query,
                                   int is_last)
 {
     span content = m->content;
@@ -518,28 +491,28 @@ static q3_status render_assistant(out_buf *b, const chat_msg *m, size_t index, s
         content = lstrip_newlines((span){after, (size_t)(m->content.s + m->content.n - after)});
     }
 
-    emit(b, "<|im_start|>");
-    emit(b, m->role_name);
+    q3_strbuf_puts(b, "<|im_start|>");
+    q3_strbuf_puts(b, m->role_name);
     if (index > last_query && (is_last || reasoning.n)) {
         /* After the last query the thinking is kept (and the final turn
          * always shows a think block, even an empty one). */
-        emit(b, "\n<think>\n");
+        q3_strbuf_puts(b, "\n<think>\n");
         emit_span(b, strip_newlines(reasoning));
-        emit(b, "\n</think>\n\n");
+        q3_strbuf_puts(b, "\n</think>\n\n");
         emit_span(b, lstrip_newlines(content));
     } else {
-        emit(b, "\n");
+        q3_strbuf_puts(b, "\n");
         emit_span(b, content);
     }
     if (m->tool_calls) {
         q3_status st = render_tool_calls(b, m->tool_calls, content);
         if (st != Q3_OK) return st;
     }
-    emit(b, "<|im_end|>\n");
+    q3_strbuf_puts(b, "<|im_end|>\n");
     return Q3_OK;
 }
 
-static q3_status render(out_buf *b, const chat_msg *msgs, size_t n, const cJSON *tools,
+static q3_status render(q3_strbuf *b, const chat_msg *msgs, size_t n, const cJSON *tools,
                         const q3_chat_options *opts)
 {
     q3_status st = render_system_block(b, msgs, tools);
@@ -554,11 +527,11 @@ static q3_status render(out_buf *b, const chat_msg *msgs, size_t n, const cJSON 
             if (i == 0) break; /* already in the system block */
             /* fallthrough */
         case ROLE_USER:
-            emit(b, "<|im_start|>");
-            emit(b, m->role_name);
-            emit(b, "\n");
+            q3_strbuf_puts(b, "<|im_start|>");
+            q3_strbuf_puts(b, m->role_name);
+            q3_strbuf_puts(b, "\n");
             emit_span(b, m->content);
-            emit(b, "<|im_end|>\n");
+            q3_strbuf_puts(b, "<|im_end|>\n");
             break;
         case ROLE_ASSISTANT:
             st = render_assistant(b, m, i, last_query, is_last);
@@ -566,18 +539,18 @@ static q3_status render(out_buf *b, const chat_msg *msgs, size_t n, const cJSON 
             break;
         case ROLE_TOOL:
             /* Consecutive tool results share one user turn. */
-            if (i == 0 || msgs[i - 1].role != ROLE_TOOL) emit(b, "<|im_start|>user");
-            emit(b, "\n<tool_response>\n");
+            if (i == 0 || msgs[i - 1].role != ROLE_TOOL) q3_strbuf_puts(b, "<|im_start|>user");
+            q3_strbuf_puts(b, "\n<tool_response>\n");
             emit_python_str(b, m->tool_content);
-            emit(b, "\n</tool_response>");
-            if (is_last || msgs[i + 1].role != ROLE_TOOL) emit(b, "<|im_end|>\n");
+            q3_strbuf_puts(b, "\n</tool_response>");
+            if (is_last || msgs[i + 1].role != ROLE_TOOL) q3_strbuf_puts(b, "<|im_end|>\n");
             break;
         }
     }
 
     if (opts->add_generation_prompt) {
-        emit(b, "<|im_start|>assistant\n");
-        if (opts->enable_thinking == 0) emit(b, "<think>\n\n</think>\n\n");
+        q3_strbuf_puts(b, "<|im_start|>assistant\n");
+        if (opts->enable_thinking == 0) q3_strbuf_puts(b, "<think>\n\n</think>\n\n");
     }
     return Q3_OK;
 }
@@ -607,7 +580,7 @@ q3_status q3_chat_render_messages(const cJSON *messages, const cJSON *tools,
         i++;
     }
 
-    out_buf b = {0};
+    q3_strbuf b = {0};
     if (st == Q3_OK) st = render(&b, msgs, n, tools, opts);
     if (st == Q3_OK && b.oom) st = q3_fail(Q3_ERR_NOMEM, "chat: out of memory rendering");
     if (st == Q3_OK && !b.data) { /* cannot happen: a system or user turn writes something */

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "util/error.h"
+#include "util/strbuf.h"
 
 /* ---- parsing, keeping number literals ---------------------------------- */
 
@@ -199,37 +200,11 @@ int q3_json_format_number(const cJSON *number, char *buf, size_t cap)
 
 /* ---- writing ----------------------------------------------------------- */
 
-typedef struct json_buf {
-    char *data;
-    size_t len, cap;
-    int oom; /* an allocation failed; the text is incomplete */
-} json_buf;
-
-static void put(json_buf *b, const char *s, size_t n)
-{
-    if (b->oom) return;
-    if (b->len + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap < b->len + n + 1) cap *= 2;
-        char *p = realloc(b->data, cap);
-        if (!p) {
-            b->oom = 1;
-            return;
-        }
-        b->data = p;
-        b->cap = cap;
-    }
-    memcpy(b->data + b->len, s, n);
-    b->len += n;
-    b->data[b->len] = 0;
-}
-
-static void puts_(json_buf *b, const char *s) { put(b, s, strlen(s)); }
 
 /* A JSON string as Python's encoder writes it with ensure_ascii=False. */
-static void write_string(json_buf *b, const char *s)
+static void write_string(q3_strbuf *b, const char *s)
 {
-    put(b, "\"", 1);
+    q3_strbuf_put(b, "\"", 1);
     const char *run = s; /* bytes copied verbatim since the last escape */
     for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
         const char *esc = NULL;
@@ -249,13 +224,13 @@ static void write_string(json_buf *b, const char *s)
             }
         }
         if (esc) {
-            put(b, run, (size_t)((const char *)p - run));
-            puts_(b, esc);
+            q3_strbuf_put(b, run, (size_t)((const char *)p - run));
+            q3_strbuf_puts(b, esc);
             run = (const char *)p + 1;
         }
     }
-    puts_(b, run);
-    put(b, "\"", 1);
+    q3_strbuf_puts(b, run);
+    q3_strbuf_put(b, "\"", 1);
 }
 
 /* The last member of obj named key, as a Python dict would keep it. */
@@ -274,52 +249,52 @@ static int seen_before(const cJSON *obj, const cJSON *member)
     return 0;
 }
 
-static q3_status write_value(json_buf *b, const cJSON *v)
+static q3_status write_value(q3_strbuf *b, const cJSON *v)
 {
     char num[64];
     switch (v->type & 0xff) {
-    case cJSON_NULL: puts_(b, "null"); break;
-    case cJSON_False: puts_(b, "false"); break;
-    case cJSON_True: puts_(b, "true"); break;
+    case cJSON_NULL: q3_strbuf_puts(b, "null"); break;
+    case cJSON_False: q3_strbuf_puts(b, "false"); break;
+    case cJSON_True: q3_strbuf_puts(b, "true"); break;
     case cJSON_Number: {
         int n = q3_json_format_number(v, num, sizeof num);
         if (n < (int)sizeof num) {
-            puts_(b, num);
+            q3_strbuf_puts(b, num);
         } else { /* a very long integer literal */
             char *big = malloc((size_t)n + 1);
             if (!big) return q3_fail(Q3_ERR_NOMEM, "JSON: out of memory");
             q3_json_format_number(v, big, (size_t)n + 1);
-            puts_(b, big);
+            q3_strbuf_puts(b, big);
             free(big);
         }
         break;
     }
     case cJSON_String: write_string(b, v->valuestring ? v->valuestring : ""); break;
-    case cJSON_Raw: puts_(b, v->valuestring ? v->valuestring : ""); break;
+    case cJSON_Raw: q3_strbuf_puts(b, v->valuestring ? v->valuestring : ""); break;
     case cJSON_Array: {
-        puts_(b, "[");
+        q3_strbuf_puts(b, "[");
         for (const cJSON *c = v->child; c; c = c->next) {
-            if (c != v->child) puts_(b, ", ");
+            if (c != v->child) q3_strbuf_puts(b, ", ");
             q3_status st = write_value(b, c);
             if (st != Q3_OK) return st;
         }
-        puts_(b, "]");
+        q3_strbuf_puts(b, "]");
         break;
     }
     case cJSON_Object: {
-        puts_(b, "{");
+        q3_strbuf_puts(b, "{");
         int first = 1;
         for (const cJSON *c = v->child; c; c = c->next) {
             if (!c->string) return q3_fail(Q3_ERR_INVALID, "JSON: object member without a key");
             if (seen_before(v, c)) continue;
-            if (!first) puts_(b, ", ");
+            if (!first) q3_strbuf_puts(b, ", ");
             first = 0;
             write_string(b, c->string);
-            puts_(b, ": ");
+            q3_strbuf_puts(b, ": ");
             q3_status st = write_value(b, last_member(v, c->string));
             if (st != Q3_OK) return st;
         }
-        puts_(b, "}");
+        q3_strbuf_puts(b, "}");
         break;
     }
     default: return q3_fail(Q3_ERR_INVALID, "JSON: node of unknown type %d", v->type);
@@ -332,7 +307,7 @@ q3_status q3_json_dumps(const cJSON *item, char **out, size_t *len)
     *out = NULL;
     if (len) *len = 0;
     if (!item) return q3_fail(Q3_ERR_INVALID, "JSON: nothing to write (NULL)");
-    json_buf b = {0};
+    q3_strbuf b = {0};
     q3_status st = write_value(&b, item);
     if (st == Q3_OK && b.oom) st = q3_fail(Q3_ERR_NOMEM, "JSON: out of memory");
     if (st == Q3_OK && !b.data) { /* cannot happen: every value writes something */
