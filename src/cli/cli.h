@@ -19,4 +19,11 @@ int cmd_detokenize(int argc, char **argv);
 /* Prints "q3 CMD: <message>" to stderr; returns 1 for `return cli_error(...)`. */
 int cli_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/* The most any command reads from stdin or an input file. */
+#define CLI_MAX_INPUT_BYTES ((size_t)1 << 30)
+
+/* All of stdin, NUL-terminated (caller frees; *len its length, may be NULL);
+ * NULL after printing why. */
+char *cli_read_stdin(const char *cmd, size_t *len);
+
 #endif

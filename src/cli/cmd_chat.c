@@ -149,10 +149,15 @@ int cmd_chat(int argc, char **argv)
             fprintf(stderr, "q3 chat: the context is full: the answer was cut; /reset to start over\n");
         /* the cache now holds the prompt and every generated token but the last */
         size_t keep = n + (res.n_ids > 0 ? (size_t)res.n_ids - 1 : 0);
-        cached = realloc(cached, (keep + 1) * sizeof *cached);
-        memcpy(cached, ids, n * sizeof *ids);
-        if (res.n_ids > 1) memcpy(cached + n, res.ids, ((size_t)res.n_ids - 1) * sizeof *ids);
-        n_cached = keep;
+        int32_t *grown = realloc(cached, (keep + 1) * sizeof *cached);
+        if (grown) {
+            cached = grown;
+            memcpy(cached, ids, n * sizeof *ids);
+            if (res.n_ids > 1) memcpy(cached + n, res.ids, ((size_t)res.n_ids - 1) * sizeof *ids);
+            n_cached = keep;
+        } else {
+            n_cached = 0; /* no record of the cache: the next turn feeds the whole conversation */
+        }
         int n_text = res.n_ids;
         if (res.stop == Q3_STOP_END_OF_TURN) n_text--;
         char *answer = NULL;

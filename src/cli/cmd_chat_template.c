@@ -19,7 +19,6 @@
 #include "util/file.h"
 
 #define CMD "chat-template"
-#define MAX_INPUT_BYTES ((size_t)1 << 30)
 
 static void usage(FILE *f)
 {
@@ -49,42 +48,13 @@ typedef struct chat_cli_opts {
 
 /* ---- input --------------------------------------------------------------- */
 
-/* Reads all of f into a NUL-terminated heap buffer (caller frees). */
-static char *read_stream(FILE *f, size_t *len)
-{
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap);
-    if (!buf) return NULL;
-    for (;;) {
-        if (n + 1 == cap) {
-            if (cap >= MAX_INPUT_BYTES) break;
-            char *p = realloc(buf, cap * 2);
-            if (!p) break;
-            buf = p;
-            cap *= 2;
-        }
-        size_t got = fread(buf + n, 1, cap - n - 1, f);
-        n += got;
-        if (got == 0) {
-            if (ferror(f)) break;
-            buf[n] = 0;
-            *len = n;
-            return buf;
-        }
-    }
-    free(buf);
-    return NULL;
-}
-
 static char *read_input(const char *file, size_t *len)
 {
     if (!file || !strcmp(file, "-")) {
-        char *text = read_stream(stdin, len);
-        if (!text) cli_error(CMD, "cannot read stdin");
-        return text;
+        return cli_read_stdin(CMD, len);
     }
     char *text = NULL;
-    if (q3_read_file(file, MAX_INPUT_BYTES, &text, len) != Q3_OK) {
+    if (q3_read_file(file, CLI_MAX_INPUT_BYTES, &text, len) != Q3_OK) {
         cli_error(CMD, "%s", q3_last_error());
         return NULL;
     }

@@ -65,7 +65,8 @@ static int read_cases(const char *dir, int vocab, seqs *s)
     struct dirent *e;
     while ((e = readdir(d)) && n_names < 4096) {
         size_t l = strlen(e->d_name);
-        if (l > 5 && !strcmp(e->d_name + l - 5, ".json")) names[n_names++] = strdup(e->d_name);
+        char *name = l > 5 && !strcmp(e->d_name + l - 5, ".json") ? strdup(e->d_name) : NULL;
+        if (name) names[n_names++] = name;
     }
     closedir(d);
     qsort(names, n_names, sizeof names[0], cmp_str);
@@ -87,6 +88,11 @@ static int read_cases(const char *dir, int vocab, seqs *s)
         }
         size_t n = (size_t)cJSON_GetArraySize(toks), i = 0;
         int32_t *ids = malloc((n ? n : 1) * sizeof *ids);
+        if (!ids) {
+            cJSON_Delete(j);
+            rc = cli_error("compare", "out of memory reading %s", p);
+            break;
+        }
         cJSON_ArrayForEach(t, toks) {
             if (!cJSON_IsNumber(t) || t->valuedouble < 0 || t->valuedouble >= vocab) {
                 rc = cli_error("compare", "%s: tokens[%zu] is not an id below the model's vocabulary (%d)", p, i,
@@ -101,9 +107,17 @@ static int read_cases(const char *dir, int vocab, seqs *s)
             continue;
         }
         if (s->n == s->cap) {
-            s->cap = s->cap ? 2 * s->cap : 16;
-            s->ids = realloc(s->ids, s->cap * sizeof *s->ids);
-            s->lens = realloc(s->lens, s->cap * sizeof *s->lens);
+            size_t cap = s->cap ? 2 * s->cap : 16;
+            int32_t **ids_grown = realloc(s->ids, cap * sizeof *s->ids);
+            if (ids_grown) s->ids = ids_grown;
+            size_t *lens_grown = ids_grown ? realloc(s->lens, cap * sizeof *s->lens) : NULL;
+            if (lens_grown) s->lens = lens_grown;
+            if (!ids_grown || !lens_grown) {
+                free(ids);
+                rc = cli_error("compare", "out of memory reading %s", dir);
+                break;
+            }
+            s->cap = cap;
         }
         s->ids[s->n] = ids;
         s->lens[s->n++] = n;

@@ -18,6 +18,10 @@ static long parse_ids(const char *s, int32_t **out)
 {
     size_t cap = 16, n = 0;
     int32_t *ids = malloc(cap * sizeof *ids);
+    if (!ids) {
+        cli_error("logits", "--tokens: out of memory");
+        return -1;
+    }
     const char *p = s;
     while (*p) {
         char *end;
@@ -28,7 +32,15 @@ static long parse_ids(const char *s, int32_t **out)
             cli_error("logits", "--tokens: '%s' is not a comma-separated list of token ids", s);
             return -1;
         }
-        if (n == cap) ids = realloc(ids, (cap *= 2) * sizeof *ids);
+        if (n == cap) {
+            int32_t *grown = realloc(ids, (cap *= 2) * sizeof *ids);
+            if (!grown) {
+                free(ids);
+                cli_error("logits", "--tokens: out of memory");
+                return -1;
+            }
+            ids = grown;
+        }
         ids[n++] = (int32_t)v;
         p = end;
         while (*p == ',' || *p == ' ') p++;

@@ -26,19 +26,6 @@ static const char *usage_head =
 static volatile sig_atomic_t interrupted;
 static void on_sigint(int sig) { (void)sig; interrupted = 1; }
 
-static char *read_stdin(void)
-{
-    size_t cap = 4096, n = 0;
-    char *b = malloc(cap);
-    size_t got;
-    while (b && (got = fread(b + n, 1, cap - n - 1, stdin)) > 0) {
-        n += got;
-        if (n + 1 == cap) b = realloc(b, cap *= 2);
-    }
-    if (b) b[n] = 0;
-    return b;
-}
-
 /* Builds the text to encode: the rendered conversation or the raw prompt. */
 static int build_prompt(cli_gen *g, const char *prompt, const char *system, const char *messages_path, int raw,
                         char **out)
@@ -114,8 +101,8 @@ int cmd_run(int argc, char **argv)
     char *stdin_text = NULL;
     if (!messages && (!prompt || !strcmp(prompt, "-"))) {
         if (isatty(STDIN_FILENO)) return cli_error("run", "no prompt: -p PROMPT, --messages FILE, or text on stdin");
-        prompt = stdin_text = read_stdin();
-        if (!prompt) return cli_error("run", "cannot read stdin");
+        prompt = stdin_text = cli_read_stdin("run", NULL);
+        if (!prompt) return 1;
     }
     int rc = 1;
     char *text = NULL;

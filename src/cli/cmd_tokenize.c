@@ -98,38 +98,17 @@ static int open_tokenizer(const char *cmd, const tok_opts *o, q3_tokenizer **tok
     return 0;
 }
 
-/* All of stdin in a malloc'd buffer (NUL-terminated); NULL on failure. */
-static char *read_stdin(size_t *len)
-{
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap);
-    while (buf) {
-        if (n + 1 >= cap) {
-            char *p = realloc(buf, cap *= 2);
-            if (!p) break;
-            buf = p;
-        }
-        size_t got = fread(buf + n, 1, cap - n - 1, stdin);
-        n += got;
-        if (got == 0) {
-            if (ferror(stdin)) break;
-            buf[n] = 0;
-            *len = n;
-            return buf;
-        }
-    }
-    free(buf);
-    return NULL;
-}
-
 /* The positional arguments joined by single spaces, or stdin if there are none. */
-static char *input_text(const tok_opts *o, size_t *len)
+static char *input_text(const char *cmd, const tok_opts *o, size_t *len)
 {
-    if (!o->n_args) return read_stdin(len);
+    if (!o->n_args) return cli_read_stdin(cmd, len);
     size_t total = 1;
     for (int i = 0; i < o->n_args; i++) total += strlen(o->args[i]) + 1;
     char *s = malloc(total), *w = s;
-    if (!s) return NULL;
+    if (!s) {
+        cli_error(cmd, "out of memory");
+        return NULL;
+    }
     for (int i = 0; i < o->n_args; i++) {
         if (i) *w++ = ' ';
         size_t l = strlen(o->args[i]);
@@ -154,8 +133,8 @@ static void print_ids(FILE *f, const int32_t *ids, size_t n)
 static int tokenize_jsonl(const char *cmd, const q3_tokenizer *tok, unsigned flags)
 {
     size_t len;
-    char *all = read_stdin(&len);
-    if (!all) return cli_error(cmd, "cannot read stdin");
+    char *all = cli_read_stdin(cmd, &len);
+    if (!all) return 1;
     int rc = 0;
     size_t line_no = 0;
     char *line = all;
@@ -209,9 +188,9 @@ int cmd_tokenize(int argc, char **argv)
         else rc = tokenize_jsonl(cmd, tok, flags);
     } else if (!rc) {
         size_t len;
-        char *text = input_text(&o, &len);
+        char *text = input_text(cmd, &o, &len);
         q3_tokens ids = {0};
-        if (!text) rc = cli_error(cmd, "cannot read the text");
+        if (!text) rc = 1; /* said why */
         else if (q3_tokenizer_encode_append(tok, text, len, flags, &ids)) rc = cli_error(cmd, "%s", q3_last_error());
         else print_ids(stdout, ids.ids, ids.n);
         q3_tokens_free(&ids);
@@ -259,11 +238,11 @@ int cmd_detokenize(int argc, char **argv)
     if (!rc) rc = open_tokenizer(cmd, &o, &tok);
     if (!rc) {
         size_t len;
-        char *in = input_text(&o, &len);
+        char *in = input_text(cmd, &o, &len);
         q3_tokens ids = {0};
         char *text = NULL;
         size_t text_len = 0;
-        if (!in) rc = cli_error(cmd, "cannot read the ids");
+        if (!in) rc = 1; /* said why */
         else if (memchr(in, 0, len)) rc = cli_error(cmd, "the ids contain a NUL byte");
         else rc = parse_ids(cmd, in, &ids);
         if (!rc && q3_tokenizer_decode(tok, ids.ids, ids.n, &text, &text_len)) rc = cli_error(cmd, "%s", q3_last_error());

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "util/file.h"
 
 static const struct {
     const char *name;
@@ -33,6 +34,16 @@ int cli_error(const char *cmd, const char *fmt, ...)
     fputc('\n', stderr);
     va_end(ap);
     return 1;
+}
+
+char *cli_read_stdin(const char *cmd, size_t *len)
+{
+    char *text = NULL;
+    if (q3_read_stream(stdin, "stdin", CLI_MAX_INPUT_BYTES, &text, len) != Q3_OK) {
+        cli_error(cmd, "%s", q3_last_error());
+        return NULL;
+    }
+    return text;
 }
 
 static void usage(FILE *f)

@@ -1,5 +1,6 @@
 #include "util/file.h"
 #include "util/error.h"
+#include "util/strbuf.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -44,6 +45,37 @@ q3_status q3_read_file(const char *path, size_t max_bytes, char **out, size_t *l
     buf[n] = 0;
     *out = buf;
     if (len) *len = n;
+    return Q3_OK;
+}
+
+q3_status q3_read_stream(FILE *f, const char *name, size_t max_bytes, char **out, size_t *len)
+{
+    *out = NULL;
+    if (len) *len = 0;
+    q3_strbuf b = {0};
+    char chunk[65536];
+    q3_strbuf_put(&b, "", 0);
+    for (;;) {
+        size_t got = fread(chunk, 1, sizeof chunk, f);
+        if (got > max_bytes - b.len) {
+            free(b.data);
+            return q3_fail(Q3_ERR_FORMAT, "%s: more than the %zu bytes allowed", name, max_bytes);
+        }
+        q3_strbuf_put(&b, chunk, got);
+        if (b.oom) {
+            free(b.data);
+            return q3_fail(Q3_ERR_NOMEM, "%s: out of memory", name);
+        }
+        if (got < sizeof chunk) { /* the end, or an error */
+            if (ferror(f)) {
+                free(b.data);
+                return q3_fail(Q3_ERR_IO, "%s: read failed: %s", name, strerror(errno));
+            }
+            break;
+        }
+    }
+    *out = b.data;
+    if (len) *len = b.len;
     return Q3_OK;
 }
 
