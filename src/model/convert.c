@@ -11,6 +11,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "model/layout.h"
 #include "model/quantize.h"
 #include "util/error.h"
 #include "util/file.h"
@@ -465,21 +466,17 @@ static q3_status add_model(q3_gguf_writer *w, const q3_model *m, const q3_conver
     const q3_weights *wt = &m->w;
     size_t n = 0;
     char tn[64];
-    if ((st = add_tensor(w, jobs, &n, wt->embed, "token_embd.weight", o->type))) return st;
-    static const char *const layer_names[] = {"attn_norm", "attn_q",      "attn_k",   "attn_v",
-                                              "attn_output", "attn_q_norm", "attn_k_norm", "ffn_norm",
-                                              "ffn_gate",  "ffn_up",      "ffn_down"};
-    _Static_assert(sizeof layer_names / sizeof layer_names[0] == sizeof(q3_layer_weights) / sizeof(void *),
-                   "one name per layer weight, in q3_layer_weights order");
+    if ((st = add_tensor(w, jobs, &n, wt->embed, q3_embed_layout.gguf, o->type))) return st;
     for (int l = 0; l < c->n_layers; l++) {
-        const q3_tensor *const *lt = (const q3_tensor *const *)&wt->layers[l];
-        for (size_t i = 0; i < sizeof layer_names / sizeof layer_names[0]; i++) {
-            snprintf(tn, sizeof tn, "blk.%d.%s.weight", l, layer_names[i]);
+        const q3_tensor *const *lt = (const q3_tensor *const *)&wt->layers[l]; /* q3_layer_layout order */
+        for (size_t i = 0; i < Q3_LAYER_TENSORS; i++) {
+            q3_layer_tensor_name(l, i, 1, tn, sizeof tn);
             if ((st = add_tensor(w, jobs, &n, lt[i], tn, o->type))) return st;
         }
     }
-    if ((st = add_tensor(w, jobs, &n, wt->out_norm, "output_norm.weight", o->type))) return st;
-    if (wt->lm_head != wt->embed && (st = add_tensor(w, jobs, &n, wt->lm_head, "output.weight", o->type))) return st;
+    if ((st = add_tensor(w, jobs, &n, wt->out_norm, q3_out_norm_layout.gguf, o->type))) return st;
+    if (wt->lm_head != wt->embed && (st = add_tensor(w, jobs, &n, wt->lm_head, q3_lm_head_layout.gguf, o->type)))
+        return st;
     return Q3_OK;
 }
 

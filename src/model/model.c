@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "model/gguf.h"
+#include "model/layout.h"
 #include "util/error.h"
 #include "util/file.h"
 
@@ -54,9 +55,10 @@ static const q3_tensor *find_any(const q3_model *m, const char *name)
     return NULL;
 }
 
-static q3_status bind(q3_model *m, const char *name, int ndim, int64_t d0, int64_t d1, const q3_tensor **out)
+static q3_status bind(q3_model *m, const char *name, const q3_tensor_layout *t, const q3_tensor **out)
 {
-    int64_t shape[2] = {d0, d1};
+    int64_t shape[2];
+    int ndim = q3_layout_shape(t, &m->cfg, shape);
     return q3_model_bind_tensor(m->path, find_any(m, name), name, ndim, shape, out);
 }
 
@@ -65,38 +67,26 @@ static q3_status bind_hf_weights(q3_model *m)
     const q3_config *c = &m->cfg;
     q3_weights *w = &m->w;
     q3_status st;
-    int64_t q_dim = (int64_t)c->n_heads * c->head_dim, kv_dim = (int64_t)c->n_kv_heads * c->head_dim;
-    if ((st = bind(m, "model.embed_tokens.weight", 2, c->vocab_size, c->dim, &w->embed))) return st;
-    if ((st = bind(m, "model.norm.weight", 1, c->dim, 0, &w->out_norm))) return st;
-    const q3_tensor *head = find_any(m, "lm_head.weight");
+    if ((st = bind(m, q3_embed_layout.hf, &q3_embed_layout, &w->embed))) return st;
+    if ((st = bind(m, q3_out_norm_layout.hf, &q3_out_norm_layout, &w->out_norm))) return st;
+    const q3_tensor *head = find_any(m, q3_lm_head_layout.hf);
     if (c->tied_embeddings || !head) {
         if (!c->tied_embeddings)
             return q3_fail(Q3_ERR_FORMAT, "%s: missing tensor \"lm_head.weight\" (config says tie_word_embeddings "
                            "is false)", m->path);
         w->lm_head = w->embed;
-    } else if ((st = bind(m, "lm_head.weight", 2, c->vocab_size, c->dim, &w->lm_head))) {
+    } else if ((st = bind(m, q3_lm_head_layout.hf, &q3_lm_head_layout, &w->lm_head))) {
         return st;
     }
     w->layers = calloc((size_t)c->n_layers, sizeof *w->layers);
     if (!w->layers) return q3_fail(Q3_ERR_NOMEM, "out of memory");
     for (int l = 0; l < c->n_layers; l++) {
-        q3_layer_weights *L = &w->layers[l];
-        char n[128];
-#define B(field, suffix, nd, a, b)                                           \
-    snprintf(n, sizeof n, "model.layers.%d.%s", l, suffix);                  \
-    if ((st = bind(m, n, nd, a, b, &L->field))) return st;
-        B(attn_norm, "input_layernorm.weight", 1, c->dim, 0);
-        B(wq, "self_attn.q_proj.weight", 2, q_dim, c->dim);
-        B(wk, "self_attn.k_proj.weight", 2, kv_dim, c->dim);
-        B(wv, "self_attn.v_proj.weight", 2, kv_dim, c->dim);
-        B(wo, "self_attn.o_proj.weight", 2, c->dim, q_dim);
-        B(q_norm, "self_attn.q_norm.weight", 1, c->head_dim, 0);
-        B(k_norm, "self_attn.k_norm.weight", 1, c->head_dim, 0);
-        B(ffn_norm, "post_attention_layernorm.weight", 1, c->dim, 0);
-        B(w_gate, "mlp.gate_proj.weight", 2, c->ffn_dim, c->dim);
-        B(w_up, "mlp.up_proj.weight", 2, c->ffn_dim, c->dim);
-        B(w_down, "mlp.down_proj.weight", 2, c->dim, c->ffn_dim);
-#undef B
+        const q3_tensor **fields = (const q3_tensor **)&w->layers[l]; /* q3_layer_layout order */
+        for (size_t i = 0; i < Q3_LAYER_TENSORS; i++) {
+            char name[128];
+            q3_layer_tensor_name(l, i, 0, name, sizeof name);
+            if ((st = bind(m, name, &q3_layer_layout[i], &fields[i]))) return st;
+        }
     }
     return Q3_OK;
 }

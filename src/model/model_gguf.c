@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "model/gguf.h"
+#include "model/layout.h"
 #include "model/model.h"
 #include "util/error.h"
 
@@ -108,12 +109,12 @@ static q3_status read_config(const q3_gguf *g, q3_config *c)
         return q3_fail(Q3_ERR_UNSUPPORTED, "%s: RoPE scaling \"%s\" is not supported", path, scaling);
 
     /* the vocabulary is as large as the embedding */
-    const q3_tensor *embd = q3_gguf_find_tensor(g, "token_embd.weight");
+    const q3_tensor *embd = q3_gguf_find_tensor(g, q3_embed_layout.gguf);
     if (!embd) return q3_fail(Q3_ERR_FORMAT, "%s: missing tensor \"token_embd.weight\"", path);
     if (embd->ndim != 2 || embd->shape[0] <= 0 || embd->shape[0] > (1 << 24))
         return q3_fail(Q3_ERR_FORMAT, "%s: tensor \"token_embd.weight\" is not a [vocab][dim] matrix", path);
     c->vocab_size = (int)embd->shape[0];
-    c->tied_embeddings = q3_gguf_find_tensor(g, "output.weight") == NULL;
+    c->tied_embeddings = q3_gguf_find_tensor(g, q3_lm_head_layout.gguf) == NULL;
     uint32_t ft;
     if (q3_gguf_find(g, "general.file_type") && !q3_gguf_get_u32(g, "general.file_type", &ft))
         snprintf(c->torch_dtype, sizeof c->torch_dtype, "%s", file_type_name(ft));
@@ -122,9 +123,11 @@ static q3_status read_config(const q3_gguf *g, q3_config *c)
 
 /* ---- weights ------------------------------------------------------------------ */
 
-static q3_status bind(const q3_gguf *g, const char *name, int ndim, int64_t d0, int64_t d1, const q3_tensor **out)
+static q3_status bind(const q3_gguf *g, const q3_config *c, const char *name, const q3_tensor_layout *t,
+                      const q3_tensor **out)
 {
-    int64_t shape[2] = {d0, d1};
+    int64_t shape[2];
+    int ndim = q3_layout_shape(t, c, shape);
     return q3_model_bind_tensor(q3_gguf_path(g), q3_gguf_find_tensor(g, name), name, ndim, shape, out);
 }
 
@@ -133,31 +136,19 @@ static q3_status bind_weights(const q3_gguf *g, q3_model *m)
     const q3_config *c = &m->cfg;
     q3_weights *w = &m->w;
     q3_status st;
-    int64_t q_dim = (int64_t)c->n_heads * c->head_dim, kv_dim = (int64_t)c->n_kv_heads * c->head_dim;
-    if ((st = bind(g, "token_embd.weight", 2, c->vocab_size, c->dim, &w->embed))) return st;
-    if ((st = bind(g, "output_norm.weight", 1, c->dim, 0, &w->out_norm))) return st;
+    if ((st = bind(g, c, q3_embed_layout.gguf, &q3_embed_layout, &w->embed))) return st;
+    if ((st = bind(g, c, q3_out_norm_layout.gguf, &q3_out_norm_layout, &w->out_norm))) return st;
     if (c->tied_embeddings) w->lm_head = w->embed;
-    else if ((st = bind(g, "output.weight", 2, c->vocab_size, c->dim, &w->lm_head))) return st;
+    else if ((st = bind(g, c, q3_lm_head_layout.gguf, &q3_lm_head_layout, &w->lm_head))) return st;
     w->layers = calloc((size_t)c->n_layers, sizeof *w->layers);
     if (!w->layers) return q3_fail(Q3_ERR_NOMEM, "out of memory");
     for (int l = 0; l < c->n_layers; l++) {
-        q3_layer_weights *L = &w->layers[l];
-        char n[64];
-#define B(field, suffix, nd, a, b)                              \
-    snprintf(n, sizeof n, "blk.%d.%s.weight", l, suffix);       \
-    if ((st = bind(g, n, nd, a, b, &L->field))) return st;
-        B(attn_norm, "attn_norm", 1, c->dim, 0);
-        B(wq, "attn_q", 2, q_dim, c->dim);
-        B(wk, "attn_k", 2, kv_dim, c->dim);
-        B(wv, "attn_v", 2, kv_dim, c->dim);
-        B(wo, "attn_output", 2, c->dim, q_dim);
-        B(q_norm, "attn_q_norm", 1, c->head_dim, 0);
-        B(k_norm, "attn_k_norm", 1, c->head_dim, 0);
-        B(ffn_norm, "ffn_norm", 1, c->dim, 0);
-        B(w_gate, "ffn_gate", 2, c->ffn_dim, c->dim);
-        B(w_up, "ffn_up", 2, c->ffn_dim, c->dim);
-        B(w_down, "ffn_down", 2, c->dim, c->ffn_dim);
-#undef B
+        const q3_tensor **fields = (const q3_tensor **)&w->layers[l]; /* q3_layer_layout order */
+        for (size_t i = 0; i < Q3_LAYER_TENSORS; i++) {
+            char name[96];
+            q3_layer_tensor_name(l, i, 1, name, sizeof name);
+            if ((st = bind(g, c, name, &q3_layer_layout[i], &fields[i]))) return st;
+        }
     }
     return Q3_OK;
 }

@@ -1,6 +1,7 @@
 /* Synthetic Qwen3 checkpoints: presets, the tensor plan, parallel weight
  * generation, config.json, tokenizer copy. See synth.h for the contract. */
 #include "model/synth.h"
+#include "model/layout.h"
 #include "model/safetensors_write.h"
 #include "util/error.h"
 #include "util/file.h"
@@ -84,39 +85,29 @@ static void spec_set(tensor_spec *t, const char *name, int is_norm, int64_t d0, 
     t->shape[1] = d1;
 }
 
-static int plan_count(const q3_config *c) { return 2 + 11 * c->n_layers + !c->tied_embeddings; }
+static int plan_count(const q3_config *c) { return 2 + Q3_LAYER_TENSORS * c->n_layers + !c->tied_embeddings; }
+
+static void spec_from(tensor_spec *t, const char *name, const q3_tensor_layout *layout, const q3_config *c)
+{
+    int64_t shape[2];
+    q3_layout_shape(layout, c, shape);
+    spec_set(t, name, layout->cols == Q3_DIM_NONE, shape[0], shape[1]);
+}
 
 /* Fills specs[plan_count(c)] in file order: embedding, layers, final norm,
  * lm_head when untied. */
 static void plan_tensors(const q3_config *c, tensor_spec *specs)
 {
-    int64_t hidden = c->dim, inter = c->ffn_dim, hd = c->head_dim;
-    int64_t q_dim = (int64_t)c->n_heads * hd, kv_dim = (int64_t)c->n_kv_heads * hd;
     tensor_spec *t = specs;
     char name[96];
-
-    spec_set(t++, "model.embed_tokens.weight", 0, c->vocab_size, hidden);
-    for (int l = 0; l < c->n_layers; l++) {
-#define LAYER(suffix, is_norm, d0, d1)                                  \
-    do {                                                                \
-        snprintf(name, sizeof name, "model.layers.%d.%s", l, suffix);   \
-        spec_set(t++, name, is_norm, d0, d1);                           \
-    } while (0)
-        LAYER("input_layernorm.weight", 1, hidden, 0);
-        LAYER("self_attn.q_proj.weight", 0, q_dim, hidden);
-        LAYER("self_attn.k_proj.weight", 0, kv_dim, hidden);
-        LAYER("self_attn.v_proj.weight", 0, kv_dim, hidden);
-        LAYER("self_attn.o_proj.weight", 0, hidden, q_dim);
-        LAYER("self_attn.q_norm.weight", 1, hd, 0);
-        LAYER("self_attn.k_norm.weight", 1, hd, 0);
-        LAYER("post_attention_layernorm.weight", 1, hidden, 0);
-        LAYER("mlp.gate_proj.weight", 0, inter, hidden);
-        LAYER("mlp.up_proj.weight", 0, inter, hidden);
-        LAYER("mlp.down_proj.weight", 0, hidden, inter);
-#undef LAYER
-    }
-    spec_set(t++, "model.norm.weight", 1, hidden, 0);
-    if (!c->tied_embeddings) spec_set(t++, "lm_head.weight", 0, c->vocab_size, hidden);
+    spec_from(t++, q3_embed_layout.hf, &q3_embed_layout, c);
+    for (int l = 0; l < c->n_layers; l++)
+        for (size_t i = 0; i < Q3_LAYER_TENSORS; i++) {
+            q3_layer_tensor_name(l, i, 0, name, sizeof name);
+            spec_from(t++, name, &q3_layer_layout[i], c);
+        }
+    spec_from(t++, q3_out_norm_layout.hf, &q3_out_norm_layout, c);
+    if (!c->tied_embeddings) spec_from(t++, q3_lm_head_layout.hf, &q3_lm_head_layout, c);
 }
 
 static uint64_t spec_numel(const tensor_spec *t)
