@@ -373,6 +373,10 @@ static void test_convert_model(const char *dir, const char *tag, const q3_dtype 
             CHECK(q3_gguf_get_str(g, "general.name", &s) == Q3_OK && !strcmp(s, tag), "general.name %s", s ? s : "");
             CHECK(q3_gguf_alignment(g) == 32, "alignment");
             CHECK(q3_gguf_get_u32(g, "qwen3.attention.value_length", &ft) == Q3_OK, "value_length");
+            /* without a tokenizer llama.cpp sizes the vocabulary from this key (else it aborts) */
+            const q3_tensor *embd = q3_gguf_find_tensor(g, "token_embd.weight");
+            CHECK(q3_gguf_get_u32(g, "qwen3.vocab_size", &ft) == Q3_OK && embd && ft == (uint32_t)embd->shape[0],
+                  "qwen3.vocab_size %u", ft);
             CHECK(q3_gguf_get_str(g, "tokenizer.ggml.model", &s) == Q3_OK && !strcmp(s, "none"), "no vocab");
             q3_tokenizer *tk = NULL;
             CHECK(q3_tokenizer_load_gguf(g, &tk) == Q3_ERR_UNSUPPORTED, "no tokenizer to load");

@@ -450,6 +450,8 @@ static q3_status add_model(q3_gguf_writer *w, const q3_model *m, const q3_conver
         (st = q3_gguf_writer_add_str(w, "general.type", "model")) ||
         (st = q3_gguf_writer_add_str(w, "general.name", name)) ||
         (st = q3_gguf_writer_add_u32(w, "qwen3.context_length", (uint32_t)c->max_seq_len)) ||
+        /* llama.cpp sizes the vocabulary from this key when the file has no tokenizer */
+        (st = q3_gguf_writer_add_u32(w, "qwen3.vocab_size", (uint32_t)c->vocab_size)) ||
         (st = q3_gguf_writer_add_u32(w, "qwen3.embedding_length", (uint32_t)c->dim)) ||
         (st = q3_gguf_writer_add_u32(w, "qwen3.block_count", (uint32_t)c->n_layers)) ||
         (st = q3_gguf_writer_add_u32(w, "qwen3.feed_forward_length", (uint32_t)c->ffn_dim)) ||
