@@ -11,7 +11,12 @@
  *     "<|im_start|>" and ends with the turn end or the generation prompt; if the
  *     input was valid UTF-8 the output is too;
  *   - rendering with every add_generation_prompt x enable_thinking option agrees
- *     with q3_chat_render on how the text starts. */
+ *     with q3_chat_render on how the text starts.
+ *
+ * The same bytes are also a tokenizer_config.json for q3_chat_template_load:
+ * it either names a template kind that its chat_template (a string, or the
+ * entry named "default" of a list) identifies as, or fails with a message and
+ * the kind UNKNOWN. */
 #include <cjson/cJSON.h>
 #include <math.h>
 
@@ -98,8 +103,45 @@ static void ct_check_render(const char *out, int input_utf8, int gen_prompt, int
         FUZZ_CHECK(ct_ends_with(out, n, "<|im_end|>\n"), "the render does not end a turn");
 }
 
+/* The chat template a parsed tokenizer_config.json holds, as the loader picks it. */
+static const char *ct_config_template(const cJSON *config)
+{
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(config, "chat_template"), *e;
+    if (cJSON_IsString(t)) return t->valuestring;
+    if (!cJSON_IsArray(t)) return NULL;
+    cJSON_ArrayForEach(e, t) {
+        const cJSON *name = cJSON_GetObjectItemCaseSensitive(e, "name");
+        const cJSON *text = cJSON_GetObjectItemCaseSensitive(e, "template");
+        if (cJSON_IsString(name) && !strcmp(name->valuestring, "default") && cJSON_IsString(text))
+            return text->valuestring;
+    }
+    return NULL;
+}
+
+static void ct_check_config(const uint8_t *data, size_t size)
+{
+    const char *file = fuzz_path("chat_template", "tokenizer_config.json");
+    fuzz_write(file, data, size);
+    q3_chat_template_kind kind = (q3_chat_template_kind)77;
+    q3_status st = q3_chat_template_load(file, &kind);
+    fuzz_note("q3_chat_template_load", st);
+    if (st != Q3_OK) {
+        FUZZ_CHECK_FAILURE(st);
+        FUZZ_CHECK(kind == Q3_CHAT_TEMPLATE_UNKNOWN, "a failed load named kind %d", (int)kind);
+        return;
+    }
+    FUZZ_CHECK(kind != Q3_CHAT_TEMPLATE_UNKNOWN, "a load succeeded without a known template");
+    cJSON *config = cJSON_ParseWithLength((const char *)data, size); /* as the loader parses it */
+    const char *tmpl = config ? ct_config_template(config) : NULL;
+    FUZZ_CHECK(tmpl && q3_chat_template_identify(tmpl, strlen(tmpl)) == kind,
+               "loaded kind %d is not what the file's chat_template identifies as", (int)kind);
+    cJSON_Delete(config);
+}
+
 static int fuzz_chat_template(const uint8_t *data, size_t size)
 {
+    ct_check_config(data, size);
+
     char *text = fuzz_cstr(data, size);
     int input_utf8 = fuzz_utf8_valid(text, strlen(text));
     cJSON *conv = NULL;
