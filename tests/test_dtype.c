@@ -20,6 +20,15 @@ int main(void)
     CHECK(q3_f32_to_f16(1e6f) == 0x7c00, "overflow to inf");
     CHECK(q3_f32_to_f16(1.0f + 0x1p-11f) == 0x3c00, "f16 tie to even");
     CHECK(isnan(q3_f16_to_f32(q3_f32_to_f16(NAN))), "nan stays nan");
+    {
+        /* a NaN keeps its sign and the top of its payload, quieted, as F16C's vcvtps2ph writes it */
+        uint32_t snan = 0xff800001u, qnan = 0x7fd56000u;
+        float a, b;
+        memcpy(&a, &snan, 4);
+        memcpy(&b, &qnan, 4);
+        CHECK(q3_f32_to_f16(a) == 0xfe00, "signalling NaN -> %04x", q3_f32_to_f16(a));
+        CHECK(q3_f32_to_f16(b) == 0x7eab, "quiet NaN with payload -> %04x", q3_f32_to_f16(b));
+    }
     /* Q8_0 block: scale 0.5, values -3..28 */
     uint8_t blk[34];
     uint16_t d = q3_f32_to_f16(0.5f);

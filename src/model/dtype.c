@@ -66,7 +66,7 @@ uint16_t q3_f32_to_f16(float f)
     memcpy(&x, &f, 4);
     uint16_t sign = (uint16_t)((x >> 16) & 0x8000);
     x &= 0x7fffffffu;
-    if (x > 0x7f800000u) return sign | 0x7e00;  /* NaN */
+    if (x > 0x7f800000u) return sign | 0x7e00 | (uint16_t)((x >> 13) & 0x3ff); /* NaN: quiet, payload's top bits (as F16C) */
     if (x >= 0x477ff000u) return sign | 0x7c00; /* 65520 and up round to infinity */
     if (x < 0x38800000u) {                       /* below 2^-14: a subnormal half */
         float a;
