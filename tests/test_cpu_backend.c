@@ -330,6 +330,38 @@ static void test_kv_append(const char *isa)
     }
 }
 
+/* The K/V hand-off (store_rows): 300 rows of odd length, random bits (NaNs,
+ * infinities, subnormals included) and values near F16/BF16 rounding ties, into
+ * each cache dtype, bit for bit as q3_row_from_f32 writes them. */
+static void test_store_rows(const char *isa)
+{
+    enum { ROWS = 300, N = 133 };
+    float *src = malloc(sizeof(float) * ROWS * N);
+    for (size_t i = 0; i < (size_t)ROWS * N; i++) {
+        uint32_t u = rnd();
+        if (i % 3 == 0) u = (u & 0x80001fffu) | (uint32_t)(0x30 + (rnd() % 0x20)) << 23 | 0x1000u; /* F16 ties */
+        memcpy(&src[i], &u, 4);
+    }
+    for (size_t kt = 0; kt < 3; kt++) {
+        size_t es = kvtypes[kt] == Q3_F32 ? 4 : 2;
+        char *got = malloc(es * ROWS * N), *want = malloc(es * ROWS * N);
+        const float *srcs[ROWS];
+        void *dsts[ROWS];
+        for (int r = 0; r < ROWS; r++) {
+            srcs[r] = src + (size_t)r * N;
+            dsts[r] = got + es * (size_t)r * N;
+            q3_row_from_f32(kvtypes[kt], srcs[r], want + es * (size_t)r * N, N);
+        }
+        memset(got, 0xAB, es * ROWS * N);
+        q3_backend_cpu.store_rows(&q3_backend_cpu, kvtypes[kt], srcs, dsts, ROWS, N);
+        CHECK(!memcmp(got, want, es * ROWS * N), "[%s] store_rows %s differs from q3_row_from_f32", isa,
+              q3_dtype_name(kvtypes[kt]));
+        free(got);
+        free(want);
+    }
+    free(src);
+}
+
 /* ---- elementwise ops ------------------------------------------------------------------------ */
 
 static void test_elementwise(const char *isa)
@@ -474,6 +506,7 @@ int main(void)
         test_matmul(isas[i]);
         test_attention(isas[i]);
         test_kv_append(isas[i]);
+        test_store_rows(isas[i]);
         test_elementwise(isas[i]);
     }
     q3_cpu_stats s = q3_cpu_get_stats();

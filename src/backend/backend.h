@@ -28,6 +28,11 @@ struct q3_backend {
     const char *(*refuses)(const q3_backend *b, const q3_graph *g, const q3_op *op);
     /* runs one op; every row < n_real of its output is written */
     void (*run)(const q3_backend *b, const q3_exec *e, const q3_op *op);
+    /* optional: the K/V hand-off after a prefill chunk, n_rows rows of n F32
+       values (src[i]) rounded into the cache's dtype t at dst[i], bit for bit
+       as q3_row_from_f32 does; NULL: the session converts them itself */
+    void (*store_rows)(const q3_backend *b, q3_dtype t, const float *const *src, void *const *dst, size_t n_rows,
+                       size_t n);
     q3_dtype kv_default;    /* the KV cache dtype it prefers */
     void *impl;
 };

@@ -76,7 +76,10 @@ q3_status q3_session_new(q3_model *m, const q3_session_opts *opts, q3_session **
     if ((st = plan_runner(&s->run_prefill, &s->prefill, s->prefill_unit))) goto fail;
     if ((st = plan_runner(&s->run_decode, &s->decode, s->decode_unit))) goto fail;
     s->chunk_tokens = calloc((size_t)s->chunk, sizeof *s->chunk_tokens);
-    if (!s->chunk_tokens) {
+    size_t handoff_rows = 2 * (size_t)m->cfg.n_layers * (size_t)s->chunk;
+    s->handoff_src = calloc(handoff_rows, sizeof *s->handoff_src);
+    s->handoff_dst = calloc(handoff_rows, sizeof *s->handoff_dst);
+    if (!s->chunk_tokens || !s->handoff_src || !s->handoff_dst) {
         st = q3_fail(Q3_ERR_NOMEM, "out of memory");
         goto fail;
     }
@@ -98,6 +101,8 @@ void q3_session_free(q3_session *s)
     q3_graph_free(&s->decode);
     q3_kv_cache_free(&s->kv);
     free(s->chunk_tokens);
+    free(s->handoff_src);
+    free(s->handoff_dst);
     free(s);
 }
 
@@ -118,13 +123,22 @@ static void hand_off_kv(q3_session *s, const q3_runner *r, int n_real)
 {
     double t0 = q3_now();
     const q3_graph *g = r->g;
-    size_t kv_dim = (size_t)s->kv.kv_dim;
+    size_t kv_dim = (size_t)s->kv.kv_dim, n = 0;
     for (int l = 0; l < g->cfg->n_layers; l++) {
         const float *k = r->buf[g->v_k[l]], *v = r->buf[g->v_v[l]];
         for (int t = 0; t < n_real; t++) {
-            q3_row_from_f32(s->kv.dtype, k + (size_t)t * kv_dim, q3_kv_k_row(&s->kv, l, s->pos + t), kv_dim);
-            q3_row_from_f32(s->kv.dtype, v + (size_t)t * kv_dim, q3_kv_v_row(&s->kv, l, s->pos + t), kv_dim);
+            s->handoff_src[n] = k + (size_t)t * kv_dim;
+            s->handoff_dst[n++] = q3_kv_k_row(&s->kv, l, s->pos + t);
+            s->handoff_src[n] = v + (size_t)t * kv_dim;
+            s->handoff_dst[n++] = q3_kv_v_row(&s->kv, l, s->pos + t);
         }
+    }
+    /* on the unit that ran the prefill when it can (in parallel, with its SIMD) */
+    const q3_backend *unit = s->prefill_unit;
+    if (unit->store_rows) {
+        unit->store_rows(unit, s->kv.dtype, s->handoff_src, s->handoff_dst, n, kv_dim);
+    } else {
+        for (size_t i = 0; i < n; i++) q3_row_from_f32(s->kv.dtype, s->handoff_src[i], s->handoff_dst[i], kv_dim);
     }
     s->handoff_seconds += q3_now() - t0;
 }

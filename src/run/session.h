@@ -13,6 +13,8 @@ struct q3_session {
     q3_graph prefill, prefill_all, decode;  /* prefill_all is built on first use */
     q3_runner run_prefill, run_prefill_all, run_decode;
     int32_t *chunk_tokens;        /* [chunk] */
+    const float **handoff_src;    /* [2 * n_layers * chunk] the hand-off's rows: graph outputs ... */
+    void **handoff_dst;           /* ... and their cache rows */
     double handoff_seconds;       /* time spent copying prefill K/V into the cache */
 };
 

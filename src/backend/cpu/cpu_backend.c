@@ -533,6 +533,37 @@ static void cpu_run(const q3_backend *b, const q3_exec *e, const q3_op *op)
     pthread_mutex_unlock(&st.lock);
 }
 
+/* ---- the K/V hand-off -------------------------------------------------------------------- */
+
+typedef struct store_job {
+    q3_dtype t;
+    const float *const *src;
+    void *const *dst;
+    size_t n_rows, n;
+} store_job;
+
+enum { STORE_ROWS_PER_ITEM = 16 };
+
+static void store_item(void *ctx, int item, int ith)
+{
+    const store_job *j = ctx;
+    size_t r0 = (size_t)item * STORE_ROWS_PER_ITEM, r1 = r0 + STORE_ROWS_PER_ITEM;
+    if (r1 > j->n_rows) r1 = j->n_rows;
+    for (size_t r = r0; r < r1; r++) st.isa->ew->from_f32(j->t, j->src[r], j->dst[r], j->n);
+}
+
+static void cpu_store_rows(const q3_backend *b, q3_dtype t, const float *const *src, void *const *dst, size_t n_rows,
+                           size_t n)
+{
+    ensure_init();
+    pthread_mutex_lock(&st.lock);
+    store_job j = {.t = t, .src = src, .dst = dst, .n_rows = n_rows, .n = n};
+    q3_pool_job job = {.item = store_item, .ctx = &j,
+                       .n_items = (int)((n_rows + STORE_ROWS_PER_ITEM - 1) / STORE_ROWS_PER_ITEM)};
+    q3_pool_run(st.pool, &job);
+    pthread_mutex_unlock(&st.lock);
+}
+
 /* kv_default = F16: the cache is read in full by every decode step's
  * attention, so at depth its bytes rival the weights'; F16 halves them
  * against F32. F16 rather than BF16 because K and V are small and well
@@ -545,5 +576,6 @@ q3_backend q3_backend_cpu = {
     .present = cpu_present,
     .refuses = cpu_refuses,
     .run = cpu_run,
+    .store_rows = cpu_store_rows,
     .kv_default = Q3_F16,
 };
