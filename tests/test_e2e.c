@@ -185,6 +185,7 @@ int main(void)
     out[got] = 0;
     status = pclose(f);
     CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 1 && strstr(out, "wizard"), "unknown role: %s", out);
+    CHECK(strstr(out, "q3-test-messages.json: messages[0]") != NULL, "the file named, then the message: %s", out);
     remove("/tmp/q3-test-messages.json");
 
     /* q3 chat, piped: two turns (the second reuses the cached prefix), /reset, a full context */

@@ -71,7 +71,8 @@ static int build_prompt(cli_gen *g, const char *prompt, const char *system, cons
     if (!cJSON_GetObjectItem(conv, "add_generation_prompt")) cJSON_AddBoolToObject(conv, "add_generation_prompt", 1);
     q3_status st = q3_chat_render(conv, out);
     cJSON_Delete(conv);
-    if (st) return cli_error(g->cmd, "%s%s", messages_path ? messages_path : "", q3_last_error());
+    if (st) return cli_error(g->cmd, "%s%s%s", messages_path ? messages_path : "", messages_path ? ": " : "",
+                             q3_last_error());
     return 0;
 }
 
