@@ -272,19 +272,21 @@ int cmd_bench(int argc, char **argv)
                    "K/V hand-off %.2f ms per chunk\n",
                    runs[i].prefill_unit, r->prompt_len, r->n_chunks, r->prefill_flops / (r->prefill_ms.p50 * 1e6),
                    r->prefill_flops / 1e9, r->prefill_ms.min, r->prefill_ms.max, r->prefill_ms.n, r->handoff_ms);
-            printf("%s: decode streams %.2f GB per token = %.1f GB/s (spread %.2f-%.2f ms over %d tokens)\n",
+            printf("%s: decode streams %.2f GB per token = %.1f GB/s (mean; spread %.2f-%.2f ms over %d tokens)\n",
                    runs[i].decode_unit, r->decode_bytes / 1e9, r->decode_bytes / (r->decode_ms.mean * 1e6),
                    r->decode_ms.min, r->decode_ms.max, r->decode_ms.n);
             if (runs[i].sample) printf("%s: sample (greedy, random weights): %.200s\n", runs[i].decode_unit, runs[i].sample);
         }
         if (limits) {
-            printf("\nmachine (measured now, %d threads): read %.1f GB/s (1 thread %.1f); peak FP32 FMA %.0f, BF16 dot %.0f, "
-                   "AMX BF16 %.0f GFLOP/s, INT8 dot %.0f GOP/s\n",
-                   nth, bw, bw1, peak[Q3_LIMIT_FMA_F32], peak[Q3_LIMIT_DOT_BF16], peak[Q3_LIMIT_AMX_BF16],
+            char amx[32] = "none";
+            if (peak[Q3_LIMIT_AMX_BF16] > 0) snprintf(amx, sizeof amx, "%.0f", peak[Q3_LIMIT_AMX_BF16]);
+            printf("\nmachine (measured now, %d thread%s): read %.1f GB/s (1 thread %.1f); peak FP32 FMA %.0f, BF16 dot "
+                   "%.0f, AMX BF16 %s GFLOP/s, INT8 dot %.0f GOP/s\n",
+                   nth, nth == 1 ? "" : "s", bw, bw1, peak[Q3_LIMIT_FMA_F32], peak[Q3_LIMIT_DOT_BF16], amx,
                    peak[Q3_LIMIT_DOT_INT8]);
             for (int i = 0; i < n_runs; i++) {
                 const q3_bench_result *r = &runs[i].r;
-                printf("%s: decode at %.0f%% of the measured read bandwidth; prefill at %.0f%% of the %s peak\n",
+                printf("%s: decode (mean) at %.0f%% of the measured read bandwidth; prefill at %.0f%% of the %s peak\n",
                        runs[i].decode_unit, 100 * r->decode_bytes / (r->decode_ms.mean * 1e6) / bw,
                        100 * r->prefill_flops / (r->prefill_ms.p50 * 1e6) / prefill_peak, prefill_peak_name);
             }
