@@ -8,8 +8,10 @@
  *  - keys fall into super-blocks of SUPER_BLOCK keys and blocks of KEY_BLOCK
  *    keys, both aligned to absolute positions;
  *  - a super-block is reduced from an empty state block by block: the keys
- *    are converted to F32 and transposed (kt[d][key]) so a query's 16 scores
- *    are one vector accumulated over d in order, s += q'[d] * kt[d]; then
+ *    are converted to F32 rows; a score is a dot product with lanes along d,
+ *    acc = fma(q'[c], k[c], acc) over the 16-value chunks c in order, then
+ *    its lanes summed by q3_reduce4's tree (no transposes: a decode query
+ *    group of 2 costs about what its arithmetic does); then
  *    m' = max(m, max s), p = 2^(s - m'), l = l * 2^(m - m') + hsum(p),
  *    acc = acc * 2^(m - m') + sum_j p_j v_j (lanes along d), where
  *    q' = q * scale * log2(e) and keys past the query's causal limit get p = 0;
@@ -35,7 +37,7 @@
 /* The queries of one KV head in a run. */
 typedef struct head_ws {
     int kvh;
-    float *qt;    /* [hd][nqp] scaled queries, transposed: a group's values at one d are adjacent */
+    float *qr;    /* [nqp][hdp] scaled queries, zero padded */
     float *acc;   /* [nqp][hdp] the current super-block's unnormalised output */
     float *tacc;  /* [nqp][hdp] the folded total (runs without parts) */
     float *p;     /* [nqp][KEY_BLOCK] scores, then probabilities */
@@ -46,7 +48,7 @@ typedef struct head_ws {
 
 typedef struct attn_ws {
     int nq, nqp;  /* queries per head, and rounded up to whole groups */
-    float *kt;    /* [hdp][KEY_BLOCK] the block's keys in F32, transposed (one head at a time) */
+    float *kb;    /* [KEY_BLOCK][hdp] the block's keys in F32 (one head at a time) */
     float *vb;    /* [KEY_BLOCK][hdp] the block's values in F32 */
     head_ws *h;   /* [n_kvh] */
 } attn_ws;
@@ -70,12 +72,12 @@ static attn_ws carve(void *scratch, int n_kvh, int nq, int hdp)
     attn_ws w = {.nq = nq, .nqp = padded_queries(nq)};
     w.h = scratch;
     float *f = (float *)(((uintptr_t)(w.h + n_kvh) + 63) & ~(uintptr_t)63);
-    w.kt = f, f += (size_t)KEY_BLOCK * hdp;
+    w.kb = f, f += (size_t)KEY_BLOCK * hdp;
     w.vb = f, f += (size_t)KEY_BLOCK * hdp;
     size_t n = (size_t)w.nqp;
     for (int i = 0; i < n_kvh; i++) {
         head_ws *h = &w.h[i];
-        h->qt = f, f += n * hdp;
+        h->qr = f, f += n * hdp;
         h->acc = f, f += n * hdp;
         h->tacc = f, f += n * hdp;
         h->p = f, f += n * KEY_BLOCK;
@@ -109,26 +111,15 @@ Q3_INLINE __m512 load16(q3_dtype t, const char *row, int d, __mmask16 m)
     return _mm512_maskz_loadu_ps(m, (const float *)row + d);
 }
 
-/* The block's keys of one head (row j at rows[j] + off, j < nb; the others
- * read as zero) in F32, transposed: kt[d][j]. */
-static void load_keys_transposed(const q3_cpu_attn *a, const char *const *rows, size_t off, int nb, float *kt)
-{
-    const int hd = a->head_dim;
-    for (int d = 0; d < hd; d += 16) {
-        __mmask16 m = q3_mask16(hd - d);
-        __m512 r[16];
-        for (int j = 0; j < 16; j++) r[j] = j < nb ? load16(a->kv_dtype, rows[j] + off, d, m) : _mm512_setzero_ps();
-        q3_transpose16_regs(r, kt + (size_t)d * KEY_BLOCK, KEY_BLOCK, hd - d, 0xffff);
-    }
-}
-
-/* The block's values of one head as F32 rows vb[j][d], j < nb, zero padded to hdp. */
-static void load_values(const q3_cpu_attn *a, const char *const *rows, size_t off, int nb, float *vb, int hdp)
+/* The block's keys or values of one head as F32 rows dst[j][d] (row j at
+ * rows[j] + off), zero padded to hdp; rows j >= nb are zero. */
+static void load_rows(const q3_cpu_attn *a, const char *const *rows, size_t off, int nb, float *dst, int hdp)
 {
     const int hd = a->head_dim;
     for (int j = 0; j < nb; j++)
-        for (int d = 0; d < hd; d += 16)
-            _mm512_store_ps(vb + (size_t)j * hdp + d, load16(a->kv_dtype, rows[j] + off, d, q3_mask16(hd - d)));
+        for (int d = 0; d < hdp; d += 16)
+            _mm512_store_ps(dst + (size_t)j * hdp + d, load16(a->kv_dtype, rows[j] + off, d, q3_mask16(hd - d)));
+    if (nb < KEY_BLOCK) memset(dst + (size_t)nb * hdp, 0, (size_t)(KEY_BLOCK - nb) * hdp * sizeof(float));
 }
 
 /* Prefetches bytes [off, off + len) of K and V rows [t0, t1). */
@@ -145,21 +136,33 @@ static void prefetch_rows(const q3_cpu_attn *a, int t0, int t1, size_t off, size
 
 /* ---- the block update -------------------------------------------------------------------- */
 
-/* Scores of the QG queries from q0 against the block's 16 keys:
- * s[q] = sum over d in order of q'[q][d] * kt[d][:]. */
-Q3_INLINE void scores(const int QG, head_ws *h, const float *kt, int nqp, int q0, int hd)
+/* Scores of the QT queries from q0 against the block's 16 keys, 4 keys at a
+ * time: for each (query, key), acc = fma(q'[c], k[c], acc) over the chunks c
+ * in order, then q3_reduce4; p[q][j] = the score. */
+Q3_INLINE void scores(const int QT, head_ws *h, const float *kb, int q0, int hdp)
 {
-    __m512 acc[16];
-#pragma GCC unroll 16
-    for (int i = 0; i < QG; i++) acc[i] = _mm512_setzero_ps();
-    const float *q = h->qt + q0;
-    for (int d = 0; d < hd; d++, q += nqp, kt += KEY_BLOCK) {
-        __m512 k = _mm512_load_ps(kt);
-#pragma GCC unroll 16
-        for (int i = 0; i < QG; i++) acc[i] = _mm512_fmadd_ps(_mm512_set1_ps(q[i]), k, acc[i]);
+    for (int j0 = 0; j0 < KEY_BLOCK; j0 += 4) {
+        __m512 acc[4][4];
+#pragma GCC unroll 4
+        for (int i = 0; i < QT; i++)
+#pragma GCC unroll 4
+            for (int j = 0; j < 4; j++) acc[i][j] = _mm512_setzero_ps();
+        const float *k = kb + (size_t)j0 * hdp, *q = h->qr + (size_t)q0 * hdp;
+        for (int c = 0; c < hdp; c += 16) {
+            __m512 kv[4];
+#pragma GCC unroll 4
+            for (int j = 0; j < 4; j++) kv[j] = _mm512_load_ps(k + (size_t)j * hdp + c);
+#pragma GCC unroll 4
+            for (int i = 0; i < QT; i++) {
+                __m512 qv = _mm512_load_ps(q + (size_t)i * hdp + c);
+#pragma GCC unroll 4
+                for (int j = 0; j < 4; j++) acc[i][j] = _mm512_fmadd_ps(qv, kv[j], acc[i][j]);
+            }
+        }
+#pragma GCC unroll 4
+        for (int i = 0; i < QT; i++)
+            _mm_store_ps(h->p + (size_t)(q0 + i) * KEY_BLOCK + j0, q3_reduce4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]));
     }
-#pragma GCC unroll 16
-    for (int i = 0; i < QG; i++) _mm512_store_ps(h->p + (size_t)(q0 + i) * KEY_BLOCK, acc[i]);
 }
 
 /* acc[q] = acc[q] * corr[q] + sum_{j < nb} p[q][j] * vb[j] for the QG queries from q0. */
@@ -191,15 +194,22 @@ Q3_INLINE void pv_update(const int QG, head_ws *h, const float *vb, int q0, int 
         else CALL(16, q0);                                                                                         \
     }
 
+/* Calls CALL(QT, q0) over the nqp (padded) queries in groups of QT (2 or 4). */
+#define FOR_SCORE_GROUPS(nqp, CALL)                                                                               \
+    for (int q0 = 0; q0 < (nqp); q0 += 4) {                                                                        \
+        if ((nqp) == 2) CALL(2, q0);                                                                               \
+        else CALL(4, q0);                                                                                          \
+    }
+
 /* One block of nb keys from t0 for one head's queries. */
 static void block_update(const q3_cpu_attn *a, attn_ws *w, head_ws *h, const char *const *krows,
                          const char *const *vrows, int t0, int nb)
 {
     const int hd = a->head_dim, hdp = padded_hd(hd), nqp = w->nqp;
     const size_t off = (size_t)h->kvh * hd * kv_esize(a);
-    load_keys_transposed(a, krows, off, nb, w->kt);
-#define SCORES(QG, q0) scores(QG, h, w->kt, nqp, q0, hd)
-    FOR_QUERY_GROUPS(nqp, SCORES)
+    load_rows(a, krows, off, nb, w->kb, hdp);
+#define SCORES(QT, q0) scores(QT, h, w->kb, q0, hdp)
+    FOR_SCORE_GROUPS(nqp, SCORES)
 #undef SCORES
     for (int i = 0; i < nqp; i++) {
         float *p = h->p + (size_t)i * KEY_BLOCK;
@@ -220,7 +230,7 @@ static void block_update(const q3_cpu_attn *a, attn_ws *w, head_ws *h, const cha
         h->m[i] = m_new;
         h->corr[i] = corr;
     }
-    load_values(a, vrows, off, nb, w->vb, hdp);
+    load_rows(a, vrows, off, nb, w->vb, hdp);
 #define PV(QG, q0) pv_update(QG, h, w->vb, q0, hdp, nb)
     FOR_QUERY_GROUPS(nqp, PV)
 #undef PV
@@ -271,7 +281,6 @@ static void avx512_attention(const q3_cpu_attn *a, void *scratch, int kvh0, int 
     attn_ws w = carve(scratch, n_kvh, nrows * G, hdp);
     const int nqp = w.nqp;
     const __m512 qscale = _mm512_set1_ps(a->scale * LOG2E);
-    float qs[16] __attribute__((aligned(64)));
 
     int kmax = 0;
     for (int hi = 0; hi < n_kvh; hi++) {
@@ -282,8 +291,7 @@ static void avx512_attention(const q3_cpu_attn *a, void *scratch, int kvh0, int 
             const float *src = a->q + (size_t)r * a->ldq + (size_t)qh * hd;
             for (int c = 0; c < nch; c++) {
                 __m512 v = i < w.nq ? _mm512_maskz_loadu_ps(q3_mask16(hd - c * 16), src + c * 16) : _mm512_setzero_ps();
-                _mm512_store_ps(qs, _mm512_mul_ps(v, qscale));
-                for (int d = c * 16; d < c * 16 + 16 && d < hd; d++) h->qt[(size_t)d * nqp + i] = qs[d - c * 16];
+                _mm512_store_ps(h->qr + (size_t)i * hdp + c * 16, _mm512_mul_ps(v, qscale));
             }
             h->tm[i] = -INFINITY;
             h->tl[i] = 0;
