@@ -72,8 +72,8 @@ static q3_status bind_hf_weights(q3_model *m)
     const q3_tensor *head = find_any(m, q3_lm_head_layout.hf);
     if (c->tied_embeddings || !head) {
         if (!c->tied_embeddings)
-            return q3_fail(Q3_ERR_FORMAT, "%s: missing tensor \"lm_head.weight\" (config says tie_word_embeddings "
-                           "is false)", m->path);
+            return q3_fail(Q3_ERR_FORMAT, "%s: missing tensor \"%s\" (config says tie_word_embeddings is false)",
+                           m->path, q3_lm_head_layout.hf);
         w->lm_head = w->embed;
     } else if ((st = bind(m, q3_lm_head_layout.hf, &q3_lm_head_layout, &w->lm_head))) {
         return st;

@@ -76,22 +76,14 @@ typedef struct tensor_spec {
     int is_norm; /* 1 + 0.05 N(0,1) instead of 0.02 N(0,1) */
 } tensor_spec;
 
-static void spec_set(tensor_spec *t, const char *name, int is_norm, int64_t d0, int64_t d1)
-{
-    snprintf(t->name, sizeof t->name, "%s", name);
-    t->is_norm = is_norm;
-    t->ndim = d1 ? 2 : 1;
-    t->shape[0] = d0;
-    t->shape[1] = d1;
-}
-
 static int plan_count(const q3_config *c) { return 2 + Q3_LAYER_TENSORS * c->n_layers + !c->tied_embeddings; }
 
+/* The spec of a weight named name, laid out as layout says under c. */
 static void spec_from(tensor_spec *t, const char *name, const q3_tensor_layout *layout, const q3_config *c)
 {
-    int64_t shape[2];
-    q3_layout_shape(layout, c, shape);
-    spec_set(t, name, layout->cols == Q3_DIM_NONE, shape[0], shape[1]);
+    snprintf(t->name, sizeof t->name, "%s", name);
+    t->ndim = q3_layout_shape(layout, c, t->shape);
+    t->is_norm = t->ndim == 1; /* the vectors are the norms' weights */
 }
 
 /* Fills specs[plan_count(c)] in file order: embedding, layers, final norm,
