@@ -39,13 +39,87 @@ void q3_model_close(q3_model *m);
 int q3_model_vocab_size(const q3_model *m);
 int q3_model_max_context(const q3_model *m);
 
-/* ---- session ---------------------------------------------------------- */
+/* ---- context: many sequences, one step at a time ----------------------- */
+
+/* A context owns its compute-unit instances (threads, scratch), one KV pool
+ * for all its sequences, and the prefill and decode graphs. The model must
+ * outlive its contexts. A context is used by one thread at a time; two
+ * contexts (of one model or two) may run on two threads at once. */
+typedef struct q3_ctx q3_ctx;
+
+typedef struct q3_ctx_opts {
+    int n_ctx;            /* positions per sequence (0: min(model max, 4096)) */
+    int chunk;            /* prefill chunk size S (0: 128) */
+    int max_seqs;         /* sequences at once = rows of a decode step (0: 1; at most 256) */
+    int kv_tokens;        /* KV pool size in tokens, all sequences together (0: n_ctx * max_seqs) */
+    int n_threads;        /* threads of the CPU unit (0: one per physical core) */
+    const char *backend;  /* compute unit name: "ref", "cpu" (NULL: best available) */
+    const char *prefill_backend; /* split-phase: unit for prefill (NULL: backend) */
+    const char *decode_backend;  /* split-phase: unit for decode (NULL: backend) */
+    const char *kv_dtype; /* "f32", "f16", "bf16" (NULL: the decode unit's default) */
+} q3_ctx_opts;
+
+q3_status q3_ctx_new(q3_model *m, const q3_ctx_opts *opts, q3_ctx **out);
+void q3_ctx_free(q3_ctx *c);
+
+/* Sequences are small integers in [0, max_seqs). A new one is empty. */
+q3_status q3_seq_new(q3_ctx *c, int *seq);
+/* Frees the sequence's KV blocks (full prompt blocks stay cached for reuse). */
+void q3_seq_drop(q3_ctx *c, int seq);
+/* Keeps the first pos positions. */
+q3_status q3_seq_truncate(q3_ctx *c, int seq, int pos);
+/* A new sequence holding seq's positions (full KV blocks shared, not copied). */
+q3_status q3_seq_fork(q3_ctx *c, int seq, int *child);
+/* Positions held (-1 if seq is not a live sequence). */
+int q3_seq_pos(const q3_ctx *c, int seq);
+/* An empty sequence takes the K/V of the longest cached prefix of tokens
+ * (whole KV blocks of earlier prompts, never the last token, so a prefill of
+ * the rest still yields logits). Returns the positions taken; prefill
+ * tokens[returned..n) next. */
+int q3_seq_reuse_prefix(q3_ctx *c, int seq, const int32_t *tokens, size_t n);
+
+/* One row of a decode step: the sequence's next token; logits (may be NULL)
+ * receives [vocab] for the position after it. */
+typedef struct q3_decode_row {
+    int seq;
+    int32_t token;
+    float *logits;
+} q3_decode_row;
+
+/* One step: a decode row for each of n_decode distinct sequences (one pass
+ * over the weights for all of them) and, optionally (prefill_seq >= 0), one
+ * prefill chunk of n_prefill <= chunk tokens of another sequence. With
+ * prefill_logits, the chunk's logits: [n_prefill][vocab] with
+ * prefill_all_rows, else [vocab] of its last token.
+ * A sequence's logits are bit for bit the same whatever else shares its step.
+ * On failure (an unknown or repeated sequence, a token outside the
+ * vocabulary, a full context, a full KV pool) no sequence changes. */
+typedef struct q3_step {
+    const q3_decode_row *decode;
+    int n_decode;
+    int prefill_seq;      /* -1: no prefill */
+    const int32_t *prefill_tokens;
+    int n_prefill;
+    float *prefill_logits;
+    int prefill_all_rows;
+} q3_step;
+
+q3_status q3_ctx_step(q3_ctx *c, const q3_step *s);
+
+int q3_ctx_n_ctx(const q3_ctx *c);
+int q3_ctx_max_seqs(const q3_ctx *c);
+int q3_ctx_chunk(const q3_ctx *c);
+/* KV pool: blocks held by sequences, cached for prefix reuse, in all; tokens per block. */
+void q3_ctx_kv_usage(const q3_ctx *c, int *used, int *cached, int *total, int *block_tokens);
+
+/* ---- session: one sequence ---------------------------------------------- */
 
 typedef struct q3_session q3_session;
 
 typedef struct q3_session_opts {
     int n_ctx;            /* context length in tokens (0: min(model max, 4096)) */
     int chunk;            /* prefill chunk size S (0: 128) */
+    int n_threads;        /* threads of the CPU unit (0: one per physical core) */
     const char *backend;  /* compute unit name: "ref", "cpu" (NULL: best available) */
     const char *prefill_backend; /* split-phase: unit for prefill (NULL: backend) */
     const char *decode_backend;  /* split-phase: unit for decode (NULL: backend) */

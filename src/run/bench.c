@@ -76,7 +76,7 @@ q3_status q3_bench_run(q3_model *m, const q3_bench_opts *o, q3_bench_result *r)
     /* prefill: one warm-up run, then `reps` timed runs of the prompt from position 0 */
     for (int i = -1; i < reps; i++) {
         q3_session_reset(s);
-        s->handoff_seconds = 0;
+        s->ctx->handoff_seconds = 0;
         double t0 = q3_now();
         if ((st = q3_session_prefill(s, prompt, (size_t)P, logits, 0))) goto done;
         if (i >= 0) ms[i] = 1e3 * (q3_now() - t0);
@@ -84,10 +84,10 @@ q3_status q3_bench_run(q3_model *m, const q3_bench_opts *o, q3_bench_result *r)
     q3_stats_compute(ms, reps, &r->prefill_ms);
     r->prompt_len = P;
     r->n_chunks = (P + S - 1) / S;
-    r->handoff_ms = 1e3 * s->handoff_seconds / r->n_chunks;
+    r->handoff_ms = 1e3 * s->ctx->handoff_seconds / r->n_chunks;
     r->prompt_tok_s = P / (r->prefill_ms.p50 / 1e3);
     for (int c = 0; c < r->n_chunks; c++)
-        r->prefill_flops += q3_graph_flops(&s->prefill, P - c * S < S ? P - c * S : S, c * S);
+        r->prefill_flops += q3_graph_flops(&s->ctx->prefill, P - c * S < S ? P - c * S : S, c * S);
     /* fill the cache to `depth`, then decode greedily: one warm-up step, `gen` timed */
     if (depth > P && (st = q3_session_prefill(s, prompt + P, (size_t)(depth - P), logits, 0))) goto done;
     int32_t tok = argmax(logits, V);
@@ -104,7 +104,7 @@ q3_status q3_bench_run(q3_model *m, const q3_bench_opts *o, q3_bench_result *r)
        LM head when tied), norms, and the K/V of the positions it attends to */
     size_t w = q3_model_weight_bytes(m);
     if (m->w.lm_head != m->w.embed) w -= m->w.embed->nbytes;
-    double kv = (double)(depth + gen / 2) * (double)s->kv.row_bytes * 2.0 * m->cfg.n_layers;
+    double kv = (double)(depth + gen / 2) * (double)s->ctx->kv.row_bytes * 2.0 * m->cfg.n_layers;
     r->decode_bytes = (double)w + kv;
 done:
     if (st) {

@@ -85,7 +85,7 @@ q3_status q3_generate(q3_session *s, q3_sampler *smp, const q3_tokenizer *tok, c
                        "the prompt is %zu tokens but only %d of the context's %d are free (raise --ctx, or "
                        "shorten the prompt)",
                        n, room, q3_session_n_ctx(s));
-    int V = q3_model_vocab_size(s->model);
+    int V = q3_model_vocab_size(s->ctx->model);
     int max = o->max_tokens > 0 ? o->max_tokens : room;
     float *logits = malloc((size_t)V * sizeof *logits);
     r->ids = malloc((size_t)(max > 0 ? max : 1) * sizeof *r->ids);
