@@ -51,7 +51,7 @@ typedef struct q3_ctx_opts {
     int n_ctx;            /* positions per sequence (0: min(model max, 4096)) */
     int chunk;            /* prefill chunk size S (0: 128) */
     int max_seqs;         /* sequences at once = rows of a decode step (0: 1; at most 256) */
-    int kv_tokens;        /* KV pool size in tokens, all sequences together (0: n_ctx * max_seqs) */
+    int kv_tokens;        /* KV pool size in tokens, all sequences together (0: room for max_seqs full contexts) */
     int n_threads;        /* threads of the CPU unit (0: one per physical core) */
     const char *backend;  /* compute unit name: "ref", "cpu" (NULL: best available) */
     const char *prefill_backend; /* split-phase: unit for prefill (NULL: backend) */

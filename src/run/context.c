@@ -69,7 +69,9 @@ q3_status q3_ctx_new(q3_model *m, const q3_ctx_opts *opts, q3_ctx **out)
     if (o.max_seqs < 0 || o.max_seqs > MAX_SEQS)
         return q3_fail(Q3_ERR_INVALID, "%d parallel sequences is out of range (1..%d)", o.max_seqs, MAX_SEQS);
     if (o.max_seqs == 0) o.max_seqs = 1;
-    long long kv_tokens = o.kv_tokens ? o.kv_tokens : (long long)o.n_ctx * o.max_seqs;
+    /* by default every sequence can fill its context at once (whole blocks each) */
+    long long kv_tokens = o.kv_tokens ? o.kv_tokens
+                                      : (long long)q3_kv_blocks_for(o.n_ctx) * Q3_KV_BLOCK_TOKENS * o.max_seqs;
     if (o.kv_tokens < 0 || kv_tokens > (1LL << 28))
         return q3_fail(Q3_ERR_INVALID, "a KV pool of %d tokens is out of range (1..%d)", o.kv_tokens, 1 << 28);
     q3_ctx *c = calloc(1, sizeof *c);
