@@ -651,28 +651,24 @@ static float max_abs_diff(const float *a, const float *b, size_t n)
 
 static int is_kquant(const q3_tensor *t) { return t && (t->dtype == Q3_Q4_K || t->dtype == Q3_Q6_K); }
 
-/* Places the graph on [cpu, ref] and checks that every op with a K-quant
- * weight lands on ref with cpu's reason naming the dtype; returns how many. */
+/* Places the graph on [cpu, ref] and checks that every op, those with a
+ * K-quant weight included, lands on cpu (which now has K-quant kernels and
+ * embeds K-quant rows); returns how many K-quant ops there are. */
 static int check_plan(const q3_graph *g, const char *what)
 {
     const q3_backend *units[] = {&q3_backend_cpu, &q3_backend_ref};
     q3_plan p;
     CHECK(q3_plan_graph(g, units, 2, &p) == Q3_OK, "plan %s: %s", what, q3_last_error());
-    int n = 0, on_cpu = 0;
+    int n = 0, off_cpu = 0;
     for (int i = 0; i < g->n_ops; i++) {
         const q3_op *op = &g->ops[i];
-        if (!is_kquant(op->weight)) {
-            on_cpu += p.unit_of[i] == 0;
-            continue;
-        }
-        n++;
-        const char *why = p.refusal[(size_t)i * 2];
-        CHECK(p.unit_of[i] == 1, "%s: %s (%s weight) placed on %d, not ref", what, op->name,
-              q3_dtype_name(op->weight->dtype), p.unit_of[i]);
-        CHECK(why && strcasestr(why, q3_dtype_name(op->weight->dtype)), "%s: %s: cpu's reason \"%s\" names no %s",
-              what, op->name, why ? why : "(none)", q3_dtype_name(op->weight->dtype));
+        n += is_kquant(op->weight);
+        if (p.unit_of[i] != 0 && off_cpu++ < 3)
+            CHECK(0, "%s: %s (%s weight) placed on %d, not cpu: %s", what, op->name,
+                  op->weight ? q3_dtype_name(op->weight->dtype) : "no", p.unit_of[i],
+                  p.refusal[(size_t)i * 2] ? p.refusal[(size_t)i * 2] : "(no reason)");
     }
-    CHECK(on_cpu > 0, "%s: the ops without K-quant weights stay on cpu", what);
+    CHECK(off_cpu == 0, "%s: %d ops off cpu", what, off_cpu);
     q3_plan_free(&p);
     return n;
 }
@@ -758,7 +754,7 @@ static void test_model(void)
     q3_model_close(q40);
     unlink(q40_path);
 
-    /* the cpu unit has no K-quant kernels: those ops fall back to ref, the rest stay */
+    /* the cpu unit runs the K-quant ops too (its own kernels, the embedding by q3_row_to_f32) */
     q3_graph pre, dec;
     CHECK(q3_graph_build_prefill(kq, 8, false, &pre) == Q3_OK, "prefill graph");
     CHECK(q3_graph_build_decode(kq, &dec) == Q3_OK, "decode graph");
@@ -766,14 +762,14 @@ static void test_model(void)
         /* per layer: q, k, o, gate, up (Q4_K), v (Q6_K); plus embed and lm_head (Q6_K) */
         int n_pre = check_plan(&pre, "prefill"), n_dec = check_plan(&dec, "decode");
         CHECK(n_pre == 6 * cfg.n_layers + 2 && n_dec == n_pre, "K-quant ops: %d prefill, %d decode", n_pre, n_dec);
-        /* and a session on cpu runs (ref doing the K-quant ops) close to ref alone */
+        /* and a session on cpu runs close to ref (activations rounded to 8 bits per 32 values) */
         float *lc = run(kq, toks, NT, NPRE, "cpu", "f32");
         if (lc && lk) {
             float d = max_abs_diff(lc, lk, nv);
-            if (getenv("Q3_TEST_VERBOSE")) printf("cpu (K-quant ops on ref) vs ref: %.3g\n", d);
-            /* its Q8_0 ffn_down runs on cpu with activations rounded to 8 bits: the golden
+            if (getenv("Q3_TEST_VERBOSE")) printf("cpu (K-quant kernels) vs ref: %.3g\n", d);
+            /* every matmul runs with activations rounded to 8 bits: the golden
                README's bound for such engines is 5e-2 */
-            CHECK(d < 5e-2f, "cpu with ref fallback vs ref: %g", d);
+            CHECK(d < 5e-2f, "cpu vs ref: %g", d);
         }
         free(lc);
     } else {
