@@ -286,9 +286,11 @@ Q3_INLINE void prefetch_lines(const char *p, size_t bytes, size_t from, size_t t
 
 Q3_INLINE void gemv(const int kind, const void *w, size_t ws, const q3_qact *qa, float *y, int o0, int o1)
 {
-    const int nsb = qa->k / 256;
+    const int nsb = qa->k / 256, nb = qa->k / Q3_QBLOCK;
     const size_t sbb = kind == 4 ? 144 : kind == 5 ? 176 : 210, pbytes = (size_t)PANEL * ws;
-    const size_t per_step = (pbytes / 64 + (size_t)nsb - 1) / (size_t)nsb * 64;
+    /* the next panel's bytes to prefetch per activation block: a few lines at a
+       time (a super-block's worth at once overflows the miss queue and stalls) */
+    const size_t per_step = (pbytes / 64 + (size_t)nb - 1) / (size_t)nb * 64;
     _Alignas(64) char buf[SB_PACKED];
     prefetch_lines((const char *)w + (size_t)o0 * ws, (size_t)(o1 - o0) * ws, 0, pbytes, 0);
     for (int o = o0; o < o1; o += PANEL) {
@@ -300,9 +302,12 @@ Q3_INLINE void gemv(const int kind, const void *w, size_t ws, const q3_qact *qa,
         __m512 f = _mm512_setzero_ps();
         const char *a = qa->base;
         for (int s = 0; s < nsb; s++) {
-            prefetch_lines(next, next_bytes, (size_t)s * per_step, (size_t)(s + 1) * per_step, 0);
             unpack(kind, &pr, (size_t)s * sbb, buf);
-            for (int b = 0; b < 8; b++, a += Q3_QACT_BLOCK_BYTES) kdot(kind == 6, 1, buf + b * KB_BYTES, a, 1, 0, &f);
+            for (int b = 0; b < 8; b++, a += Q3_QACT_BLOCK_BYTES) {
+                const size_t step = (size_t)(8 * s + b);
+                prefetch_lines(next, next_bytes, step * per_step, (step + 1) * per_step, 0);
+                kdot(kind == 6, 1, buf + b * KB_BYTES, a, 1, 0, &f);
+            }
         }
         _mm512_mask_storeu_ps(y + o, q3_mask16(o1 - o), f);
     }
