@@ -966,8 +966,8 @@ static void test_hostile(void)
     expect_fail(&c, Q3_ERR_FORMAT, "'a': unknown ggml type 99", "ggml type 99");
     c = base_spec(), c.ggml_type = 4;
     expect_fail(&c, Q3_ERR_FORMAT, "unknown ggml type 4", "retired ggml type 4");
-    c = base_spec(), c.ggml_type = 13; /* Q5_K: a K-quant q3 does not run */
-    expect_fail(&c, Q3_ERR_UNSUPPORTED, "'a': ggml type Q5_K (13) is not supported", "Q5_K");
+    c = base_spec(), c.ggml_type = 11; /* Q3_K: a K-quant q3 does not run */
+    expect_fail(&c, Q3_ERR_UNSUPPORTED, "'a': ggml type Q3_K (11) is not supported", "Q3_K");
     c = base_spec(), c.ggml_type = 10;
     expect_fail(&c, Q3_ERR_UNSUPPORTED, "ggml type Q2_K (10)", "Q2_K");
     c = base_spec(), c.ggml_type = Q3_GGML_Q4_K; /* rows of 32 are not 256-value super-blocks */
