@@ -186,12 +186,13 @@ static q3_tensor make_weight(q3_dtype t, int rows, int cols, float lo, float hi)
 }
 
 static const q3_dtype wtypes[] = {Q3_F32, Q3_F16, Q3_BF16};
-static const q3_dtype kvtypes[] = {Q3_F32, Q3_F16, Q3_BF16};
+static const q3_dtype kvtypes[] = {Q3_F32, Q3_F16, Q3_BF16, Q3_Q8_0};
+#define N_KVTYPES (sizeof kvtypes / sizeof *kvtypes)
 
 /* Rounds n values to dtype t and back, as a cache (or BF16 packing) would. */
 static void round_to(q3_dtype t, float *p, size_t n)
 {
-    uint16_t *tmp = malloc(n * sizeof *tmp);
+    float *tmp = malloc(n * sizeof *tmp); /* room for any row of n values */
     if (t != Q3_F32) {
         q3_row_from_f32(t, p, tmp, n);
         q3_row_to_f32(t, tmp, p, n);
@@ -263,15 +264,16 @@ static void test_matmul(const char *isa)
 
 static void test_attention(const char *isa)
 {
-    static const int shapes[][3] = {{4, 2, 8}, {2, 2, 20}, {8, 2, 64}, {16, 8, 128}, {6, 3, 36}};
+    static const int shapes[][3] = {{4, 2, 8}, {2, 2, 20}, {8, 2, 64}, {16, 8, 128}, {6, 3, 36}, {6, 3, 32}};
     /* pos, rows: inside the first 256-key super-block, straddling it, and deep (several) */
     static const int cases[][2] = {{0, 1}, {0, 7}, {3, 5}, {17, 16}, {40, 33}, {250, 20}, {520, 9}, {700, 40}};
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
-        for (size_t kt = 0; kt < 3; kt++)
+        for (size_t kt = 0; kt < N_KVTYPES; kt++)
             for (size_t ci = 0; ci < sizeof cases / sizeof *cases; ci++) {
                 int nh = shapes[s][0], nkv = shapes[s][1], hd = shapes[s][2];
                 int pos = cases[ci][0], rows = cases[ci][1];
                 q3_dtype kvt = kvtypes[kt];
+                if (kvt == Q3_Q8_0 && hd % 32) continue; /* Q8_0 caches need whole blocks per head */
                 int kv_dim = nkv * hd;
                 /* prefill: past [0, pos) from the cache, the chunk's rows from the op's inputs */
                 rig R;
@@ -351,9 +353,10 @@ static void test_decode_batch(const char *isa)
 {
     enum { B = 6 };
     static const int lens[B] = {1, 17, 300, 5, 256, 530};
-    for (size_t kt = 0; kt < 3; kt++) {
+    for (size_t kt = 0; kt < N_KVTYPES; kt++) {
         q3_dtype kvt = kvtypes[kt];
-        q3_config cfg = {.n_layers = 2, .dim = 64, .ffn_dim = 96, .n_heads = 8, .n_kv_heads = 2, .head_dim = 36,
+        q3_config cfg = {.n_layers = 2, .dim = 64, .ffn_dim = 96, .n_heads = 8, .n_kv_heads = 2,
+                         .head_dim = kvt == Q3_Q8_0 ? 64 : 36,
                          .vocab_size = 300, .max_seq_len = 4096, .rms_eps = 1e-6f, .rope_theta = 1e6f};
         int kv_dim = cfg.n_kv_heads * cfg.head_dim, qd = cfg.n_heads * cfg.head_dim;
         q3_kv_pool kv;
@@ -445,15 +448,23 @@ static void test_decode_batch(const char *isa)
 
 static void test_kv_append(const char *isa)
 {
-    for (size_t kt = 0; kt < 3; kt++) {
+    for (size_t kt = 0; kt < N_KVTYPES; kt++) {
         rig R;
-        rig_config(&R, 6, 3, 36);
-        int kv_dim = 3 * 36;
+        int hd = kvtypes[kt] == Q3_Q8_0 ? 32 : 36; /* Q8_0: whole blocks per head */
+        rig_config(&R, 6, 3, hd);
+        int kv_dim = 3 * hd;
         int k = rig_value(&R, 1, kv_dim, -3, 3), v = rig_value(&R, 1, kv_dim, -3, 3);
         /* values that stress rounding: ties, tiny, huge, F16 subnormals and overflow */
         float special[] = {0.0f, -0.0f, 1.0f + 0x1p-8f, 1.0f + 0x1p-11f, 3e-8f, -6e-5f, 1e-39f, 65519.0f, 65520.0f,
                            -70000.0f, 1e30f, 0x1.0101p0f, 0x1.00801p0f};
         memcpy(R.init[k], special, sizeof special);
+        /* Q8_0: a block whose values sit on rounding halves (x * id = k + 0.5 with
+           amax = 127 exactly, so id = 1), one of tiny values only, one all zero */
+        for (int i = 0; i < 32; i++) {
+            R.init[v][i] = i == 0 ? 127.0f : (float)(i - 16) + 0.5f;
+            R.init[v][32 + i] = (float)(i + 1) * 1e-40f;
+            R.init[v][64 + i] = 0.0f;
+        }
         rig_kv(&R, kvtypes[kt], 8, 3);
         R.op = (q3_op){.kind = Q3_OP_KV_APPEND, .layer = 1, .out = -1, .in = {k, v, -1}, .mutates_state = true};
         R.n_real = 1;
@@ -479,20 +490,32 @@ static void test_store_rows(const char *isa)
         if (i % 3 == 0) u = (u & 0x80001fffu) | (uint32_t)(0x30 + (rnd() % 0x20)) << 23 | 0x1000u; /* F16 ties */
         memcpy(&src[i], &u, 4);
     }
-    for (size_t kt = 0; kt < 3; kt++) {
-        size_t es = kvtypes[kt] == Q3_F32 ? 4 : 2;
-        char *got = malloc(es * ROWS * N), *want = malloc(es * ROWS * N);
+    for (size_t kt = 0; kt < N_KVTYPES; kt++) {
+        size_t n = kvtypes[kt] == Q3_Q8_0 ? 4 * 32 : N, rb = q3_dtype_row_bytes(kvtypes[kt], n);
+        char *got = malloc(rb * ROWS), *want = malloc(rb * ROWS);
         const float *srcs[ROWS];
         void *dsts[ROWS];
         for (int r = 0; r < ROWS; r++) {
             srcs[r] = src + (size_t)r * N;
-            dsts[r] = got + es * (size_t)r * N;
-            q3_row_from_f32(kvtypes[kt], srcs[r], want + es * (size_t)r * N, N);
+            dsts[r] = got + rb * (size_t)r;
+            q3_row_from_f32(kvtypes[kt], srcs[r], want + rb * (size_t)r, n);
         }
-        memset(got, 0xAB, es * ROWS * N);
-        q3_backend_cpu.store_rows(units[1]->impl, kvtypes[kt], srcs, dsts, ROWS, N);
-        CHECK(!memcmp(got, want, es * ROWS * N), "[%s] store_rows %s differs from q3_row_from_f32", isa,
+        memset(got, 0xAB, rb * ROWS);
+        q3_backend_cpu.store_rows(units[1]->impl, kvtypes[kt], srcs, dsts, ROWS, n);
+        CHECK(!memcmp(got, want, rb * ROWS), "[%s] store_rows %s differs from q3_row_from_f32", isa,
               q3_dtype_name(kvtypes[kt]));
+        /* and back: the unit's to_f32 reads the rows as q3_row_to_f32 does */
+        float *back = malloc(sizeof(float) * n), *back_ref = malloc(sizeof(float) * n);
+        int back_bad = 0;
+        for (int r = 0; r < ROWS; r++) {
+            q3_cpu_unit_isa(units[1])->ew->to_f32(kvtypes[kt], want + rb * (size_t)r, back, n);
+            q3_row_to_f32(kvtypes[kt], want + rb * (size_t)r, back_ref, n);
+            back_bad += memcmp(back, back_ref, sizeof(float) * n) != 0;
+        }
+        CHECK(back_bad == 0, "[%s] to_f32 %s: %d rows differ from q3_row_to_f32", isa, q3_dtype_name(kvtypes[kt]),
+              back_bad);
+        free(back);
+        free(back_ref);
         free(got);
         free(want);
     }

@@ -38,6 +38,24 @@ int main(void)
     float out[32];
     q3_row_to_f32(Q3_Q8_0, blk, out, 32);
     CHECK(out[0] == -1.5f && out[31] == 14.0f, "q8_0 %g %g", out[0], out[31]);
+    /* Q8_0 rows from floats (the KV cache's): q3_quantize_q8_0's bytes, and back
+       within half a step (d / 2) of each value */
+    {
+        float x[64], y[64];
+        uint8_t q[68];
+        for (int j = 0; j < 64; j++) x[j] = (float)((j * 37) % 64 - 30) * 0.071f;
+        x[5] = 127.0f; /* block 0: amax 127, so d = 1 and halves round away from zero */
+        x[6] = 2.5f;
+        x[7] = -3.5f;
+        q3_row_from_f32(Q3_Q8_0, x, q, 64);
+        CHECK(q[0] == 0x00 && q[1] == 0x3c, "q8_0 scale 1.0 -> %02x%02x", q[1], q[0]);
+        CHECK((int8_t)q[2 + 5] == 127 && (int8_t)q[2 + 6] == 3 && (int8_t)q[2 + 7] == -4, "q8_0 halves away: %d %d %d",
+              (int8_t)q[2 + 5], (int8_t)q[2 + 6], (int8_t)q[2 + 7]);
+        q3_row_to_f32(Q3_Q8_0, q, y, 64);
+        float d1 = q3_f16_to_f32((uint16_t)(q[34] | q[35] << 8)), worst = 0;
+        for (int j = 32; j < 64; j++) worst = fmaxf(worst, fabsf(y[j] - x[j]));
+        CHECK(d1 > 0 && worst <= d1 * 0.5f * 1.01f, "q8_0 round trip error %g, step %g", worst, d1);
+    }
     /* Q4_0 block: low nibbles are values 0..15, high nibbles 16..31; value = (q-8)*d */
     uint8_t b4[18] = {blk[0], blk[1]};
     for (int j = 0; j < 16; j++) b4[2 + j] = (uint8_t)(j | (15 - j) << 4);

@@ -153,7 +153,18 @@ int main(void)
     q3_kv_pool_free(&p);
 
     /* bad pools */
-    CHECK(q3_kv_pool_init(&p, &cfg, Q3_Q8_0, 8, 4, 128) == Q3_ERR_INVALID, "Q8_0 cache refused");
+    /* Q8_0: blocks of 32 must not straddle heads; this config's head_dim is 8 */
+    CHECK(q3_kv_pool_init(&p, &cfg, Q3_Q8_0, 8, 4, 128) == Q3_ERR_INVALID, "Q8_0 cache of head_dim 8 refused");
+    CHECK_CONTAINS(q3_last_error(), "multiple of 32");
+    CHECK(q3_kv_pool_init(&p, &cfg, Q3_Q4_0, 8, 4, 128) == Q3_ERR_INVALID, "Q4_0 cache refused");
+    q3_config c32 = cfg;
+    c32.head_dim = 32;
+    CHECK(q3_kv_pool_init(&p, &c32, Q3_Q8_0, 8, 4, 128) == Q3_OK, "Q8_0 cache of head_dim 32: %s", q3_last_error());
+    CHECK(p.row_bytes == (size_t)c32.n_kv_heads * 34 && p.block_bytes == (size_t)c32.n_layers * 2 * BT * p.row_bytes,
+          "Q8_0 row bytes %zu, block bytes %zu", p.row_bytes, p.block_bytes);
+    CHECK(q3_kv_bytes_per_token(&c32, Q3_Q8_0) == 2 * (size_t)c32.n_layers * p.row_bytes, "Q8_0 bytes per token %zu",
+          q3_kv_bytes_per_token(&c32, Q3_Q8_0));
+    q3_kv_pool_free(&p);
     CHECK(q3_kv_pool_init(&p, &cfg, Q3_F16, 0, 4, 128) == Q3_ERR_INVALID, "zero blocks refused");
     CHECK(q3_kv_pool_init(&p, &cfg, Q3_F16, 8, 0, 128) == Q3_ERR_INVALID, "zero sequences refused");
     TEST_DONE();

@@ -11,7 +11,7 @@ int q3_kv_blocks_for(int n) { return (n + BT - 1) / BT; }
 
 size_t q3_kv_bytes_per_token(const q3_config *c, q3_dtype dtype)
 {
-    return 2 * (size_t)c->n_layers * (size_t)c->n_kv_heads * (size_t)c->head_dim * q3_dtype_block_bytes(dtype);
+    return 2 * (size_t)c->n_layers * q3_dtype_row_bytes(dtype, (size_t)c->n_kv_heads * (size_t)c->head_dim);
 }
 
 /* ---- the prefix table and the cached-block list ------------------------------------ */
@@ -136,8 +136,12 @@ static q3_status pool_full(const q3_kv_pool *p)
 q3_status q3_kv_pool_init(q3_kv_pool *p, const q3_config *c, q3_dtype dtype, int n_blocks, int max_seqs, int n_ctx)
 {
     memset(p, 0, sizeof *p);
-    if (dtype != Q3_F32 && dtype != Q3_F16 && dtype != Q3_BF16)
-        return q3_fail(Q3_ERR_INVALID, "KV cache dtype %s is not supported (f32, f16, bf16)", q3_dtype_name(dtype));
+    if (dtype != Q3_F32 && dtype != Q3_F16 && dtype != Q3_BF16 && dtype != Q3_Q8_0)
+        return q3_fail(Q3_ERR_INVALID, "KV cache dtype %s is not supported (f32, f16, bf16, q8_0)", q3_dtype_name(dtype));
+    /* Q8_0 blocks of 32 must not straddle two heads: attention reads a head's slice of a row */
+    if (dtype == Q3_Q8_0 && c->head_dim % 32)
+        return q3_fail(Q3_ERR_INVALID, "a Q8_0 KV cache needs head_dim to be a multiple of 32 (this model's is %d)",
+                       c->head_dim);
     if (n_blocks < 1 || n_blocks > (1 << 24))
         return q3_fail(Q3_ERR_INVALID, "a KV pool of %d blocks is out of range (1..%d)", n_blocks, 1 << 24);
     if (max_seqs < 1 || max_seqs > 4096)
@@ -148,7 +152,7 @@ q3_status q3_kv_pool_init(q3_kv_pool *p, const q3_config *c, q3_dtype dtype, int
     p->kv_dim = c->n_kv_heads * c->head_dim;
     p->n_ctx = n_ctx;
     p->max_blocks = q3_kv_blocks_for(n_ctx);
-    p->row_bytes = (size_t)p->kv_dim * q3_dtype_block_bytes(dtype);
+    p->row_bytes = q3_dtype_row_bytes(dtype, (size_t)p->kv_dim);
     p->layer_bytes = 2 * (size_t)BT * p->row_bytes;
     p->block_bytes = (size_t)p->n_layers * p->layer_bytes;
     p->n_blocks = n_blocks;

@@ -51,7 +51,7 @@ typedef struct q3_kv_seq {
 } q3_kv_seq;
 
 typedef struct q3_kv_pool {
-    q3_dtype dtype;     /* F32, F16 or BF16 */
+    q3_dtype dtype;     /* F32, F16, BF16 or Q8_0 (head_dim % 32 == 0: blocks never straddle heads) */
     int n_layers, kv_dim;
     int n_ctx;          /* positions a sequence may hold */
     int max_blocks;     /* per sequence: ceil(n_ctx / Q3_KV_BLOCK_TOKENS) */

@@ -3,6 +3,8 @@
 #include <math.h>
 #include <strings.h>
 
+#include "model/quantize.h"
+
 static const struct {
     const char *name;
     size_t block_values, block_bytes;
@@ -223,6 +225,9 @@ void q3_row_from_f32(q3_dtype t, const float *src, void *dst, size_t n)
         for (size_t i = 0; i < n; i++) d[i] = q3_f32_to_bf16(src[i]);
         break;
     }
+    case Q3_Q8_0: /* the KV cache's Q8_0 rows: llama.cpp's reference quantizer */
+        q3_quantize_q8_0(src, dst, n);
+        break;
     default:
         break;
     }

@@ -80,7 +80,8 @@ uint16_t q3_f32_to_f16(float f);
 /* Converts n values of a row starting at src (of type t) to float; n is a
  * multiple of t's block size (32 for Q8_0/Q4_0, 256 for Q4_K/Q5_K/Q6_K). */
 void q3_row_to_f32(q3_dtype t, const void *src, float *dst, size_t n);
-/* Stores n floats into a row of type t (F32, F16 or BF16 only). */
+/* Stores n floats into a row of type t: F32, F16, BF16, or Q8_0 (n a
+ * multiple of 32, quantized by q3_quantize_q8_0: the KV cache's Q8_0 rows). */
 void q3_row_from_f32(q3_dtype t, const float *src, void *dst, size_t n);
 
 #endif

@@ -27,7 +27,9 @@ void q3_quantize_q8_0(const float *src, void *dst, size_t n)
     uint8_t *out = dst;
     for (size_t b = 0; b < n / QK; b++, src += QK, out += 34) {
         float amax = 0.0f;
-        for (int j = 0; j < QK; j++) amax = fmaxf(amax, fabsf(src[j]));
+        /* NaNs (quiet or signalling: glibc's fmaxf lets a signalling one through) are skipped */
+        for (int j = 0; j < QK; j++)
+            if (fabsf(src[j]) > amax) amax = fabsf(src[j]);
         float d = amax / 127.0f;
         float id = d != 0.0f ? 1.0f / d : 0.0f;
         store_f16(out, d);

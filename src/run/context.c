@@ -89,7 +89,7 @@ q3_status q3_ctx_new(q3_model *m, const q3_ctx_opts *opts, q3_ctx **out)
     if ((st = instance(c, db, o.n_threads, &c->decode_unit))) goto fail;
     int kvt = o.kv_dtype ? q3_dtype_from_name(o.kv_dtype) : (int)db->kv_default;
     if (kvt < 0) {
-        st = q3_fail(Q3_ERR_INVALID, "unknown KV cache dtype \"%s\" (f32, f16, bf16)", o.kv_dtype);
+        st = q3_fail(Q3_ERR_INVALID, "unknown KV cache dtype \"%s\" (f32, f16, bf16, q8_0)", o.kv_dtype);
         goto fail;
     }
     if ((st = q3_kv_pool_init(&c->kv, &m->cfg, (q3_dtype)kvt, q3_kv_blocks_for((int)kv_tokens), c->max_seqs, c->n_ctx)))

@@ -52,10 +52,17 @@ static attn_ws carve(void *scratch, int nq, int hdp)
 static void load_kv_row(const q3_cpu_attn *a, int v, int t, int kvh, float *dst)
 {
     int hd = a->head_dim;
-    size_t esz = a->kv_dtype == Q3_F32 ? 4 : 2;
     const char *row = t < a->n_cached ? q3_cpu_attn_cache_row(a, v, t)
                                       : (const char *)(v ? a->v_chunk : a->k_chunk) + (size_t)(t - a->n_cached) * a->chunk_row_bytes;
-    row += (size_t)kvh * hd * esz;
+    row += (size_t)kvh * q3_cpu_attn_head_bytes(a);
+    if (a->kv_dtype == Q3_Q8_0) { /* hd % 32 == 0: whole blocks, dequantized exactly */
+        const uint8_t *b = (const uint8_t *)row;
+        for (int d = 0; d < hd; d += 32, b += 34) {
+            __m256 s = q3_q8_0_scale(b);
+            for (int j = 0; j < 32; j += 8) _mm256_store_ps(dst + d + j, q3_load_q8_0x8(b, s, j));
+        }
+        return;
+    }
     for (int d = 0; d < hd; d += 8) {
         __m256 v;
         if (a->kv_dtype == Q3_F32) {

@@ -101,8 +101,6 @@ static const char *kv_row(const q3_cpu_attn *a, int v, int t)
                            : (const char *)(v ? a->v_chunk : a->k_chunk) + (size_t)(t - a->n_cached) * a->chunk_row_bytes;
 }
 
-static size_t kv_esize(const q3_cpu_attn *a) { return a->kv_dtype == Q3_F32 ? 4 : 2; }
-
 /* 16 values of a K/V row from value d on (masked past hd), as F32. */
 Q3_INLINE __m512 load16(q3_dtype t, const char *row, int d, __mmask16 m)
 {
@@ -112,13 +110,27 @@ Q3_INLINE __m512 load16(q3_dtype t, const char *row, int d, __mmask16 m)
 }
 
 /* The block's keys or values of one head as F32 rows dst[j][d] (row j at
- * rows[j] + off), zero padded to hdp; rows j >= nb are zero. */
+ * rows[j] + off), zero padded to hdp; rows j >= nb are zero. Q8_0 rows
+ * (hd % 32 == 0, so hdp == hd) are dequantized a block of 32 at a time. */
 static void load_rows(const q3_cpu_attn *a, const char *const *rows, size_t off, int nb, float *dst, int hdp)
 {
     const int hd = a->head_dim;
-    for (int j = 0; j < nb; j++)
-        for (int d = 0; d < hdp; d += 16)
-            _mm512_store_ps(dst + (size_t)j * hdp + d, load16(a->kv_dtype, rows[j] + off, d, q3_mask16(hd - d)));
+    if (a->kv_dtype == Q3_Q8_0) {
+        for (int j = 0; j < nb; j++) {
+            const uint8_t *b = (const uint8_t *)rows[j] + off;
+            float *o = dst + (size_t)j * hdp;
+            for (int d = 0; d < hd; d += 32, b += 34) {
+                __m512 lo, hi;
+                q3_load_q8_0x32(b, &lo, &hi);
+                _mm512_store_ps(o + d, lo);
+                _mm512_store_ps(o + d + 16, hi);
+            }
+        }
+    } else {
+        for (int j = 0; j < nb; j++)
+            for (int d = 0; d < hdp; d += 16)
+                _mm512_store_ps(dst + (size_t)j * hdp + d, load16(a->kv_dtype, rows[j] + off, d, q3_mask16(hd - d)));
+    }
     if (nb < KEY_BLOCK) memset(dst + (size_t)nb * hdp, 0, (size_t)(KEY_BLOCK - nb) * hdp * sizeof(float));
 }
 
@@ -206,7 +218,7 @@ static void block_update(const q3_cpu_attn *a, attn_ws *w, head_ws *h, const cha
                          const char *const *vrows, int t0, int nb)
 {
     const int hd = a->head_dim, hdp = padded_hd(hd), nqp = w->nqp;
-    const size_t off = (size_t)h->kvh * hd * kv_esize(a);
+    const size_t off = (size_t)h->kvh * q3_cpu_attn_head_bytes(a);
     load_rows(a, krows, off, nb, w->kb, hdp);
 #define SCORES(QT, q0) scores(QT, h, w->kb, q0, hdp)
     FOR_SCORE_GROUPS(nqp, SCORES)
@@ -300,7 +312,7 @@ static void avx512_attention(const q3_cpu_attn *a, void *scratch, int kvh0, int 
         }
     }
 
-    const size_t slice = (size_t)hd * kv_esize(a);
+    const size_t slice = q3_cpu_attn_head_bytes(a);
     const int sb0 = part ? sb : 0, sb1 = part ? sb + 1 : (kmax + SUPER_BLOCK - 1) / SUPER_BLOCK;
     for (int s = sb0; s < sb1; s++) {
         int k0 = s * SUPER_BLOCK, k1 = k0 + SUPER_BLOCK < kmax ? k0 + SUPER_BLOCK : kmax;

@@ -198,8 +198,6 @@ static float *row_of(const q3_exec *e, int v, int r)
     return e->buf[v] + (size_t)r * (size_t)e->g->values[v].cols;
 }
 
-static size_t dtype_size(q3_dtype t) { return t == Q3_F32 ? 4 : 2; }
-
 /* A norm weight as F32: the mapping itself when it is F32, else a converted copy. */
 static const float *norm_weight(cpu_unit *u, const q3_tensor *w, int n)
 {
@@ -387,8 +385,8 @@ typedef struct attn_job {
     int rows, row_block, n_row_blocks; /* prefill: query rows in blocks */
 } attn_job;
 
-/* Prefill with an F16/BF16 cache: rounds the chunk's K/V rows [8 item, +8) to
- * the cache dtype, as the hand-off will store them. */
+/* Prefill with an F16/BF16/Q8_0 cache: rounds (quantizes) the chunk's K/V rows
+ * [8 item, +8) to the cache dtype, as the hand-off will store them. */
 static void convert_item(void *ctx, int item, int ith)
 {
     attn_job *j = ctx;
@@ -533,7 +531,7 @@ static q3_status run_attention(cpu_unit *u, const q3_exec *e, const q3_op *op)
         j.a.v_chunk = e->buf[op->in[2]];
         j.a.chunk_row_bytes = (size_t)e->g->values[op->in[1]].cols * sizeof(float);
     } else {
-        j.a.chunk_row_bytes = (size_t)kv_dim * dtype_size(kv->dtype);
+        j.a.chunk_row_bytes = q3_dtype_row_bytes(kv->dtype, (size_t)kv_dim);
         size_t half = ((size_t)j.rows * j.a.chunk_row_bytes + 63) & ~(size_t)63;
         if (grow(&u->kv_chunk, 2 * half)) return no_scratch(op, 2 * half);
         j.a.k_chunk = u->kv_chunk.p;

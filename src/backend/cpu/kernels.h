@@ -52,7 +52,7 @@ typedef struct q3_cpu_attn {
     size_t ldq;
     float *out;            /* same layout as q, rows ldo floats apart */
     size_t ldo;
-    q3_dtype kv_dtype;     /* F32, F16 or BF16 */
+    q3_dtype kv_dtype;     /* F32, F16, BF16 or Q8_0 (head_dim % 32 == 0: a head's slice is whole blocks) */
     int n_cached;
     /* the cache: K row t of this layer at kv_data + table[t / Q3_KV_BLOCK_TOKENS]
        * block_bytes + k_off + (t % Q3_KV_BLOCK_TOKENS) * row_bytes (V: v_off) */
@@ -63,6 +63,12 @@ typedef struct q3_cpu_attn {
     size_t chunk_row_bytes;
     float scale;           /* 1 / sqrt(head_dim) */
 } q3_cpu_attn;
+
+/* Bytes of one KV head's slice of a K/V row (Q8_0: head_dim / 32 blocks). */
+static inline size_t q3_cpu_attn_head_bytes(const q3_cpu_attn *a)
+{
+    return q3_dtype_row_bytes(a->kv_dtype, (size_t)a->head_dim);
+}
 
 /* K (v = 0) or V (v = 1) row t of the cache (t < n_cached). */
 static inline const char *q3_cpu_attn_cache_row(const q3_cpu_attn *a, int v, int t)
@@ -118,7 +124,8 @@ typedef struct q3_cpu_ew_kernels {
     void (*rope)(float *x, const float *cs, const float *sn, int n_heads, int hd);
     void (*add)(const float *a, const float *b, float *out, size_t n);
     void (*swiglu)(const float *g, const float *u, float *out, size_t n); /* silu(g) * u */
-    /* F32/F16/BF16 rows; from_f32 rounds bit for bit like q3_row_from_f32 */
+    /* F32/F16/BF16/Q8_0 rows (Q8_0: n % 32 == 0); from_f32 rounds (quantizes)
+       bit for bit like q3_row_from_f32 */
     void (*to_f32)(q3_dtype t, const void *src, float *dst, size_t n);
     void (*from_f32)(q3_dtype t, const float *src, void *dst, size_t n);
 } q3_cpu_ew_kernels;

@@ -1,5 +1,5 @@
 /* Elementwise ops on AVX-512: RMSNorm, RoPE, add, SwiGLU and the F32/F16/BF16
- * row conversions. Tails use masked loads and stores, so every element goes
+ * (and the KV cache's Q8_0) row conversions. Tails use masked loads and stores, so every element goes
  * through the same arithmetic wherever it sits in a row. */
 #include <math.h>
 #include <string.h>
@@ -70,6 +70,16 @@ static void avx512_to_f32(q3_dtype t, const void *src, float *dst, size_t n)
         memcpy(dst, src, n * sizeof(float));
         return;
     }
+    if (t == Q3_Q8_0) { /* n % 32 == 0 */
+        const uint8_t *b = src;
+        for (size_t i = 0; i < n; i += 32, b += 34) {
+            __m512 lo, hi;
+            q3_load_q8_0x32(b, &lo, &hi);
+            _mm512_storeu_ps(dst + i, lo);
+            _mm512_storeu_ps(dst + i + 16, hi);
+        }
+        return;
+    }
     const uint16_t *s = src;
     for (size_t i = 0; i < n; i += 16) {
         __mmask16 m = q3_mask16((int)(n - i < 16 ? n - i : 16));
@@ -82,6 +92,11 @@ static void avx512_from_f32(q3_dtype t, const float *src, void *dst, size_t n)
 {
     if (t == Q3_F32) {
         memcpy(dst, src, n * sizeof(float));
+        return;
+    }
+    if (t == Q3_Q8_0) { /* n % 32 == 0 */
+        uint8_t *b = dst;
+        for (size_t i = 0; i < n; i += 32, b += 34) q3_store_q8_0x32(src + i, b);
         return;
     }
     uint16_t *d = dst;

@@ -82,4 +82,60 @@ Q3_INLINE __m128i q3_cvt_bf16x8(__m256 v)
     return _mm_packus_epi32(lo, hi);
 }
 
+/* ---- Q8_0 blocks (the KV cache's; layout in model/dtype.h) ---------------------------- */
+
+/* 8 values of a Q8_0 block from value j (j % 8 == 0) as F32 d * q: the
+ * products are exact (11 by 8 significant bits), the values q3_row_to_f32 gives. */
+Q3_INLINE __m256 q3_load_q8_0x8(const uint8_t *b, __m256 d, int j)
+{
+    __m128i q = _mm_loadl_epi64((const __m128i *)(b + 2 + j));
+    return _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)));
+}
+
+Q3_INLINE __m256 q3_q8_0_scale(const uint8_t *b)
+{
+    return _mm256_set1_ps(_cvtsh_ss((unsigned short)(b[0] | b[1] << 8)));
+}
+
+/* 8 values x * id rounded half away from zero (as roundf) into int32 lanes;
+ * lanes outside [-127, 127] or NaN give 0 (trunc and v - trunc(v) are exact). */
+Q3_INLINE __m256i q3_q8_round8(__m256 x, __m256 id)
+{
+    __m256 v = _mm256_mul_ps(x, id);
+    __m256 t = _mm256_round_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+    __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    __m256 up = _mm256_cmp_ps(_mm256_and_ps(_mm256_sub_ps(v, t), absmask), _mm256_set1_ps(0.5f), _CMP_GE_OQ);
+    __m256 one = _mm256_or_ps(_mm256_set1_ps(1.0f), _mm256_andnot_ps(absmask, v));
+    __m256 r = _mm256_add_ps(t, _mm256_and_ps(up, one));
+    __m256 ok = _mm256_and_ps(_mm256_cmp_ps(r, _mm256_set1_ps(-127.0f), _CMP_GE_OQ),
+                              _mm256_cmp_ps(r, _mm256_set1_ps(127.0f), _CMP_LE_OQ));
+    return _mm256_and_si256(_mm256_cvttps_epi32(r), _mm256_castps_si256(ok));
+}
+
+/* Quantizes 32 floats into one block, bit for bit q3_quantize_q8_0 (amax over
+ * the non-NaN |x|, d = amax / 127 as f16, id = 1 / d or 0, q3_q8_round8). */
+Q3_INLINE void q3_store_q8_0x32_avx2(const float *x, uint8_t *b)
+{
+    __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    __m256 xv[4], m = _mm256_setzero_ps();
+    for (int i = 0; i < 4; i++) {
+        xv[i] = _mm256_loadu_ps(x + 8 * i);
+        m = _mm256_max_ps(_mm256_and_ps(xv[i], absmask), m); /* NaN lanes keep the running max */
+    }
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
+    float amax = _mm_cvtss_f32(m4);
+    float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+    unsigned short h = _cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    b[0] = (uint8_t)(h & 0xff);
+    b[1] = (uint8_t)(h >> 8);
+    __m256 vid = _mm256_set1_ps(id);
+    __m256i q01 = _mm256_packs_epi32(q3_q8_round8(xv[0], vid), q3_q8_round8(xv[1], vid));
+    __m256i q23 = _mm256_packs_epi32(q3_q8_round8(xv[2], vid), q3_q8_round8(xv[3], vid));
+    __m256i q = _mm256_packs_epi16(q01, q23); /* 128-bit lanes interleaved: put the dwords back in order */
+    q = _mm256_permutevar8x32_epi32(q, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256((__m256i *)(b + 2), q);
+}
+
 #endif

@@ -89,6 +89,55 @@ Q3_INLINE __m256i q3_cvt_f16x16(__m512 v)
     return _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
 }
 
+/* ---- Q8_0 blocks (the KV cache's; layout in model/dtype.h) ---------------------------- */
+
+/* One block (f16 scale d, 32 int8 q) as F32 d * q in two vectors, the values
+ * q3_row_to_f32 gives: d has 11 significant bits and q 8, so every product is
+ * exact and no rounding can differ. */
+Q3_INLINE void q3_load_q8_0x32(const uint8_t *b, __m512 *lo, __m512 *hi)
+{
+    __m512 d = _mm512_set1_ps(_cvtsh_ss((unsigned short)(b[0] | b[1] << 8)));
+    __m256i q = _mm256_loadu_si256((const __m256i *)(b + 2));
+    *lo = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(q))));
+    *hi = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(q, 1))));
+}
+
+/* 16 values v * id rounded half away from zero (as roundf), stored as int8;
+ * lanes whose rounded value is outside [-127, 127] or NaN store 0. trunc(v)
+ * and v - trunc(v) are exact, so |v - trunc(v)| >= 0.5 decides as roundf does. */
+Q3_INLINE __m128i q3_q8_round16(__m512 x, __m512 id)
+{
+    __m512 v = _mm512_mul_ps(x, id);
+    __m512 t = _mm512_roundscale_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+    __mmask16 up = _mm512_cmp_ps_mask(_mm512_abs_ps(_mm512_sub_ps(v, t)), _mm512_set1_ps(0.5f), _CMP_GE_OQ);
+    __m512 one = _mm512_castsi512_ps(_mm512_or_si512(_mm512_set1_epi32(0x3f800000),
+                                                     _mm512_and_si512(_mm512_castps_si512(v), _mm512_set1_epi32((int)0x80000000u))));
+    __m512 r = _mm512_mask_add_ps(t, up, t, one);
+    __mmask16 ok = _mm512_cmp_ps_mask(r, _mm512_set1_ps(-127.0f), _CMP_GE_OQ) &
+                   _mm512_cmp_ps_mask(r, _mm512_set1_ps(127.0f), _CMP_LE_OQ);
+    return _mm512_cvtepi32_epi8(_mm512_maskz_cvttps_epi32(ok, r));
+}
+
+/* Quantizes 32 floats into one block, bit for bit q3_quantize_q8_0: amax over
+ * the non-NaN |x| (max is exact in any order), d = amax / 127 stored as f16
+ * (F16C rounds as q3_f32_to_f16 does), id = 1 / d (0 when d is 0), then
+ * q3_q8_round16. */
+Q3_INLINE void q3_store_q8_0x32(const float *x, uint8_t *b)
+{
+    __m512 x0 = _mm512_loadu_ps(x), x1 = _mm512_loadu_ps(x + 16);
+    /* vmaxps returns its second operand when either is NaN: NaN lanes keep the running max */
+    __m512 m = _mm512_max_ps(_mm512_abs_ps(x0), _mm512_setzero_ps());
+    m = _mm512_max_ps(_mm512_abs_ps(x1), m);
+    float amax = _mm512_reduce_max_ps(m);
+    float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+    unsigned short h = _cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    b[0] = (uint8_t)(h & 0xff);
+    b[1] = (uint8_t)(h >> 8);
+    __m512 vid = _mm512_set1_ps(id);
+    _mm_storeu_si128((__m128i *)(b + 2), q3_q8_round16(x0, vid));
+    _mm_storeu_si128((__m128i *)(b + 18), q3_q8_round16(x1, vid));
+}
+
 /* Transposes 16 rows r[0..15] of 16 values in registers: row i of dst (at
  * dst + i * ldd) gets column i. Rows of dst are stored under mask; only rows
  * i < n_dst_rows are written. */

@@ -168,7 +168,7 @@ static q3_status attention(const q3_exec *e, const q3_op *op)
         int n_keys = n_cached + (chunk ? r + 1 : 0);
         for (int h = 0; h < c->n_heads; h++) {
             int kh = h / group;
-            size_t head_off = (size_t)kh * (size_t)hd * q3_dtype_block_bytes(kv->dtype);
+            size_t head_off = (size_t)kh * q3_dtype_row_bytes(kv->dtype, (size_t)hd); /* Q8_0: hd % 32 == 0 */
             const float *qh = q + h * hd;
             double mx = -INFINITY;
             for (int t = 0; t < n_keys; t++) {
