@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "golden.h"
+#include "model/convert.h"
 #include "q3.h"
 #include "run/generate.h"
 #include "text/sampler.h"
@@ -516,6 +517,35 @@ static void generators(void)
     q3_model_close(m);
 }
 
+/* q3_convert_compare_kv: a cache of the reference's own type costs nothing; Q8_0
+ * costs a little (the golden small model, its len64 case). */
+static void kv_compare(void)
+{
+    q3_model *m;
+    if (q3_model_open(TEST_DATA "/golden/small", &m)) {
+        CHECK(0, "open small: %s", q3_last_error());
+        return;
+    }
+    golden_case c;
+    CHECK(golden_load(TEST_DATA "/golden/small", "len64", &c) == 0, "len64");
+    const int32_t *seqs[1] = {c.tokens};
+    size_t lens[1] = {(size_t)c.n_tokens};
+    q3_dtype kvt[2] = {Q3_F16, Q3_Q8_0};
+    q3_quant_report rep[2];
+    CHECK(q3_convert_compare_kv(m, Q3_F16, kvt, 2, seqs, lens, 1, "cpu", rep) == Q3_OK, "compare kv: %s",
+          q3_last_error());
+    CHECK(rep[0].n_positions == (size_t)c.n_tokens && rep[0].kl_max == 0 && rep[0].top1_agree == 1 &&
+              rep[0].max_abs_logit == 0,
+          "f16 against f16: KL max %g, top-1 %g", rep[0].kl_max, rep[0].top1_agree);
+    CHECK(rep[1].kl_max > 0 && rep[1].kl_max < 1e-3 && rep[1].top1_agree >= 0.9 && rep[1].max_abs_logit < 0.1,
+          "q8_0 against f16: KL max %g, top-1 %g, max |dlogit| %g", rep[1].kl_max, rep[1].top1_agree,
+          rep[1].max_abs_logit);
+    CHECK(rep[1].weight_bytes * 32 == rep[0].weight_bytes * 17, "KV bytes per token %zu (q8_0), %zu (f16)",
+          rep[1].weight_bytes, rep[0].weight_bytes);
+    golden_free(&c);
+    q3_model_close(m);
+}
+
 int main(void)
 {
     batch_model("tiny", NULL, "ref", "f32");
@@ -525,9 +555,12 @@ int main(void)
     batch_model("small-bf16", NULL, "cpu", NULL);
     batch_model("small-q8_0", "model-q8_0.gguf", "cpu", NULL);
     batch_model("small-q4_0", "model-q4_0.gguf", "cpu", "bf16");
+    batch_model("small", NULL, "cpu", "q8_0");
+    batch_model("small-q8_0", "model-q8_0.gguf", "cpu", "q8_0");
     fork_truncate("cpu");
     fork_truncate("ref");
     bad_steps();
     generators();
+    kv_compare();
     TEST_DONE();
 }

@@ -1,7 +1,9 @@
-/* q3 compare: what quantizing the weights costs in accuracy. For each type the
- * model is quantized (through a temporary GGUF), and token sequences are run
- * through both it and the model as given; the report has the KL divergence of
- * the next-token distribution and the top-1 agreement. */
+/* q3 compare: what quantizing the weights (or the KV cache) costs in accuracy.
+ * For each type the model is quantized (through a temporary GGUF), and token
+ * sequences are run through both it and the model as given; the report has the
+ * KL divergence of the next-token distribution and the top-1 agreement. With
+ * --kv, the model as given runs with each KV cache type against a reference
+ * KV cache type instead. */
 #include <cjson/cJSON.h>
 #include <dirent.h>
 #include <limits.h>
@@ -21,6 +23,7 @@ static void compare_usage(FILE *f)
 {
     fprintf(f,
             "usage: q3 compare -m MODEL [--types q8_0,q4_0] [--cases DIR] [--backend NAME]\n"
+            "       q3 compare -m MODEL --kv q8_0[,bf16] [--kv-ref f16] [--cases DIR] [--backend NAME]\n"
             "\n"
             "Quantizes MODEL to each type and runs token sequences through the quantized model\n"
             "and MODEL as given, then prints per type: the mean and max KL divergence of the\n"
@@ -30,7 +33,10 @@ static void compare_usage(FILE *f)
             "  --types LIST    comma-separated: f16, bf16, q8_0, q4_0 (default q8_0,q4_0)\n"
             "  --cases DIR     token sequences: the \"tokens\" of every DIR/*.json (duplicates run\n"
             "                  once); default MODEL/cases if present, else " DEFAULT_CASES "\n"
-            "  --backend NAME  compute unit (default ref: the scalar reference)\n");
+            "  --backend NAME  compute unit (default ref: the scalar reference; cpu with --kv)\n"
+            "  --kv LIST       compare KV cache types instead (f32, f16, bf16, q8_0): MODEL as given\n"
+            "                  with each, against MODEL with a --kv-ref cache (default f16); the\n"
+            "                  size column is then KV bytes per token\n");
 }
 
 typedef struct seqs {
@@ -129,7 +135,8 @@ static int read_cases(const char *dir, int vocab, seqs *s)
 
 int cmd_compare(int argc, char **argv)
 {
-    const char *model = NULL, *types_arg = "q8_0,q4_0", *cases = NULL, *backend = "ref";
+    const char *model = NULL, *types_arg = "q8_0,q4_0", *cases = NULL, *backend = NULL, *kv_arg = NULL,
+               *kv_ref_arg = "f16";
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -145,6 +152,8 @@ int cmd_compare(int argc, char **argv)
         else if (!strcmp(a, "--types") || !strcmp(a, "--type")) types_arg = v;
         else if (!strcmp(a, "--cases")) cases = v;
         else if (!strcmp(a, "--backend")) backend = v;
+        else if (!strcmp(a, "--kv")) kv_arg = v;
+        else if (!strcmp(a, "--kv-ref")) kv_ref_arg = v;
         else {
             compare_usage(stderr);
             return cli_error("compare", "unknown option: %s", a);
@@ -154,18 +163,25 @@ int cmd_compare(int argc, char **argv)
         compare_usage(stderr);
         return cli_error("compare", "no model given (-m MODEL)");
     }
+    /* the ref unit's prefill reads a chunk's own K/V unrounded: KV types are compared on cpu */
+    if (!backend) backend = kv_arg ? "cpu" : "ref";
+    int kv_ref = q3_dtype_from_name(kv_ref_arg);
+    if (kv_ref < 0 || kv_ref > Q3_Q8_0)
+        return cli_error("compare", "--kv-ref: \"%s\" is not one of f32, f16, bf16, q8_0", kv_ref_arg);
     q3_dtype types[MAX_TYPES];
     size_t n_types = 0;
     char list[256];
-    snprintf(list, sizeof list, "%s", types_arg);
+    snprintf(list, sizeof list, "%s", kv_arg ? kv_arg : types_arg);
     for (char *save, *t = strtok_r(list, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
         int d = q3_dtype_from_name(t);
-        if (d < 0 || d == Q3_F32)
+        if (kv_arg && (d < 0 || d > Q3_Q8_0))
+            return cli_error("compare", "--kv: \"%s\" is not one of f32, f16, bf16, q8_0", t);
+        if (!kv_arg && (d < 0 || d == Q3_F32))
             return cli_error("compare", "--types: \"%s\" is not one of f16, bf16, q8_0, q4_0", t);
         if (n_types == MAX_TYPES) return cli_error("compare", "--types: at most %d types", MAX_TYPES);
         types[n_types++] = (q3_dtype)d;
     }
-    if (!n_types) return cli_error("compare", "--types is empty");
+    if (!n_types) return cli_error("compare", "%s is empty", kv_arg ? "--kv" : "--types");
 
     char cases_dir[PATH_MAX];
     if (cases) snprintf(cases_dir, sizeof cases_dir, "%s", cases);
@@ -187,24 +203,33 @@ int cmd_compare(int argc, char **argv)
     for (size_t i = 0; i < s.n; i++) positions += s.lens[i];
     printf("model %s: %d layers, hidden %d, vocab %d, weights %s (%.1f MB)\n", model, m->cfg.n_layers, m->cfg.dim,
            m->cfg.vocab_size, q3_dtype_name(m->w.layers[0].wq->dtype), (double)q3_model_weight_bytes(m) / 1e6);
-    printf("%zu sequences from %s, %zu positions, unit %s\n\n", s.n, cases_dir, positions, backend);
+    printf("%zu sequences from %s, %zu positions, unit %s", s.n, cases_dir, positions, backend);
+    if (kv_arg) printf(", KV cache types against a %s cache", q3_dtype_name((q3_dtype)kv_ref));
+    printf("\n\n");
 
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     q3_quant_report rep[MAX_TYPES];
-    q3_status st = q3_convert_compare(m, types, n_types, (const int32_t *const *)s.ids, s.lens, s.n, backend, rep);
+    q3_status st = kv_arg ? q3_convert_compare_kv(m, (q3_dtype)kv_ref, types, n_types, (const int32_t *const *)s.ids,
+                                                  s.lens, s.n, backend, rep)
+                          : q3_convert_compare(m, types, n_types, (const int32_t *const *)s.ids, s.lens, s.n, backend, rep);
     clock_gettime(CLOCK_MONOTONIC, &t1);
     if (st) {
         rc = cli_error("compare", "%s", q3_last_error());
     } else {
-        printf("%-6s %10s %12s %12s %12s %14s\n", "type", "weights MB", "KL mean", "KL max", "top-1 agree",
-               "max |dlogit|");
+        printf("%-6s %10s %12s %12s %12s %14s\n", kv_arg ? "KV" : "type", kv_arg ? "KB/token" : "weights MB",
+               "KL mean", "KL max", "top-1 agree", "max |dlogit|");
         for (size_t k = 0; k < n_types; k++)
             printf("%-6s %10.1f %12.3e %12.3e %11.2f%% %14.4f\n", q3_dtype_name(rep[k].type),
-                   (double)rep[k].weight_bytes / 1e6, rep[k].kl_mean, rep[k].kl_max, 100.0 * rep[k].top1_agree,
-                   rep[k].max_abs_logit);
-        printf("\n(KL in nats, of the %s model's next-token distribution from MODEL's; %.1f s)\n", "quantized",
-               (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9);
+                   (double)rep[k].weight_bytes / (kv_arg ? 1e3 : 1e6), rep[k].kl_mean, rep[k].kl_max,
+                   100.0 * rep[k].top1_agree, rep[k].max_abs_logit);
+        if (kv_arg)
+            printf("\n(KL in nats, of the next-token distribution with each KV cache type from the one with a %s "
+                   "cache; %.1f s)\n",
+                   q3_dtype_name((q3_dtype)kv_ref), (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9);
+        else
+            printf("\n(KL in nats, of the %s model's next-token distribution from MODEL's; %.1f s)\n", "quantized",
+                   (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9);
     }
     seqs_free(&s);
     q3_model_close(m);

@@ -619,37 +619,21 @@ static q3_status quantized_copy(const q3_model *ref, q3_dtype type, q3_model **o
     return st;
 }
 
-q3_status q3_convert_compare(q3_model *ref, const q3_dtype *types, size_t n_types, const int32_t *const *seqs,
-                             const size_t *lens, size_t n_seqs, const char *backend, q3_quant_report *out)
+/* Runs every sequence through ss[n] (the reference) and ss[0..n), one prefill
+ * each with every row's logits, and fills out[k]'s KL, top-1 and logit figures. */
+static q3_status compare_sessions(q3_session **ss, size_t n, size_t V, size_t max_len, const int32_t *const *seqs,
+                                  const size_t *lens, size_t n_seqs, q3_quant_report *out)
 {
-    size_t V = (size_t)ref->cfg.vocab_size, max_len = 0;
-    for (size_t i = 0; i < n_seqs; i++)
-        if (lens[i] > max_len) max_len = lens[i];
-    if (!n_seqs || !max_len) return q3_fail(Q3_ERR_INVALID, "no token sequences to compare on");
-    if (max_len > (size_t)ref->cfg.max_seq_len)
-        return q3_fail(Q3_ERR_INVALID, "a sequence of %zu tokens is longer than the model's context (%d)", max_len,
-                       ref->cfg.max_seq_len);
-    q3_model **qm = calloc(n_types + 1, sizeof *qm);
-    q3_session **ss = calloc(n_types + 1, sizeof *ss);
     float *lref = malloc(max_len * V * sizeof *lref), *lq = malloc(max_len * V * sizeof *lq);
+    size_t *agree = calloc(n + 1, sizeof *agree);
+    double *kl_sum = calloc(n + 1, sizeof *kl_sum);
     q3_status st = Q3_OK;
-    if (!qm || !ss || !lref || !lq) st = q3_fail(Q3_ERR_NOMEM, "out of memory for %zu x %zu logits", max_len, V);
-    q3_session_opts so = {.n_ctx = (int)max_len, .backend = backend};
-    if (!st) st = q3_session_new(ref, &so, &ss[n_types]);
-    for (size_t k = 0; k < n_types && !st; k++) {
-        memset(&out[k], 0, sizeof out[k]);
-        out[k].type = types[k];
-        if (!(st = quantized_copy(ref, types[k], &qm[k]))) st = q3_session_new(qm[k], &so, &ss[k]);
-        if (!st) out[k].weight_bytes = q3_model_weight_bytes(qm[k]);
-    }
-    size_t *agree = calloc(n_types + 1, sizeof *agree);
-    double *kl_sum = calloc(n_types + 1, sizeof *kl_sum);
-    if (!st && (!agree || !kl_sum)) st = q3_fail(Q3_ERR_NOMEM, "out of memory");
+    if (!lref || !lq || !agree || !kl_sum) st = q3_fail(Q3_ERR_NOMEM, "out of memory for %zu x %zu logits", max_len, V);
     for (size_t i = 0; i < n_seqs && !st; i++) {
         if (!lens[i]) continue;
-        q3_session_reset(ss[n_types]);
-        if ((st = q3_session_prefill(ss[n_types], seqs[i], lens[i], lref, 1))) break;
-        for (size_t k = 0; k < n_types && !st; k++) {
+        q3_session_reset(ss[n]);
+        if ((st = q3_session_prefill(ss[n], seqs[i], lens[i], lref, 1))) break;
+        for (size_t k = 0; k < n && !st; k++) {
             q3_session_reset(ss[k]);
             if ((st = q3_session_prefill(ss[k], seqs[i], lens[i], lq, 1))) break;
             for (size_t t = 0; t < lens[i]; t++) {
@@ -662,19 +646,77 @@ q3_status q3_convert_compare(q3_model *ref, const q3_dtype *types, size_t n_type
             }
         }
     }
-    for (size_t k = 0; k < n_types && !st; k++) {
+    for (size_t k = 0; k < n && !st; k++) {
         out[k].kl_mean = out[k].n_positions ? kl_sum[k] / (double)out[k].n_positions : 0;
         out[k].top1_agree = out[k].n_positions ? (double)agree[k] / (double)out[k].n_positions : 0;
     }
+    free(agree);
+    free(kl_sum);
+    free(lref);
+    free(lq);
+    return st;
+}
+
+static q3_status check_seqs(const q3_model *m, const size_t *lens, size_t n_seqs, size_t *max_len)
+{
+    *max_len = 0;
+    for (size_t i = 0; i < n_seqs; i++)
+        if (lens[i] > *max_len) *max_len = lens[i];
+    if (!n_seqs || !*max_len) return q3_fail(Q3_ERR_INVALID, "no token sequences to compare on");
+    if (*max_len > (size_t)m->cfg.max_seq_len)
+        return q3_fail(Q3_ERR_INVALID, "a sequence of %zu tokens is longer than the model's context (%d)", *max_len,
+                       m->cfg.max_seq_len);
+    return Q3_OK;
+}
+
+q3_status q3_convert_compare(q3_model *ref, const q3_dtype *types, size_t n_types, const int32_t *const *seqs,
+                             const size_t *lens, size_t n_seqs, const char *backend, q3_quant_report *out)
+{
+    size_t V = (size_t)ref->cfg.vocab_size, max_len;
+    q3_status st = check_seqs(ref, lens, n_seqs, &max_len);
+    if (st) return st;
+    q3_model **qm = calloc(n_types + 1, sizeof *qm);
+    q3_session **ss = calloc(n_types + 1, sizeof *ss);
+    if (!qm || !ss) st = q3_fail(Q3_ERR_NOMEM, "out of memory");
+    q3_session_opts so = {.n_ctx = (int)max_len, .backend = backend};
+    if (!st) st = q3_session_new(ref, &so, &ss[n_types]);
+    for (size_t k = 0; k < n_types && !st; k++) {
+        memset(&out[k], 0, sizeof out[k]);
+        out[k].type = types[k];
+        if (!(st = quantized_copy(ref, types[k], &qm[k]))) st = q3_session_new(qm[k], &so, &ss[k]);
+        if (!st) out[k].weight_bytes = q3_model_weight_bytes(qm[k]);
+    }
+    if (!st) st = compare_sessions(ss, n_types, V, max_len, seqs, lens, n_seqs, out);
     for (size_t k = 0; k <= n_types; k++) {
         if (ss) q3_session_free(ss[k]);
         if (qm && k < n_types) q3_model_close(qm[k]);
     }
-    free(agree);
-    free(kl_sum);
     free(qm);
     free(ss);
-    free(lref);
-    free(lq);
+    return st;
+}
+
+q3_status q3_convert_compare_kv(q3_model *m, q3_dtype ref_kv, const q3_dtype *kv_types, size_t n_types,
+                                const int32_t *const *seqs, const size_t *lens, size_t n_seqs, const char *backend,
+                                q3_quant_report *out)
+{
+    size_t V = (size_t)m->cfg.vocab_size, max_len;
+    q3_status st = check_seqs(m, lens, n_seqs, &max_len);
+    if (st) return st;
+    q3_session **ss = calloc(n_types + 1, sizeof *ss);
+    if (!ss) return q3_fail(Q3_ERR_NOMEM, "out of memory");
+    q3_session_opts so = {.n_ctx = (int)max_len, .backend = backend, .kv_dtype = q3_dtype_name(ref_kv)};
+    st = q3_session_new(m, &so, &ss[n_types]);
+    for (size_t k = 0; k < n_types && !st; k++) {
+        memset(&out[k], 0, sizeof out[k]);
+        out[k].type = kv_types[k];
+        out[k].weight_bytes = 2 * (size_t)m->cfg.n_layers *
+                              q3_dtype_row_bytes(kv_types[k], (size_t)m->cfg.n_kv_heads * (size_t)m->cfg.head_dim);
+        so.kv_dtype = q3_dtype_name(kv_types[k]);
+        st = q3_session_new(m, &so, &ss[k]);
+    }
+    if (!st) st = compare_sessions(ss, n_types, V, max_len, seqs, lens, n_seqs, out);
+    for (size_t k = 0; k <= n_types; k++) q3_session_free(ss[k]);
+    free(ss);
     return st;
 }

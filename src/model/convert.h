@@ -89,4 +89,13 @@ q3_status q3_convert_compare(q3_model *ref, const q3_dtype *types, size_t n_type
                              const int32_t *const *seqs, const size_t *lens, size_t n_seqs,
                              const char *backend, q3_quant_report *out);
 
+/* The same for the KV cache's type instead of the weights': m as given, one
+ * session with a ref_kv cache (the reference) and one per kv_types[k];
+ * out[k].weight_bytes holds the KV bytes per token of kv_types[k]. Run it on
+ * the cpu unit: the ref unit's prefill attends to a chunk's own K/V unrounded,
+ * so only earlier chunks would see the cache's type there. */
+q3_status q3_convert_compare_kv(q3_model *m, q3_dtype ref_kv, const q3_dtype *kv_types, size_t n_types,
+                                const int32_t *const *seqs, const size_t *lens, size_t n_seqs, const char *backend,
+                                q3_quant_report *out);
+
 #endif
