@@ -75,7 +75,7 @@ typedef struct q3_ctx_opts {
     const char *backend;  /* compute unit name: "ref", "cpu" (NULL: best available) */
     const char *prefill_backend; /* split-phase: unit for prefill (NULL: backend) */
     const char *decode_backend;  /* split-phase: unit for decode (NULL: backend) */
-    const char *kv_dtype; /* "f32", "f16", "bf16" (NULL: the decode unit's default) */
+    const char *kv_dtype; /* "f32", "f16", "bf16", "q8_0" (NULL: the decode unit's default) */
 } q3_ctx_opts;
 
 Q3_API q3_status q3_ctx_new(q3_model *m, const q3_ctx_opts *opts, q3_ctx **out);
@@ -142,7 +142,7 @@ typedef struct q3_session_opts {
     const char *backend;  /* compute unit name: "ref", "cpu" (NULL: best available) */
     const char *prefill_backend; /* split-phase: unit for prefill (NULL: backend) */
     const char *decode_backend;  /* split-phase: unit for decode (NULL: backend) */
-    const char *kv_dtype; /* "f32", "f16", "bf16" (NULL: the backend's default) */
+    const char *kv_dtype; /* "f32", "f16", "bf16", "q8_0" (NULL: the backend's default) */
 } q3_session_opts;
 
 Q3_API q3_status q3_session_new(q3_model *m, const q3_session_opts *opts, q3_session **out);

@@ -21,7 +21,7 @@
 
 static const char *usage =
     "usage: q3 bench [-m MODEL] [--compute-units U1,U2|all] [--chunk 128] [--gen 64] [--drain 15]\n"
-    "                [--repeats 5] [--prompt N] [--depth N] [--kv f32|f16|bf16] [--prefill-on U --decode-on U]\n"
+    "                [--repeats 5] [--prompt N] [--depth N] [--kv f32|f16|bf16|q8_0] [--prefill-on U --decode-on U]\n"
     "                [--json] [--svg FILE] [--batch 1,2,4,8,16,32]\n"
     "  Without -m, builds (once, cached in models/) a synthetic Qwen3-0.6B with random BF16 weights.\n"
     "  Units default to every present unit except the scalar reference (name it to include it: ref).\n"

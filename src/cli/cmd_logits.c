@@ -9,7 +9,7 @@
 
 static const char *usage =
     "usage: q3 logits -m MODEL --tokens 1,2,3 [--decode-from K] [--chunk S] [--backend NAME]\n"
-    "                 [--kv f32|f16|bf16] -o OUT.f32\n"
+    "                 [--kv f32|f16|bf16|q8_0] -o OUT.f32\n"
     "  writes float32 little-endian logits [n_tokens][vocab]; row t = the logits after tokens[0..t].\n"
     "  --decode-from K: the first K tokens go through prefill, every later one through decode.\n";
 

@@ -19,7 +19,7 @@ const char *cli_gen_usage =
     "  --ctx N                context length (default: min(model, 4096))\n"
     "  --chunk N              prefill chunk (default 128)\n"
     "  --backend UNIT         compute unit (default: the best present)\n"
-    "  --kv f32|f16|bf16      KV cache type\n"
+    "  --kv f32|f16|bf16|q8_0 KV cache type\n"
     "generation:\n"
     "  -n N                   at most N new tokens (default: until the end of the turn or context)\n"
     "  --temp T --top-k K --top-p P --min-p P   sampling (defaults: Qwen's, per thinking mode;\n"
