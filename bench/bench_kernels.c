@@ -254,27 +254,29 @@ static void bench_prefill(const char *only_isa)
 
 /* ATTENTION at Qwen3-0.6B's shape (16 query heads, 8 KV heads, head_dim 128):
  * a 128-row prefill chunk at position pos, and decode at depth pos, with an
- * F16 cache; decode reported as GB/s of K/V read. Validated against ref. */
+ * F16 and a Q8_0 cache; reported as GB/s of K/V read. Validated against ref. */
 static void bench_attention(const char *only_isa)
 {
     enum { NH = 16, NKV = 8, HD = 128, ROWS = 128 };
     static const int depths[] = {0, 1024, 4096};
     q3_config cfg = {.n_layers = 1, .dim = 1024, .ffn_dim = 3072, .n_heads = NH, .n_kv_heads = NKV, .head_dim = HD,
                      .vocab_size = 1000, .max_seq_len = 8192, .rms_eps = 1e-6f, .rope_theta = 1e6f};
-    for (size_t di = 0; di < sizeof depths / sizeof *depths; di++) {
-        int pos = depths[di];
+    static const q3_dtype kvts[] = {Q3_F16, Q3_Q8_0};
+    for (size_t di = 0; di < sizeof depths / sizeof *depths * 2; di++) {
+        int pos = depths[di / 2];
+        q3_dtype kvt = kvts[di % 2];
         q3_kv_pool kv;
         int seq, n = pos + ROWS + 1;
-        if (q3_kv_pool_init(&kv, &cfg, Q3_F16, q3_kv_blocks_for(n), 1, n) || q3_kv_seq_add(&kv, &seq) ||
+        if (q3_kv_pool_init(&kv, &cfg, kvt, q3_kv_blocks_for(n), 1, n) || q3_kv_seq_add(&kv, &seq) ||
             q3_kv_seq_reserve(&kv, seq, n))
             return;
         const int32_t *table = kv.seqs[seq].table;
         float *row = malloc(NKV * HD * sizeof *row);
         for (int t = 0; t < n; t++) {
             for (int i = 0; i < NKV * HD; i++) row[i] = frand();
-            q3_row_from_f32(Q3_F16, row, q3_kv_k_row(&kv, table, 0, t), NKV * HD);
+            q3_row_from_f32(kvt, row, q3_kv_k_row(&kv, table, 0, t), NKV * HD);
             for (int i = 0; i < NKV * HD; i++) row[i] = frand();
-            q3_row_from_f32(Q3_F16, row, q3_kv_v_row(&kv, table, 0, t), NKV * HD);
+            q3_row_from_f32(kvt, row, q3_kv_v_row(&kv, table, 0, t), NKV * HD);
         }
         free(row);
         int32_t rpos[ROWS];
@@ -299,7 +301,7 @@ static void bench_attention(const char *only_isa)
             g_ref->b->run(g_ref->impl, &e, &op);
             memcpy(ref_out, buf[3], (size_t)rows * NH * HD * sizeof(float));
             double keys = decode ? pos + 1.0 : (double)rows * pos + rows * (rows + 1) / 2.0;
-            double flop = 4.0 * keys * NH * HD, bytes = 2.0 * (decode ? pos + 1.0 : pos + rows) * NKV * HD * 2;
+            double flop = 4.0 * keys * NH * HD, bytes = 2.0 * (decode ? pos + 1.0 : pos + rows) * (double)kv.row_bytes;
             for (size_t i = 0; i < sizeof isa_names / sizeof *isa_names; i++) {
                 if (only_isa && strcmp(only_isa, isa_names[i])) continue;
                 if (!use_isa(isa_names[i])) continue;
@@ -312,8 +314,8 @@ static void bench_attention(const char *only_isa)
                 }
                 for (int j = 0; j < rows * NH * HD; j++) err = fmax(err, fabs(buf[3][j] - ref_out[j]));
                 /* prefill rounds the chunk's K/V to F16 (as the cache will hold them): ~1e-3 from ref */
-                printf("  attention %-7s %-6s pos %-5d %8.3f ms %7.1f GFLOP/s %6.1f GB/s of K/V  max err %.1e\n",
-                       isa_names[i], decode ? "decode" : "prefill", pos, best * 1e3, flop / best * 1e-9,
+                printf("  attention %-7s %-6s kv %-4s pos %-5d %8.3f ms %7.1f GFLOP/s %6.1f GB/s of K/V  max err %.1e\n",
+                       isa_names[i], decode ? "decode" : "prefill", q3_dtype_name(kvt), pos, best * 1e3, flop / best * 1e-9,
                        bytes / best * 1e-9, err);
             }
             for (int v = 0; v < 4; v++) free(buf[v]);
