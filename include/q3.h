@@ -6,6 +6,7 @@
 #ifndef Q3_H
 #define Q3_H
 
+#include <signal.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -162,6 +163,142 @@ Q3_API int q3_session_n_ctx(const q3_session *s);
 Q3_API void q3_session_reset(q3_session *s);      /* forget all tokens */
 /* Keeps the first pos tokens and forgets the rest (pos <= q3_session_pos). */
 Q3_API q3_status q3_session_rewind(q3_session *s, int pos);
+
+/* ---- sampler ------------------------------------------------------------
+ *
+ * Turns a row of logits into the next token id: penalties (repetition,
+ * presence, over the last penalty_last_n accepted tokens), temperature,
+ * top-k, softmax, top-p, min-p, then a draw from the sampler's own seeded
+ * generator (src/text/sampler.h has the details). A sampler is not
+ * thread-safe: one per generation stream; different samplers may run on
+ * different threads at once. */
+
+typedef struct q3_sampler_params {
+    float temperature;      /* <= 0: greedy argmax */
+    int top_k;              /* 0: off; >= vocab behaves as off */
+    float top_p;            /* in [0, 1]; 1: off */
+    float min_p;            /* in [0, 1]; 0: off */
+    float repeat_penalty;   /* > 0; 1: off */
+    float presence_penalty; /* subtracted from seen tokens' logits; 0: off */
+    int penalty_last_n;     /* how many recent accepted tokens the penalties see; 0: none */
+    uint64_t seed;          /* same seed + same inputs -> same draws */
+} q3_sampler_params;
+
+/* Qwen's recommended settings. thinking: T 0.6, top-p 0.95, top-k 20, min-p 0;
+ * otherwise T 0.7, top-p 0.8, top-k 20, min-p 0. No penalties, seed 0. */
+Q3_API q3_sampler_params q3_sampler_defaults(int thinking);
+
+/* Checks every field's range; Q3_ERR_INVALID with a message naming the field. */
+Q3_API q3_status q3_sampler_params_check(const q3_sampler_params *p);
+
+typedef struct q3_sampler q3_sampler;
+
+/* Creates a sampler for logits rows of n_vocab floats. Allocates all scratch
+ * (a few bytes times n_vocab) now. The caller frees it with q3_sampler_free. */
+Q3_API q3_status q3_sampler_new(const q3_sampler_params *p, int n_vocab, q3_sampler **out);
+Q3_API void q3_sampler_free(q3_sampler *s);
+
+/* Forgets the token history and restarts the PRNG from the seed. */
+Q3_API void q3_sampler_reset(q3_sampler *s);
+
+/* Records a token (prompt or generated) in the penalty window. Ids outside
+ * [0, n_vocab) are ignored. */
+Q3_API void q3_sampler_accept(q3_sampler *s, int32_t id);
+
+/* Applies the penalties to a caller's row of n_vocab logits, in place: each
+ * distinct id in the window is penalized once, all others are untouched. */
+Q3_API void q3_sampler_apply_penalties(q3_sampler *s, float *logits);
+
+/* Picks the next token from logits[n_vocab] (not modified). Does not accept
+ * the token: call q3_sampler_accept with it if it should count for penalties. */
+Q3_API int32_t q3_sampler_sample(q3_sampler *s, const float *logits);
+
+/* Runs stages 1-6 and returns the number of kept candidates; *ids and *probs
+ * (renormalized, summing to 1) point into the sampler's scratch, valid until
+ * the next call on s. Ordered by descending probability, ties by lower id.
+ * Does not advance the PRNG. Meant for tests and inspection, not the hot path
+ * (it may sort the whole kept set). */
+Q3_API size_t q3_sampler_candidates(q3_sampler *s, const float *logits,
+                             const int32_t **ids, const float **probs);
+
+
+/* ---- generation ---------------------------------------------------------- */
+
+/* The tokenizer a generator detokenizes with (see the tokenizer section). */
+typedef struct q3_tokenizer q3_tokenizer;
+
+typedef enum q3_stop_reason {
+    Q3_STOP_END_OF_TURN,  /* <|im_end|> or <|endoftext|> */
+    Q3_STOP_STRING,       /* a user stop string appeared (it is not emitted) */
+    Q3_STOP_LENGTH,       /* max_tokens generated */
+    Q3_STOP_INTERRUPT,    /* *interrupt became non-zero */
+    Q3_STOP_CONTEXT,      /* the session's context is full */
+} q3_stop_reason;
+
+typedef struct q3_gen_opts {
+    int max_tokens;                      /* 0: until the context is full */
+    const char *const *stop;             /* user stop strings */
+    int n_stop;
+    volatile sig_atomic_t *interrupt;    /* NULL or a flag a signal handler sets */
+    /* text as it is made (id: the token that completed it; text is valid UTF-8) */
+    void (*on_text)(void *user, int32_t id, const char *text, size_t len);
+    void *user;
+} q3_gen_opts;
+
+typedef struct q3_gen_result {
+    int32_t *ids;        /* generated ids, the end-of-turn token included if one ended it (q3_generate: caller frees) */
+    int n_ids;
+    int n_prompt;
+    double prefill_s, decode_s;
+    q3_stop_reason stop;
+} q3_gen_result;
+
+/* Runs prompt[0..n) through the session (which may already hold earlier
+ * turns), then generates. A prompt that does not fit fails with
+ * Q3_ERR_CONTEXT and changes nothing; a context that fills while generating
+ * ends the answer with Q3_STOP_CONTEXT. The loop of q3_gen_step over one
+ * generator. */
+Q3_API q3_status q3_generate(q3_session *s, q3_sampler *smp, const q3_tokenizer *tok, const int32_t *prompt, size_t n,
+                      const q3_gen_opts *o, q3_gen_result *r);
+
+/* ---- step by step, many sequences at once ------------------------------------------ */
+
+/* One sequence being generated: its prompt still to prefill, its sampler,
+ * its streaming detokenizer and stop strings. Generators of one context
+ * advance together, one q3_ctx_step at a time (q3_gen_step): each step
+ * carries the decode row of every generator that is generating and the
+ * next prefill chunk of the first one still prefilling. */
+typedef struct q3_gen q3_gen;
+
+/* A generator for sequence seq of c (which may already hold earlier turns).
+ * smp, tok and the strings of o are borrowed: they must outlive it. */
+Q3_API q3_status q3_gen_new(q3_ctx *c, int seq, q3_sampler *smp, const q3_tokenizer *tok, const q3_gen_opts *o,
+                     q3_gen **out);
+Q3_API void q3_gen_free(q3_gen *g);
+
+/* Queues the prompt (copied): the next steps prefill it, then generation
+ * starts. Q3_ERR_CONTEXT when it does not fit beside what the sequence
+ * holds (at least one position must stay free to generate). */
+Q3_API q3_status q3_gen_prompt(q3_gen *g, const int32_t *prompt, size_t n);
+
+/* One step for the generators gens[0..n) (all of one context; finished ones
+ * are skipped). on_text callbacks run before it returns. A failed step
+ * (Q3_ERR_NOMEM: the KV pool is full) changes no sequence; the caller may
+ * finish a generator (q3_gen_cancel) and step again. */
+Q3_API q3_status q3_gen_step(q3_gen *const *gens, int n);
+
+/* Ends a generator now with the given reason (text not yet emitted is dropped). */
+Q3_API void q3_gen_cancel(q3_gen *g, q3_stop_reason why);
+
+/* 1 once the generator has stopped (its result is final). */
+Q3_API int q3_gen_done(const q3_gen *g);
+/* 1 while the prompt is still being prefilled. */
+Q3_API int q3_gen_prefilling(const q3_gen *g);
+/* The result so far (ids: owned by the generator, valid until it is freed). */
+Q3_API const q3_gen_result *q3_gen_result_get(const q3_gen *g);
+
+Q3_API const char *q3_stop_reason_name(q3_stop_reason r);
+
 
 #ifdef __cplusplus
 }
