@@ -86,7 +86,7 @@ q3_status q3_outfile_check(const char *path)
         if (!S_ISREG(st.st_mode) && !S_ISLNK(st.st_mode)) /* a symlink is replaced, never followed */
             return q3_fail(Q3_ERR_INVALID, "%s: %s; q3 writes regular files only", path,
                            q3_file_kind(st.st_mode));
-    } else if (errno != ENOENT) {
+    } else if (errno != ENOENT && errno != ENOTDIR) { /* those two: the folder check below says which */
         return q3_fail(Q3_ERR_IO, "%s: %s", path, strerror(errno));
     }
     char dir[PATH_MAX];
@@ -148,8 +148,15 @@ q3_status q3_outfile_open(const char *path, q3_outfile **out)
             snprintf(tmp, len + 64, "%s.%s.tmp", path, rnd);
         else /* a name too long for a suffix: a short hidden one in the same folder */
             snprintf(tmp, len + 64, "%.*s.q3-%s.tmp", (int)(len - base_len), path, rnd);
+        /* in the table before it exists, so that no signal finds it created but
+         * unlisted; a name someone else holds (EEXIST) leaves the table untouched */
+        f->slot = temp_register(tmp);
         fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
         err = errno;
+        if (fd < 0) {
+            temp_release(f->slot);
+            f->slot = -1;
+        }
         if (fd < 0 && err != EEXIST) break;
     }
     if (fd < 0) {
@@ -163,7 +170,6 @@ q3_status q3_outfile_open(const char *path, q3_outfile **out)
     f->fd = fd;
     f->tmp = tmp;
     f->path = final;
-    f->slot = temp_register(tmp);
     *out = f;
     return Q3_OK;
 }
