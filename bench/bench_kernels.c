@@ -94,7 +94,10 @@ static void rig_free(mm_rig *R)
     free(R->buf[1]);
 }
 
-static void run_op(mm_rig *R) { q3_backend_cpu.run(&q3_backend_cpu, &R->e, &R->op); }
+/* The units the kernels run on (opened in main). */
+static q3_unit *g_cpu, *g_ref;
+
+static void run_op(mm_rig *R) { g_cpu->b->run(g_cpu->impl, &R->e, &R->op); }
 
 /* Max error over sampled outputs against a double reference, relative to sum |x||w|. */
 static double validate(mm_rig *R)
@@ -138,8 +141,7 @@ static const char *isa_names[] = {"amx", "avx512", "avx2"};
 
 static bool use_isa(const char *name)
 {
-    if (!strcmp(name, "amx")) return q3_cpu_force_isa("amx") == 0;
-    return q3_cpu_force_isa(name) == 0;
+    return q3_cpu_unit_force_isa(g_cpu, name) == 0;
 }
 
 /* One shape, one mode (m rows), every ISA side by side. */
@@ -261,16 +263,26 @@ static void bench_attention(const char *only_isa)
                      .vocab_size = 1000, .max_seq_len = 8192, .rms_eps = 1e-6f, .rope_theta = 1e6f};
     for (size_t di = 0; di < sizeof depths / sizeof *depths; di++) {
         int pos = depths[di];
-        q3_kv_cache kv;
-        if (q3_kv_cache_init(&kv, &cfg, pos + ROWS + 1, Q3_F16)) return;
+        q3_kv_pool kv;
+        int seq, n = pos + ROWS + 1;
+        if (q3_kv_pool_init(&kv, &cfg, Q3_F16, q3_kv_blocks_for(n), 1, n) || q3_kv_seq_add(&kv, &seq) ||
+            q3_kv_seq_reserve(&kv, seq, n))
+            return;
+        const int32_t *table = kv.seqs[seq].table;
         float *row = malloc(NKV * HD * sizeof *row);
-        for (int t = 0; t < pos + ROWS + 1; t++) {
+        for (int t = 0; t < n; t++) {
             for (int i = 0; i < NKV * HD; i++) row[i] = frand();
-            q3_row_from_f32(Q3_F16, row, q3_kv_k_row(&kv, 0, t), NKV * HD);
+            q3_row_from_f32(Q3_F16, row, q3_kv_k_row(&kv, table, 0, t), NKV * HD);
             for (int i = 0; i < NKV * HD; i++) row[i] = frand();
-            q3_row_from_f32(Q3_F16, row, q3_kv_v_row(&kv, 0, t), NKV * HD);
+            q3_row_from_f32(Q3_F16, row, q3_kv_v_row(&kv, table, 0, t), NKV * HD);
         }
         free(row);
+        int32_t rpos[ROWS];
+        const int32_t *tables[ROWS];
+        for (int r = 0; r < ROWS; r++) {
+            rpos[r] = pos + r;
+            tables[r] = table;
+        }
         for (int decode = 0; decode < 2; decode++) {
             int rows = decode ? 1 : ROWS;
             q3_value values[4] = {{.rows = rows, .cols = NH * HD}, {.rows = rows, .cols = NKV * HD},
@@ -283,8 +295,8 @@ static void bench_attention(const char *only_isa)
                 buf[v] = malloc((size_t)values[v].rows * values[v].cols * sizeof(float));
                 for (int i = 0; i < values[v].rows * values[v].cols; i++) buf[v][i] = frand();
             }
-            q3_exec e = {.g = &g, .buf = buf, .n_real = rows, .pos = pos, .kv = &kv};
-            q3_backend_ref.run(&q3_backend_ref, &e, &op);
+            q3_exec e = {.g = &g, .buf = buf, .n_real = rows, .pos = rpos, .kv = &kv, .table = tables};
+            g_ref->b->run(g_ref->impl, &e, &op);
             memcpy(ref_out, buf[3], (size_t)rows * NH * HD * sizeof(float));
             double keys = decode ? pos + 1.0 : (double)rows * pos + rows * (rows + 1) / 2.0;
             double flop = 4.0 * keys * NH * HD, bytes = 2.0 * (decode ? pos + 1.0 : pos + rows) * NKV * HD * 2;
@@ -294,7 +306,7 @@ static void bench_attention(const char *only_isa)
                 double best = 1e30, err = 0;
                 for (int rep = 0; rep < g_reps; rep++) {
                     double t0 = now();
-                    q3_backend_cpu.run(&q3_backend_cpu, &e, &op);
+                    g_cpu->b->run(g_cpu->impl, &e, &op);
                     double t = now() - t0;
                     if (t < best) best = t;
                 }
@@ -307,7 +319,7 @@ static void bench_attention(const char *only_isa)
             for (int v = 0; v < 4; v++) free(buf[v]);
             free(ref_out);
         }
-        q3_kv_cache_free(&kv);
+        q3_kv_pool_free(&kv);
     }
 }
 
@@ -343,7 +355,7 @@ static int cmp_double(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-static void bench_e2e(const char *dir, int gen, int depth)
+static void bench_e2e(const char *dir, int gen, int depth, const char *only_isa)
 {
     q3_model *m;
     if (q3_model_open(dir, &m)) {
@@ -361,17 +373,19 @@ static void bench_e2e(const char *dir, int gen, int depth)
     int32_t *tokens = malloc((size_t)(n_prompt + gen) * sizeof *tokens);
     for (int i = 0; i < n_prompt + gen; i++) tokens[i] = (int32_t)((unsigned)(i * 7919 + 17) % (unsigned)vocab);
     float *logits = malloc((size_t)vocab * sizeof *logits);
-    printf("end to end, %s, unit cpu (%s, %d threads), KV cache %s:\n", dir, q3_cpu_isa_current()->name,
-           q3_cpu_threads(), q3_dtype_name(s->kv.dtype));
+    q3_ctx *c = s->ctx;
+    if (only_isa) q3_cpu_unit_force_isa(c->prefill_unit, only_isa);
+    printf("end to end, %s, unit cpu (%s, %d threads), KV cache %s:\n", dir, q3_cpu_unit_isa(c->prefill_unit)->name,
+           c->prefill_unit->n_threads, q3_dtype_name(c->kv.dtype));
 
     /* the machine is shared: limits measured right before each phase */
-    int nth = q3_cpu_threads();
+    int nth = c->prefill_unit->n_threads;
     double peak_dot = q3_limit_peak(Q3_LIMIT_DOT_BF16, nth, 0.1, NULL);
     double peak_amx = q3_limit_peak(Q3_LIMIT_AMX_BF16, nth, 0.1, NULL);
 
     /* prefill: one chunk of 128 at position 0, best of reps */
-    q3_runner_profile(&s->run_prefill, 1);
-    double best = 1e30, sum = 0, handoff0 = s->handoff_seconds;
+    q3_runner_profile(&c->run_prefill, 1);
+    double best = 1e30, sum = 0, handoff0 = c->handoff_seconds;
     for (int rep = 0; rep < g_reps; rep++) {
         q3_session_reset(s);
         double t0 = now();
@@ -380,21 +394,21 @@ static void bench_e2e(const char *dir, int gen, int depth)
         sum += t;
         if (t < best) best = t;
     }
-    double flop = q3_graph_flops(&s->prefill, 128, 0);
+    double flop = q3_graph_flops(&c->prefill, 128, 0);
     printf("  prefill chunk 128: best %.1f ms, mean %.1f ms; %.1f GFLOP/s = %.0f%% of the vdpbf16ps peak (%.1f), "
            "%.0f%% of the AMX peak (%.1f), both measured just before; K/V hand-off (session) %.2f ms\n",
            best * 1e3, sum / g_reps * 1e3, flop / best * 1e-9, 100 * flop / best * 1e-9 / peak_dot, peak_dot,
            peak_amx > 0 ? 100 * flop / best * 1e-9 / peak_amx : 0, peak_amx,
-           (s->handoff_seconds - handoff0) / g_reps * 1e3);
-    print_profile(&s->run_prefill, g_reps, sum / g_reps);
+           (c->handoff_seconds - handoff0) / g_reps * 1e3);
+    print_profile(&c->run_prefill, g_reps, sum / g_reps);
 
     /* decode: gen tokens after a prompt of n_prompt */
     q3_session_reset(s);
     q3_session_prefill(s, tokens, (size_t)n_prompt, NULL, 0);
-    q3_runner_profile(&s->run_decode, 1);
+    q3_runner_profile(&c->run_decode, 1);
     double bw = q3_limit_read_gbs(nth, (size_t)512 << 20, 2);
     double *times = malloc((size_t)gen * sizeof *times);
-    q3_cpu_stats s0 = q3_cpu_get_stats();
+    q3_cpu_stats s0 = q3_cpu_unit_stats(c->decode_unit);
     double dsum = 0;
     for (int i = 0; i < gen; i++) {
         double t0 = now();
@@ -402,7 +416,7 @@ static void bench_e2e(const char *dir, int gen, int depth)
         times[i] = now() - t0;
         dsum += times[i];
     }
-    q3_cpu_stats s1 = q3_cpu_get_stats();
+    q3_cpu_stats s1 = q3_cpu_unit_stats(c->decode_unit);
     qsort(times, (size_t)gen, sizeof *times, cmp_double);
     double bytes = (double)q3_model_weight_bytes(m);
     double bw_after = q3_limit_read_gbs(nth, (size_t)512 << 20, 2);
@@ -412,7 +426,7 @@ static void bench_e2e(const char *dir, int gen, int depth)
            n_prompt, times[gen / 2] * 1e3, 1 / times[gen / 2], times[0] * 1e3, times[gen - 1 - gen / 100] * 1e3,
            bytes / times[gen / 2] * 1e-9, bytes / times[0] * 1e-9, 100 * bytes / times[gen / 2] * 1e-9 / fmax(bw, bw_after),
            100 * bytes / times[0] * 1e-9 / fmax(bw, bw_after), bw, bw_after, (double)(s1.pool_jobs - s0.pool_jobs) / gen);
-    print_profile(&s->run_decode, gen, dsum / gen);
+    print_profile(&c->run_decode, gen, dsum / gen);
     free(times);
     free(tokens);
     free(logits);
@@ -439,7 +453,11 @@ int main(int argc, char **argv)
             return 2;
         }
     }
-    int nth = q3_cpu_threads();
+    if (q3_unit_open(&q3_backend_cpu, NULL, &g_cpu) || q3_unit_open(&q3_backend_ref, NULL, &g_ref)) {
+        fprintf(stderr, "%s\n", q3_last_error());
+        return 1;
+    }
+    int nth = g_cpu->n_threads;
     if (g_bw <= 0) g_bw = q3_limit_read_gbs(nth, (size_t)1 << 30, 3);
     if (g_peak <= 0) g_peak = q3_limit_peak(Q3_LIMIT_DOT_BF16, nth, 0.2, NULL);
     printf("cpu unit: %d threads; limits: read %.1f GB/s, BF16 dot peak %.1f GFLOP/s (vdpbf16ps)\n", nth, g_bw, g_peak);
@@ -455,8 +473,7 @@ int main(int argc, char **argv)
     if (!only || !strcmp(only, "prefill")) bench_prefill(only_isa);
     if (!only || !strcmp(only, "attn")) bench_attention(only_isa);
     if (model && (!only || !strcmp(only, "e2e"))) {
-        if (only_isa) use_isa(only_isa);
-        bench_e2e(model, gen > 0 ? gen : 1, depth);
+        bench_e2e(model, gen > 0 ? gen : 1, depth, only_isa);
     }
     return 0;
 }

@@ -27,7 +27,7 @@ int main(int argc, char **argv)
         }
     }
     const q3_cpu_features *f = q3_cpu_features_get();
-    if (threads <= 0) threads = q3_cpu_threads();
+    if (threads <= 0) threads = q3_cpu_default_threads();
     printf("cpu: %d physical cores, amx %s, avx512 path %s, avx2 path %s; measuring on 1 and %d threads\n",
            f->physical_cores, q3_cpu_has_amx_path(f) ? "yes" : "no", q3_cpu_has_avx512_path(f) ? "yes" : "no",
            q3_cpu_has_avx2_path(f) ? "yes" : "no", threads);

@@ -118,5 +118,38 @@ int main(void)
     free(out);
     cJSON_Delete(bench_schema);
     cJSON_Delete(probe_schema);
+
+    /* batched decode: one entry per batch size, the first is the reference for the speedups */
+    cJSON *batch_schema = load_schema("docs/bench-batch.schema.json");
+    CHECK(batch_schema != NULL, "bench-batch schema parses");
+    out = run("bench -m " TEST_DATA "/golden/tiny --batch 1,3,4 --depth 20 --gen 3 --no-limits --json", &st);
+    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "bench --batch exit %d", st);
+    doc = cJSON_Parse(out);
+    CHECK(doc != NULL, "bench --batch --json parses: %.200s", out);
+    if (doc && batch_schema) {
+        CHECK(schema_validate(batch_schema, doc, err, sizeof err) == 0, "bench-batch schema: %s", err);
+        cJSON *bs = cJSON_GetObjectItem(doc, "batches");
+        CHECK(cJSON_GetArraySize(bs) == 3, "three batch sizes");
+        cJSON *b0 = cJSON_GetArrayItem(bs, 0), *b2 = cJSON_GetArrayItem(bs, 2);
+        CHECK(b0 && b2 && cJSON_GetObjectItem(b2, "batch")->valueint == 4, "batch sizes in order");
+        if (b0 && b2) {
+            double kv0 = cJSON_GetObjectItem(b0, "kv_bytes")->valuedouble, kv2 = cJSON_GetObjectItem(b2, "kv_bytes")->valuedouble;
+            CHECK(kv0 > 0 && fabs(kv2 - 4 * kv0) < 1e-6 * kv2, "KV bytes grow with the rows: %g, %g", kv0, kv2);
+            CHECK(cJSON_GetObjectItem(b0, "weight_bytes")->valuedouble == cJSON_GetObjectItem(b2, "weight_bytes")->valuedouble,
+                  "weights streamed once per step whatever B");
+            CHECK(fabs(cJSON_GetObjectItem(b0, "speedup_vs_first")->valuedouble - 1) < 1e-9, "B=1 is the reference");
+        }
+        cJSON_DeleteItemFromObject(doc, "batches");
+        CHECK(schema_validate(batch_schema, doc, err, sizeof err) != 0, "schema refuses a document without batches");
+    }
+    cJSON_Delete(doc);
+    free(out);
+    out = run("bench -m " TEST_DATA "/golden/tiny --batch 1,x --no-limits", &st);
+    CHECK(WIFEXITED(st) && WEXITSTATUS(st) != 0, "--batch 1,x refused");
+    free(out);
+    out = run("bench -m " TEST_DATA "/golden/tiny --batch 300 --no-limits", &st);
+    CHECK(WIFEXITED(st) && WEXITSTATUS(st) != 0, "--batch 300 refused");
+    free(out);
+    cJSON_Delete(batch_schema);
     TEST_DONE();
 }

@@ -42,7 +42,8 @@ typedef struct rig {
     q3_op op;
     float *init[MAX_VALUES];   /* initial contents of each value */
     float *out[2];             /* the op's output after each unit ran */
-    q3_kv_cache kv[2];         /* one cache per unit, same initial contents */
+    q3_kv_pool kv[2];          /* one pool per unit, same initial contents */
+    int32_t *table;            /* the sequence's blocks: a shuffled permutation of the pool's */
     bool has_kv;
     int32_t tokens[256];
     int n_real, pos;
@@ -72,40 +73,63 @@ static int rig_value(rig *R, int rows, int cols, float lo, float hi)
     return v;
 }
 
-/* A KV cache for both units with positions [0, filled) set to random K/V. */
+/* Units under test: [0] the reference, [1] the cpu unit (its kernel table forced per pass). */
+static q3_unit *units[2];
+
+static void *kv_k(const rig *R, int u, int l, int t) { return q3_kv_k_row(&R->kv[u], R->table, l, t); }
+static void *kv_v(const rig *R, int u, int l, int t) { return q3_kv_v_row(&R->kv[u], R->table, l, t); }
+
+/* A KV pool for both units with positions [0, filled) of one sequence set to
+ * random K/V; the sequence's blocks are scattered over the pool in shuffled
+ * order, so the kernels must read through the block table. */
 static void rig_kv(rig *R, q3_dtype dtype, int n_ctx, int filled)
 {
     R->has_kv = true;
-    int kv_dim = R->cfg.n_kv_heads * R->cfg.head_dim;
+    int kv_dim = R->cfg.n_kv_heads * R->cfg.head_dim, nb = q3_kv_blocks_for(n_ctx), pool_blocks = 2 * nb + 1;
     float *row = malloc((size_t)kv_dim * sizeof *row);
-    for (int u = 0; u < 2; u++) q3_kv_cache_init(&R->kv[u], &R->cfg, n_ctx, dtype);
+    for (int u = 0; u < 2; u++) q3_kv_pool_init(&R->kv[u], &R->cfg, dtype, pool_blocks, 1, n_ctx);
+    int32_t *perm = malloc((size_t)pool_blocks * sizeof *perm);
+    for (int i = 0; i < pool_blocks; i++) perm[i] = i;
+    for (int i = pool_blocks - 1; i > 0; i--) {
+        int j = (int)(rnd() % (uint32_t)(i + 1));
+        int32_t t = perm[i];
+        perm[i] = perm[j];
+        perm[j] = t;
+    }
+    R->table = perm; /* the first nb entries are the sequence's blocks */
     for (int l = 0; l < R->cfg.n_layers; l++)
         for (int t = 0; t < filled; t++) {
             fill(row, (size_t)kv_dim, -2, 2);
-            q3_row_from_f32(dtype, row, q3_kv_k_row(&R->kv[0], l, t), (size_t)kv_dim);
+            q3_row_from_f32(dtype, row, kv_k(R, 0, l, t), (size_t)kv_dim);
             fill(row, (size_t)kv_dim, -2, 2);
-            q3_row_from_f32(dtype, row, q3_kv_v_row(&R->kv[0], l, t), (size_t)kv_dim);
+            q3_row_from_f32(dtype, row, kv_v(R, 0, l, t), (size_t)kv_dim);
         }
-    size_t bytes = (size_t)R->cfg.n_layers * (size_t)n_ctx * R->kv[0].row_bytes;
-    memcpy(R->kv[1].k, R->kv[0].k, bytes);
-    memcpy(R->kv[1].v, R->kv[0].v, bytes);
+    memcpy(R->kv[1].data, R->kv[0].data, (size_t)pool_blocks * R->kv[0].block_bytes);
     free(row);
 }
 
 /* Runs the op on unit u (0 = ref, 1 = cpu) over fresh copies of the values. */
 static void rig_run(rig *R, int u)
 {
-    const q3_backend *b = u == 0 ? &q3_backend_ref : &q3_backend_cpu;
+    q3_unit *unit = units[u];
     float *buf[MAX_VALUES];
     for (int v = 0; v < R->g.n_values; v++) {
         size_t n = (size_t)R->values[v].rows * R->values[v].cols;
         buf[v] = malloc(n * sizeof(float));
         memcpy(buf[v], R->init[v], n * sizeof(float));
     }
-    q3_exec e = {.g = &R->g, .buf = buf, .tokens = R->tokens, .n_real = R->n_real, .pos = R->pos,
-                 .kv = R->has_kv ? &R->kv[u] : NULL};
+    int32_t pos[256];
+    const int32_t *tables[256];
+    for (int r = 0; r < 256; r++) {
+        pos[r] = R->pos + r; /* rows of one sequence at consecutive positions */
+        tables[r] = R->table;
+    }
+    q3_exec e = {.g = &R->g, .buf = buf, .tokens = R->tokens, .n_real = R->n_real, .pos = pos,
+                 .kv = R->has_kv ? &R->kv[u] : NULL, .table = tables};
+    const q3_backend *b = unit->b;
     CHECK(b->refuses(b, &R->g, &R->op) == NULL, "%s refuses %s", b->name, q3_op_kind_name(R->op.kind));
-    b->run(b, &e, &R->op);
+    q3_status st = b->run(unit->impl, &e, &R->op);
+    CHECK(st == Q3_OK, "%s %s: %s", b->name, q3_op_kind_name(R->op.kind), q3_last_error());
     free(R->out[u]);
     R->out[u] = NULL;
     for (int v = 0; v < R->g.n_values; v++) {
@@ -119,8 +143,10 @@ static void rig_free(rig *R)
     for (int v = 0; v < R->g.n_values; v++) free(R->init[v]);
     free(R->out[0]);
     free(R->out[1]);
-    if (R->has_kv)
-        for (int u = 0; u < 2; u++) q3_kv_cache_free(&R->kv[u]);
+    if (R->has_kv) {
+        for (int u = 0; u < 2; u++) q3_kv_pool_free(&R->kv[u]);
+        free(R->table);
+    }
 }
 
 /* Largest |cpu - ref| / (abs_tol + rel_tol * |ref|) over the live rows of the output. */
@@ -180,7 +206,7 @@ static void test_matmul(const char *isa)
     static const int ms[] = {1, 2, 3, 5, 8, 13, 17, 40};
     static const int ns[] = {1, 3, 8, 16, 17, 61, 130};
     static const int ks[] = {1, 7, 16, 33, 64, 100, 515, 1056};
-    bool bf16_act = q3_cpu_isa_current()->bf16_activations;
+    bool bf16_act = q3_cpu_unit_isa(units[1])->bf16_activations;
     for (size_t ti = 0; ti < 3; ti++)
         for (size_t a = 0; a < sizeof ms / sizeof *ms; a++)
             for (size_t b = 0; b < sizeof ns / sizeof *ns; b++)
@@ -270,11 +296,13 @@ static void test_attention(const char *isa)
                 R.out[1] = NULL;
                 size_t rb = R.kv[1].row_bytes;
                 for (int t = 0; t < rows; t++) {
-                    q3_row_from_f32(kvt, R.init[k] + (size_t)t * kv_dim, q3_kv_k_row(&R.kv[1], 1, pos + t), (size_t)kv_dim);
-                    q3_row_from_f32(kvt, R.init[v] + (size_t)t * kv_dim, q3_kv_v_row(&R.kv[1], 1, pos + t), (size_t)kv_dim);
+                    q3_row_from_f32(kvt, R.init[k] + (size_t)t * kv_dim, kv_k(&R, 1, 1, pos + t), (size_t)kv_dim);
+                    q3_row_from_f32(kvt, R.init[v] + (size_t)t * kv_dim, kv_v(&R, 1, 1, pos + t), (size_t)kv_dim);
                 }
-                memcpy(q3_kv_k_row(&R.kv[0], 1, 0), q3_kv_k_row(&R.kv[1], 1, 0), (size_t)(pos + rows) * rb);
-                memcpy(q3_kv_v_row(&R.kv[0], 1, 0), q3_kv_v_row(&R.kv[1], 1, 0), (size_t)(pos + rows) * rb);
+                for (int t = 0; t < pos + rows; t++) {
+                    memcpy(kv_k(&R, 0, 1, t), kv_k(&R, 1, 1, t), rb);
+                    memcpy(kv_v(&R, 0, 1, t), kv_v(&R, 1, 1, t), rb);
+                }
                 int bad = 0;
                 double dec_worst = 0;
                 float *q_all = R.init[q];
@@ -286,6 +314,7 @@ static void test_attention(const char *isa)
                     D.has_kv = true;
                     D.kv[0] = R.kv[0];
                     D.kv[1] = R.kv[1];
+                    D.table = R.table;
                     D.op = (q3_op){.kind = Q3_OP_ATTENTION, .layer = 1, .out = dout, .in = {dq, -1, -1}, .reads_state = true};
                     D.n_real = 1;
                     D.pos = pos + t;
@@ -306,6 +335,114 @@ static void test_attention(const char *isa)
             }
 }
 
+/* Decode of B sequences in one op: each row attends over its own sequence's
+ * blocks (lengths differ, blocks interleaved in one pool), and each row equals
+ * the same row decoded alone bit for bit; the batched KV_APPEND writes each
+ * row into its own sequence. */
+static void run_op(q3_unit *u, const q3_graph *g, float **buf, int n, const int32_t *pos, q3_kv_pool *kv,
+                   const int32_t *const *tables, const q3_op *op)
+{
+    q3_exec e = {.g = g, .buf = buf, .n_real = n, .pos = pos, .kv = kv, .table = tables};
+    q3_status st = u->b->run(u->impl, &e, op);
+    CHECK(st == Q3_OK, "%s %s: %s", u->b->name, q3_op_kind_name(op->kind), q3_last_error());
+}
+
+static void test_decode_batch(const char *isa)
+{
+    enum { B = 6 };
+    static const int lens[B] = {1, 17, 300, 5, 256, 530};
+    for (size_t kt = 0; kt < 3; kt++) {
+        q3_dtype kvt = kvtypes[kt];
+        q3_config cfg = {.n_layers = 2, .dim = 64, .ffn_dim = 96, .n_heads = 8, .n_kv_heads = 2, .head_dim = 36,
+                         .vocab_size = 300, .max_seq_len = 4096, .rms_eps = 1e-6f, .rope_theta = 1e6f};
+        int kv_dim = cfg.n_kv_heads * cfg.head_dim, qd = cfg.n_heads * cfg.head_dim;
+        q3_kv_pool kv;
+        CHECK(q3_kv_pool_init(&kv, &cfg, kvt, 200, B, 1024) == Q3_OK, "pool: %s", q3_last_error());
+        int seq[B];
+        for (int b = 0; b < B; b++) q3_kv_seq_add(&kv, &seq[b]);
+        /* grow the sequences a block at a time, in turn, so their blocks interleave */
+        int32_t zeros[Q3_KV_BLOCK_TOKENS] = {0};
+        for (int round = 0; round * Q3_KV_BLOCK_TOKENS < 1024; round++)
+            for (int b = 0; b < B; b++) {
+                int have = q3_kv_seq_len(&kv, seq[b]), want = lens[b] + 1; /* + the decoded position */
+                int n = want - have < Q3_KV_BLOCK_TOKENS ? want - have : Q3_KV_BLOCK_TOKENS;
+                if (n <= 0) continue;
+                CHECK(q3_kv_seq_reserve(&kv, seq[b], n) == Q3_OK, "reserve: %s", q3_last_error());
+                q3_kv_seq_commit(&kv, seq[b], zeros, n);
+            }
+        float *row = malloc((size_t)kv_dim * sizeof *row);
+        for (int b = 0; b < B; b++)
+            for (int l = 0; l < cfg.n_layers; l++)
+                for (int t = 0; t < lens[b]; t++) {
+                    fill(row, (size_t)kv_dim, -2, 2);
+                    q3_row_from_f32(kvt, row, q3_kv_k_row(&kv, kv.seqs[seq[b]].table, l, t), (size_t)kv_dim);
+                    fill(row, (size_t)kv_dim, -2, 2);
+                    q3_row_from_f32(kvt, row, q3_kv_v_row(&kv, kv.seqs[seq[b]].table, l, t), (size_t)kv_dim);
+                }
+        q3_kv_pool kv_ref = kv; /* the reference writes into a copy of the blocks */
+        kv_ref.data = malloc((size_t)kv.n_blocks * kv.block_bytes);
+        memcpy(kv_ref.data, kv.data, (size_t)kv.n_blocks * kv.block_bytes);
+
+        q3_value values[4] = {{.rows = B, .cols = kv_dim}, {.rows = B, .cols = kv_dim}, {.rows = B, .cols = qd},
+                              {.rows = B, .cols = qd}};
+        q3_graph g = {.kind = Q3_GRAPH_DECODE, .cfg = &cfg, .rows = B, .values = values, .n_values = 4};
+        float *init[4], *buf[4], *ref_buf[4];
+        for (int v = 0; v < 4; v++) {
+            size_t n = (size_t)values[v].rows * values[v].cols;
+            init[v] = malloc(n * sizeof(float));
+            buf[v] = malloc(n * sizeof(float));
+            ref_buf[v] = malloc(n * sizeof(float));
+            fill(init[v], n, -1.5f, 1.5f);
+            memcpy(buf[v], init[v], n * sizeof(float));
+            memcpy(ref_buf[v], init[v], n * sizeof(float));
+        }
+        int32_t pos[B];
+        const int32_t *tables[B];
+        for (int b = 0; b < B; b++) {
+            pos[b] = lens[b];
+            tables[b] = kv.seqs[seq[b]].table;
+        }
+        q3_op append = {.kind = Q3_OP_KV_APPEND, .layer = 1, .out = -1, .in = {0, 1, -1}, .mutates_state = true};
+        q3_op attn = {.kind = Q3_OP_ATTENTION, .layer = 1, .out = 3, .in = {2, -1, -1}, .reads_state = true};
+        run_op(units[1], &g, buf, B, pos, &kv, tables, &append);
+        run_op(units[0], &g, ref_buf, B, pos, &kv_ref, tables, &append);
+        CHECK(!memcmp(kv.data, kv_ref.data, (size_t)kv.n_blocks * kv.block_bytes),
+              "[%s] batched kv_append %s: pool bytes differ from ref", isa, q3_dtype_name(kvt));
+        run_op(units[1], &g, buf, B, pos, &kv, tables, &attn);
+        run_op(units[0], &g, ref_buf, B, pos, &kv_ref, tables, &attn);
+        double worst = 0;
+        for (size_t i = 0; i < (size_t)B * qd; i++) {
+            double d = fabs((double)buf[3][i] - ref_buf[3][i]) / (2e-6 + 2e-5 * fabs(ref_buf[3][i]));
+            if (!(d <= worst)) worst = d;
+        }
+        CHECK(worst <= 1, "[%s] batched decode attention %s: error %.3g of tolerance", isa, q3_dtype_name(kvt), worst);
+        /* each row alone */
+        int differ = 0;
+        q3_value one[4] = {{.rows = 1, .cols = kv_dim}, {.rows = 1, .cols = kv_dim}, {.rows = 1, .cols = qd},
+                           {.rows = 1, .cols = qd}};
+        q3_graph g1 = g;
+        g1.rows = 1;
+        g1.values = one;
+        for (int b = 0; b < B; b++) {
+            float *ob = calloc((size_t)qd, sizeof(float));
+            float *b1[4] = {NULL, NULL, init[2] + (size_t)b * qd, ob};
+            run_op(units[1], &g1, b1, 1, &pos[b], &kv, &tables[b], &attn);
+            differ += memcmp(ob, buf[3] + (size_t)b * qd, (size_t)qd * sizeof(float)) != 0;
+            free(ob);
+        }
+        CHECK(differ == 0, "[%s] batched decode attention %s: %d rows differ from the row alone", isa,
+              q3_dtype_name(kvt), differ);
+        for (int v = 0; v < 4; v++) {
+            free(init[v]);
+            free(buf[v]);
+            free(ref_buf[v]);
+        }
+        free(kv_ref.data);
+        free(row);
+        q3_kv_pool_free(&kv);
+    }
+}
+
 static void test_kv_append(const char *isa)
 {
     for (size_t kt = 0; kt < 3; kt++) {
@@ -323,8 +460,8 @@ static void test_kv_append(const char *isa)
         R.pos = 3;
         rig_run(&R, 0);
         rig_run(&R, 1);
-        size_t bytes = (size_t)2 * 8 * R.kv[0].row_bytes;
-        CHECK(!memcmp(R.kv[0].k, R.kv[1].k, bytes) && !memcmp(R.kv[0].v, R.kv[1].v, bytes),
+        size_t bytes = (size_t)R.kv[0].n_blocks * R.kv[0].block_bytes;
+        CHECK(!memcmp(R.kv[0].data, R.kv[1].data, bytes),
               "[%s] kv_append %s: cache bytes differ from ref", isa, q3_dtype_name(kvtypes[kt]));
         rig_free(&R);
     }
@@ -353,7 +490,7 @@ static void test_store_rows(const char *isa)
             q3_row_from_f32(kvtypes[kt], srcs[r], want + es * (size_t)r * N, N);
         }
         memset(got, 0xAB, es * ROWS * N);
-        q3_backend_cpu.store_rows(&q3_backend_cpu, kvtypes[kt], srcs, dsts, ROWS, N);
+        q3_backend_cpu.store_rows(units[1]->impl, kvtypes[kt], srcs, dsts, ROWS, N);
         CHECK(!memcmp(got, want, es * ROWS * N), "[%s] store_rows %s differs from q3_row_from_f32", isa,
               q3_dtype_name(kvtypes[kt]));
         free(got);
@@ -495,21 +632,27 @@ int main(void)
         printf("cpu unit absent (no AVX2+FMA): nothing to test\n");
         TEST_DONE();
     }
-    printf("cpu unit: %s, %d threads\n", q3_cpu_isa_current()->name, q3_cpu_threads());
+    CHECK(q3_unit_open(&q3_backend_ref, NULL, &units[0]) == Q3_OK, "open ref: %s", q3_last_error());
+    CHECK(q3_unit_open(&q3_backend_cpu, NULL, &units[1]) == Q3_OK, "open cpu: %s", q3_last_error());
+    if (!units[0] || !units[1]) TEST_DONE();
+    printf("cpu unit: %s, %d threads\n", q3_cpu_unit_isa(units[1])->name, units[1]->n_threads);
     test_refuses();
     const char *isas[] = {"amx", "avx512", "avx2"};
     for (int i = 0; i < 3; i++) {
-        if (q3_cpu_force_isa(isas[i])) {
+        if (q3_cpu_unit_force_isa(units[1], isas[i])) {
             printf("%s: not on this CPU, skipped\n", isas[i]);
             continue;
         }
         test_matmul(isas[i]);
         test_attention(isas[i]);
+        test_decode_batch(isas[i]);
         test_kv_append(isas[i]);
         test_store_rows(isas[i]);
         test_elementwise(isas[i]);
     }
-    q3_cpu_stats s = q3_cpu_get_stats();
+    q3_cpu_stats s = q3_cpu_unit_stats(units[1]);
     printf("%llu ops, %llu pool jobs\n", (unsigned long long)s.ops, (unsigned long long)s.pool_jobs);
+    q3_unit_close(units[0]);
+    q3_unit_close(units[1]);
     TEST_DONE();
 }

@@ -689,7 +689,7 @@ static void test_model(void)
     /* the cpu unit has no K-quant kernels: those ops fall back to ref, the rest stay */
     q3_graph pre, dec;
     CHECK(q3_graph_build_prefill(kq, 8, false, &pre) == Q3_OK, "prefill graph");
-    CHECK(q3_graph_build_decode(kq, &dec) == Q3_OK, "decode graph");
+    CHECK(q3_graph_build_decode(kq, 1, &dec) == Q3_OK, "decode graph");
     if (q3_backend_cpu.present(&q3_backend_cpu)) {
         /* per layer: q, k, o, gate, up (Q4_K), v (Q6_K); plus embed and lm_head (Q6_K) */
         int n_pre = check_plan(&pre, "prefill"), n_dec = check_plan(&dec, "decode");

@@ -17,7 +17,7 @@ static const char *npu_refuses(const q3_backend *b, const q3_graph *g, const q3_
 }
 static bool yes(const q3_backend *b) { return true; }
 static bool no(const q3_backend *b) { return false; }
-static void nop(const q3_backend *b, const q3_exec *e, const q3_op *op) {}
+static q3_status nop(void *impl, const q3_exec *e, const q3_op *op) { return Q3_OK; }
 
 /* admits everything but BF16 matmuls */
 static const char *no_bf16(const q3_backend *b, const q3_graph *g, const q3_op *op)
@@ -38,7 +38,7 @@ int main(void)
     if (!m || !mb) TEST_DONE();
     q3_graph pre, dec;
     CHECK(q3_graph_build_prefill(m, 128, false, &pre) == Q3_OK, "prefill graph");
-    CHECK(q3_graph_build_decode(m, &dec) == Q3_OK, "decode graph");
+    CHECK(q3_graph_build_decode(m, 1, &dec) == Q3_OK, "decode graph");
 
     /* the IR: prefill mutates nothing; decode appends K/V once per layer */
     int mut_pre = 0, mut_dec = 0, appends = 0;

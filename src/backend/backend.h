@@ -1,22 +1,39 @@
-/* A compute unit: which ops it admits (and why not), and how it runs one.
- * The planner (src/plan/) places each op of a graph on a backend; the
- * executor (src/run/executor.c) calls run() op by op. */
+/* A compute unit: which ops it admits (and why not), and instances that run
+ * them. The planner (src/plan/) places each op of a graph on a unit by its
+ * descriptor (q3_backend, static, stateless); the executor (src/run/) calls
+ * run() on an instance (q3_unit) that a runtime context opened and owns:
+ * the instance holds the unit's threads, scratch and tables, so two contexts
+ * never share them and no op waits on a process-wide lock.
+ *
+ * Who owns which memory: weights belong to the model (mmapped, read-only);
+ * activations belong to the runner of a graph (q3_runner, host memory, one
+ * arena per graph); K/V rows belong to the context's KV pool (src/kv/, host
+ * memory). A unit reads and writes them in place and owns only its scratch;
+ * a device unit would keep copies in its own memory and say so here. */
 #ifndef Q3_BACKEND_BACKEND_H
 #define Q3_BACKEND_BACKEND_H
 
 #include <stdbool.h>
 #include "graph/graph.h"
-#include "run/kv_cache.h"
+#include "kv/kv_pool.h"
 
-/* What one run of a graph sees: its buffers and runtime inputs. */
+/* What one run of a graph sees: its buffers and runtime inputs. Row r of a
+ * run belongs to the sequence whose block table is table[r], at position
+ * pos[r]: a prefill chunk's rows are one sequence at consecutive positions,
+ * a decode step's rows are one row per sequence. */
 typedef struct q3_exec {
     const q3_graph *g;
     float **buf;            /* [n_values] f32 buffers, [rows][cols] each */
     const int32_t *tokens;  /* [n_real] token ids (validated < vocab) */
     int n_real;             /* rows that hold real tokens (<= g->rows); others are never read */
-    int pos;                /* position of row 0 = tokens already in the cache */
-    q3_kv_cache *kv;        /* read-only in prefill; KV_APPEND writes it in decode */
+    const int32_t *pos;     /* [n_real] position of each row */
+    q3_kv_pool *kv;         /* read-only in prefill; KV_APPEND writes it in decode */
+    const int32_t *const *table; /* [n_real] each row's block table in kv */
 } q3_exec;
+
+typedef struct q3_unit_opts {
+    int n_threads;          /* worker threads of a CPU unit (0: one per physical core) */
+} q3_unit_opts;
 
 typedef struct q3_backend q3_backend;
 struct q3_backend {
@@ -26,16 +43,31 @@ struct q3_backend {
     bool (*present)(const q3_backend *b);
     /* NULL if the backend admits the op, else the reason it refuses */
     const char *(*refuses)(const q3_backend *b, const q3_graph *g, const q3_op *op);
-    /* runs one op; every row < n_real of its output is written */
-    void (*run)(const q3_backend *b, const q3_exec *e, const q3_op *op);
+    /* an instance's state (*impl may stay NULL for a stateless unit) */
+    q3_status (*open)(const q3_backend *b, const q3_unit_opts *o, void **impl);
+    void (*close)(void *impl);
+    int (*threads)(void *impl); /* optional: threads an instance runs on (NULL: 1) */
+    /* runs one op; every row < n_real of its output is written. Q3_ERR_NOMEM
+       (with a message) when scratch cannot be had; outputs are then undefined */
+    q3_status (*run)(void *impl, const q3_exec *e, const q3_op *op);
     /* optional: the K/V hand-off after a prefill chunk, n_rows rows of n F32
        values (src[i]) rounded into the cache's dtype t at dst[i], bit for bit
-       as q3_row_from_f32 does; NULL: the session converts them itself */
-    void (*store_rows)(const q3_backend *b, q3_dtype t, const float *const *src, void *const *dst, size_t n_rows,
-                       size_t n);
+       as q3_row_from_f32 does; NULL: the caller converts them itself */
+    void (*store_rows)(void *impl, q3_dtype t, const float *const *src, void *const *dst, size_t n_rows, size_t n);
     q3_dtype kv_default;    /* the KV cache dtype it prefers */
-    void *impl;
 };
+
+/* An open instance of a unit. */
+typedef struct q3_unit {
+    const q3_backend *b;
+    void *impl;
+    int n_threads;          /* as opened (1 for single-threaded units) */
+} q3_unit;
+
+/* Opens an instance of b (which must be present). The caller closes it; it
+ * must outlive every runner that uses it. */
+q3_status q3_unit_open(const q3_backend *b, const q3_unit_opts *o, q3_unit **out);
+void q3_unit_close(q3_unit *u);
 
 extern q3_backend q3_backend_ref;
 extern q3_backend q3_backend_cpu;

@@ -8,6 +8,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/limits.h"
 #include "backend/registry.h"
 #include "cli/cli.h"
@@ -22,10 +23,13 @@
 static const char *usage =
     "usage: q3 bench [-m MODEL] [--compute-units U1,U2|all] [--chunk 128] [--gen 64] [--drain 15]\n"
     "                [--repeats 5] [--prompt N] [--depth N] [--kv f32|f16|bf16] [--prefill-on U --decode-on U]\n"
-    "                [--json] [--svg FILE]\n"
+    "                [--json] [--svg FILE] [--batch 1,2,4,8,16,32]\n"
     "  Without -m, builds (once, cached in models/) a synthetic Qwen3-0.6B with random BF16 weights.\n"
     "  Units default to every present unit except the scalar reference (name it to include it: ref).\n"
-    "  --prompt N: time prefill of an N-token prompt (in chunks); --depth N: decode with N tokens cached.\n";
+    "  --prompt N: time prefill of an N-token prompt (in chunks); --depth N: decode with N tokens cached.\n"
+    "  --batch LIST: batched decode instead: for each B, B sequences at --depth (default 512) decoded\n"
+    "    together, one row each per step: aggregate tok/s, ms per step, bytes a step reads and the\n"
+    "    bound they give at the measured bandwidth (or the arithmetic peak, whichever is slower).\n";
 
 /* The experiment q3 grows out of (one laptop): prefill of a 128-token chunk
  * per unit, decode on the GPU. */
@@ -134,12 +138,104 @@ static char *sample_text(const char *model_dir, int vocab, const int32_t *ids, i
     return text;
 }
 
+/* q3 bench --batch: aggregate decode speed of B sequences decoded together. */
+static int bench_batch(const char *model, q3_bench_opts *o, const int *batches, int nb, int json, int limits,
+                       const char *unit)
+{
+    q3_model *m;
+    if (q3_model_open(model, &m)) return cli_error("bench", "%s", q3_last_error());
+    o->prefill_unit = o->decode_unit = unit;
+    if (o->gen == 64) o->gen = 16; /* the default --gen: 16 steps per batch size */
+    q3_batch_result res[32];
+    if (!json) fprintf(stderr, "  measuring batched decode at depth %d ...\n", o->depth);
+    if (q3_bench_batch(m, o, batches, nb, res)) {
+        int rc = cli_error("bench", "%s", q3_last_error());
+        q3_model_close(m);
+        return rc;
+    }
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    double peak_rss = (double)ru.ru_maxrss * 1024.0;
+    int nth = q3_cpu_default_threads();
+    double bw = 0, peak = 0;
+    const char *peak_name = "BF16 dot";
+    q3_dtype wt = m->w.layers[0].wq->dtype;
+    q3_limit_kind kind = Q3_LIMIT_DOT_BF16;
+    if (wt == Q3_Q8_0 || wt == Q3_Q4_0) kind = Q3_LIMIT_DOT_INT8, peak_name = "INT8 dot";
+    else if (wt == Q3_F32 || wt == Q3_F16) kind = Q3_LIMIT_FMA_F32, peak_name = "FP32 FMA";
+    if (limits) {
+        if (!json) fprintf(stderr, "  measuring the machine's limits ...\n");
+        bw = q3_limit_read_gbs(nth, (size_t)512 << 20, 2);
+        peak = q3_limit_peak(kind, nth, 0.2, NULL);
+    }
+    cJSON *root = NULL, *jr = NULL;
+    if (json) {
+        root = cJSON_CreateObject();
+        cJSON_AddStringToObject(root, "schema", "q3.bench.batch/1");
+        cJSON_AddStringToObject(root, "model", model);
+        cJSON_AddNumberToObject(root, "depth", o->depth);
+        cJSON_AddNumberToObject(root, "steps", o->gen);
+        cJSON_AddNumberToObject(root, "threads", nth);
+        cJSON_AddNumberToObject(root, "read_gb_s", bw);
+        cJSON_AddNumberToObject(root, "peak_gflop_s", peak);
+        cJSON_AddStringToObject(root, "peak_instruction", peak_name);
+        cJSON_AddNumberToObject(root, "peak_rss_bytes", peak_rss);
+        jr = cJSON_AddArrayToObject(root, "batches");
+    } else {
+        printf("q3 bench --batch: %s, depth %d, %d steps per batch size, %d threads; read %.1f GB/s, %s peak %.0f GFLOP/s "
+               "(measured after)\n\n", model, o->depth, o->gen, nth, bw, peak_name, peak);
+        printf("%5s %10s %10s %10s %8s %11s %10s %9s %-10s %8s\n", "B", "tok/s", "vs B=1", "ms/step", "p99",
+               "GB/step", "(KV GB)", "bound ms", "limit", "reached");
+    }
+    for (int i = 0; i < nb; i++) {
+        const q3_batch_result *r = &res[i];
+        double bytes = r->weight_bytes + r->kv_bytes;
+        double bw_ms = bw > 0 ? bytes / (bw * 1e6) : 0, fl_ms = peak > 0 ? r->flops / (peak * 1e6) : 0;
+        double bound = bw_ms > fl_ms ? bw_ms : fl_ms;
+        const char *limit = bw_ms >= fl_ms ? "bandwidth" : "arithmetic";
+        double speedup = r->tok_s / res[0].tok_s;
+        if (json) {
+            cJSON *x = cJSON_CreateObject();
+            cJSON_AddNumberToObject(x, "batch", r->batch);
+            cJSON_AddNumberToObject(x, "tok_s", r->tok_s);
+            cJSON_AddNumberToObject(x, "speedup_vs_first", speedup);
+            cJSON_AddItemToObject(x, "step_ms", stats_json(&r->step_ms));
+            cJSON_AddNumberToObject(x, "weight_bytes", r->weight_bytes);
+            cJSON_AddNumberToObject(x, "kv_bytes", r->kv_bytes);
+            cJSON_AddNumberToObject(x, "flops", r->flops);
+            if (limits) {
+                cJSON_AddNumberToObject(x, "bound_ms", bound);
+                cJSON_AddStringToObject(x, "limit", limit);
+                cJSON_AddNumberToObject(x, "fraction_of_bound", bound / r->step_ms.mean);
+            }
+            cJSON_AddItemToArray(jr, x);
+        } else {
+            printf("%5d %10.1f %9.2fx %10.2f %8.2f %11.3f %10.3f %9.2f %-10s %7.0f%%\n", r->batch, r->tok_s, speedup,
+                   r->step_ms.p50, r->step_ms.p99, bytes / 1e9, r->kv_bytes / 1e9, bound, limits ? limit : "-",
+                   limits ? 100 * bound / r->step_ms.mean : 0);
+        }
+    }
+    if (json) {
+        char *text = cJSON_Print(root);
+        printf("%s\n", text);
+        free(text);
+        cJSON_Delete(root);
+    } else {
+        printf("\n'vs B=1': aggregate tok/s against the first batch size of the list, same run; 'reached': the bound "
+               "(bytes / read bandwidth, or FLOPs / peak) over the mean step time. Peak resident memory %.0f MB.\n",
+               peak_rss / 1e6);
+    }
+    q3_model_close(m);
+    return 0;
+}
+
 int cmd_bench(int argc, char **argv)
 {
     const char *model = NULL, *units_arg = NULL, *svg = NULL, *prefill_on = NULL, *decode_on = NULL;
     q3_bench_opts o = {.chunk = 128, .gen = 64, .repeats = 5};
     double drain = 15;
     int json = 0, limits = 1;
+    const char *batch_arg = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { fputs(usage, stdout); return 0; }
@@ -158,6 +254,7 @@ int cmd_bench(int argc, char **argv)
         else if (!strcmp(a, "--svg")) svg = v;
         else if (!strcmp(a, "--prefill-on")) prefill_on = v;
         else if (!strcmp(a, "--decode-on")) decode_on = v;
+        else if (!strcmp(a, "--batch")) batch_arg = v;
         else return cli_error("bench", "unknown option '%s'\n%s", a, usage);
         i++;
     }
@@ -165,6 +262,22 @@ int cmd_bench(int argc, char **argv)
         !(drain > 0) || o.depth < 0 || o.prompt_len < 0)
         return cli_error("bench", "--chunk must be 1..4096, --gen and --repeats positive, --drain > 0");
     if (!!prefill_on != !!decode_on) return cli_error("bench", "--prefill-on and --decode-on go together");
+    if (batch_arg) {
+        int batches[32], nb = 0;
+        const char *p = batch_arg;
+        while (*p && nb < 32) {
+            char *end;
+            long b = strtol(p, &end, 10);
+            if (end == p || b < 1 || b > 256 || (*end && *end != ','))
+                return cli_error("bench", "--batch takes a list of sizes 1..256 such as 1,2,4,8 (got '%s')", batch_arg);
+            batches[nb++] = (int)b;
+            p = *end ? end + 1 : end;
+        }
+        if (o.depth == 0) o.depth = 512;
+        if (o.depth > 1000000) return cli_error("bench", "--depth must be at most 1000000");
+        if (!model && !(model = cli_default_model("bench"))) return 1;
+        return bench_batch(model, &o, batches, nb, json, limits, units_arg ? units_arg : decode_on);
+    }
     if (!model && !(model = cli_default_model("bench"))) return 1;
 
     /* the unit pairs to measure */

@@ -4,7 +4,7 @@
 
 #include "cli/cli.h"
 #include "model/model.h"
-#include "run/kv_cache.h"
+#include "kv/kv_pool.h"
 
 static void count_dtype(const q3_tensor *t, size_t *bytes, size_t *count)
 {
@@ -52,8 +52,8 @@ int cmd_info(int argc, char **argv)
     }
     for (int d = 0; d < Q3_DTYPE_COUNT; d++)
         if (cnt[d]) printf("  %-6s         %zu tensors, %zu bytes\n", q3_dtype_name((q3_dtype)d), cnt[d], by[d]);
-    printf("KV cache / token %zu bytes F32, %zu bytes F16/BF16\n", q3_kv_cache_bytes_per_token(c, Q3_F32),
-           q3_kv_cache_bytes_per_token(c, Q3_F16));
+    printf("KV cache / token %zu bytes F32, %zu bytes F16/BF16\n", q3_kv_bytes_per_token(c, Q3_F32),
+           q3_kv_bytes_per_token(c, Q3_F16));
     q3_model_close(m);
     return 0;
 }

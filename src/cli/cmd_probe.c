@@ -10,6 +10,7 @@
 #include "cli/defaults.h"
 #include "plan/policy.h"
 #include "run/executor.h"
+#include "util/error.h"
 
 static const char *usage =
     "usage: q3 probe [-m MODEL] [--compute-units POLICY] [--chunk 128] [--json] [--no-profile] [--profile-ref]\n"
@@ -48,30 +49,51 @@ static int matmuls_on_ref(const q3_graph *g, const q3_plan *p)
 static q3_status profile_graph(const q3_graph *g, const q3_backend *const *units, int n_units, int steps,
                                double *by_kind, double *by_unit, double *total)
 {
-    q3_runner r;
-    q3_status st = q3_runner_init(&r, g, units, n_units);
-    if (st) return st;
-    q3_kv_cache kv;
+    q3_unit *inst[Q3_PLAN_MAX_UNITS] = {0};
+    q3_runner r = {0};
+    q3_kv_pool kv = {0};
+    int32_t *tokens = NULL, *pos = NULL;
+    const int32_t **table = NULL;
+    int opened = 0, seq = 0;
+    q3_status st = Q3_OK;
+    for (; opened < n_units; opened++)
+        if ((st = q3_unit_open(units[opened], NULL, &inst[opened]))) goto done;
+    if ((st = q3_runner_init(&r, g, inst, n_units))) goto done;
     int ctx = g->rows + steps + 1;
-    if ((st = q3_kv_cache_init(&kv, g->cfg, ctx, r.plan.units[0]->kv_default))) {
-        q3_runner_free(&r);
-        return st;
+    if ((st = q3_kv_pool_init(&kv, g->cfg, units[0]->kv_default, q3_kv_blocks_for(ctx), 1, ctx))) goto done;
+    if ((st = q3_kv_seq_add(&kv, &seq)) || (st = q3_kv_seq_reserve(&kv, seq, ctx))) goto done;
+    tokens = calloc((size_t)g->rows, sizeof *tokens);
+    pos = calloc((size_t)g->rows, sizeof *pos);
+    table = calloc((size_t)g->rows, sizeof *table);
+    if (!tokens || !pos || !table) {
+        st = q3_fail(Q3_ERR_NOMEM, "out of memory");
+        goto done;
     }
-    int32_t *tokens = calloc((size_t)g->rows, sizeof *tokens);
-    for (int i = 0; i < g->rows; i++) tokens[i] = (int32_t)((i * 7919) % g->cfg->vocab_size);
-    q3_runner_run(&r, tokens, g->rows, 0, &kv); /* warm-up */
-    q3_runner_profile(&r, 1);
-    for (int s = 0; s < steps; s++) q3_runner_run(&r, tokens, g->rows, g->kind == Q3_GRAPH_DECODE ? s : 0, &kv);
+    for (int i = 0; i < g->rows; i++) {
+        tokens[i] = (int32_t)((i * 7919) % g->cfg->vocab_size);
+        pos[i] = i;
+        table[i] = kv.seqs[seq].table;
+    }
+    if ((st = q3_runner_run(&r, tokens, g->rows, pos, &kv, table))) goto done; /* warm-up */
+    if ((st = q3_runner_profile(&r, 1))) goto done;
+    for (int s = 0; s < steps; s++) {
+        if (g->kind == Q3_GRAPH_DECODE) pos[0] = s;
+        if ((st = q3_runner_run(&r, tokens, g->rows, pos, &kv, table))) goto done;
+    }
     *total = 0;
     for (int i = 0; i < g->n_ops; i++) {
         by_kind[g->ops[i].kind] += r.op_seconds[i] / steps;
         by_unit[r.plan.unit_of[i]] += r.op_seconds[i] / steps;
         *total += r.op_seconds[i] / steps;
     }
+done:
     free(tokens);
-    q3_kv_cache_free(&kv);
+    free(pos);
+    free(table);
+    q3_kv_pool_free(&kv);
     q3_runner_free(&r);
-    return Q3_OK;
+    for (int i = 0; i < opened; i++) q3_unit_close(inst[i]);
+    return st;
 }
 
 static cJSON *probe_graph(const q3_graph *g, const char *gname, const q3_policy *pol, const probe_opts *po)
@@ -198,7 +220,7 @@ int cmd_probe(int argc, char **argv)
     q3_model *m;
     if (q3_model_open(model, &m)) return cli_error("probe", "%s", q3_last_error());
     q3_graph pre, dec;
-    if (q3_graph_build_prefill(m, po.chunk, false, &pre) || q3_graph_build_decode(m, &dec)) {
+    if (q3_graph_build_prefill(m, po.chunk, false, &pre) || q3_graph_build_decode(m, 1, &dec)) {
         q3_model_close(m);
         return cli_error("probe", "%s", q3_last_error());
     }

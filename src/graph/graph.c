@@ -154,9 +154,9 @@ q3_status q3_graph_build_prefill(const q3_model *m, int rows, bool all_logits, q
     return build(m, Q3_GRAPH_PREFILL, rows, all_logits, g);
 }
 
-q3_status q3_graph_build_decode(const q3_model *m, q3_graph *g)
+q3_status q3_graph_build_decode(const q3_model *m, int rows, q3_graph *g)
 {
-    return build(m, Q3_GRAPH_DECODE, 1, false, g);
+    return build(m, Q3_GRAPH_DECODE, rows, true, g);
 }
 
 void q3_graph_free(q3_graph *g)

@@ -11,12 +11,13 @@ typedef enum q3_op_kind {
     Q3_OP_EMBED,     /* out[r] = weight[tokens[r]]                        (rows, dim) */
     Q3_OP_RMSNORM,   /* out[r] = in0[r] * rsqrt(mean(in0[r]^2) + eps) * weight      */
     Q3_OP_HEAD_NORM, /* the same per head of head_dim, in place (out == in0)         */
-    Q3_OP_ROPE,      /* rotate_half RoPE of each head at position pos + r, in place  */
+    Q3_OP_ROPE,      /* rotate_half RoPE of each head of row r at position pos[r], in place */
     Q3_OP_MATMUL,    /* out[r][o] = sum_i in0[r][i] * weight[o][i]                   */
-    Q3_OP_KV_APPEND, /* the KV cache at pos gets in0 (K) and in1 (V): MUTATES STATE  */
-    Q3_OP_ATTENTION, /* causal GQA attention of in0 (Q) over the cached past [0, pos)
-                        and, in prefill, the chunk's own K/V in1, in2 (rows 0..r);
-                        in decode (in1 = in2 = -1) over the cache [0, pos]          */
+    Q3_OP_KV_APPEND, /* row r's sequence's cache at pos[r] gets in0 (K), in1 (V): MUTATES STATE */
+    Q3_OP_ATTENTION, /* causal GQA attention of in0 (Q): in prefill over the sequence's
+                        cached past [0, pos[0]) and the chunk's own K/V in1, in2
+                        (rows 0..r); in decode (in1 = in2 = -1) row r over its own
+                        sequence's cache [0, pos[r]]                                 */
     Q3_OP_ADD,       /* out = in0 + in1 (out may be in0: the residual stream)        */
     Q3_OP_SWIGLU,    /* out = silu(in0) * in1 (out may be in0)                        */
     Q3_OP_LAST_ROW,  /* out[0] = in0[n_real - 1]: only the last row needs logits      */
@@ -47,7 +48,7 @@ typedef struct q3_graph {
     q3_graph_kind kind;
     const q3_model *model;
     const q3_config *cfg;
-    int rows;                 /* S: static rows per run (1 for decode) */
+    int rows;                 /* static rows per run: S (prefill), sequences at once (decode) */
     bool all_logits;          /* logits for every row instead of the last real one */
     q3_op *ops;               /* [n_ops] in execution order */
     int n_ops;
@@ -60,8 +61,10 @@ typedef struct q3_graph {
 /* Builds the prefill graph for chunks of `rows` tokens: stateless (reads the
  * past K/V, outputs the chunk's K/V and the logits). */
 q3_status q3_graph_build_prefill(const q3_model *m, int rows, bool all_logits, q3_graph *g);
-/* Builds the decode graph: one token, appends its K/V to the cache in-graph. */
-q3_status q3_graph_build_decode(const q3_model *m, q3_graph *g);
+/* Builds the decode graph for up to `rows` sequences, one token each: every
+ * row appends its K/V to its own sequence's cache in-graph, attends over
+ * that cache alone, and gets logits. */
+q3_status q3_graph_build_decode(const q3_model *m, int rows, q3_graph *g);
 void q3_graph_free(q3_graph *g);
 
 /* FLOPs of one run with n_real rows at position pos (multiply-adds count 2). */

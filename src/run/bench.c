@@ -6,6 +6,7 @@
 
 #include "model/model.h"
 #include "run/session.h"
+#include "run/context.h"
 #include "util/error.h"
 
 static int cmp_double(const void *a, const void *b)
@@ -76,7 +77,7 @@ q3_status q3_bench_run(q3_model *m, const q3_bench_opts *o, q3_bench_result *r)
     /* prefill: one warm-up run, then `reps` timed runs of the prompt from position 0 */
     for (int i = -1; i < reps; i++) {
         q3_session_reset(s);
-        s->handoff_seconds = 0;
+        s->ctx->handoff_seconds = 0;
         double t0 = q3_now();
         if ((st = q3_session_prefill(s, prompt, (size_t)P, logits, 0))) goto done;
         if (i >= 0) ms[i] = 1e3 * (q3_now() - t0);
@@ -84,10 +85,10 @@ q3_status q3_bench_run(q3_model *m, const q3_bench_opts *o, q3_bench_result *r)
     q3_stats_compute(ms, reps, &r->prefill_ms);
     r->prompt_len = P;
     r->n_chunks = (P + S - 1) / S;
-    r->handoff_ms = 1e3 * s->handoff_seconds / r->n_chunks;
+    r->handoff_ms = 1e3 * s->ctx->handoff_seconds / r->n_chunks;
     r->prompt_tok_s = P / (r->prefill_ms.p50 / 1e3);
     for (int c = 0; c < r->n_chunks; c++)
-        r->prefill_flops += q3_graph_flops(&s->prefill, P - c * S < S ? P - c * S : S, c * S);
+        r->prefill_flops += q3_graph_flops(&s->ctx->prefill, P - c * S < S ? P - c * S : S, c * S);
     /* fill the cache to `depth`, then decode greedily: one warm-up step, `gen` timed */
     if (depth > P && (st = q3_session_prefill(s, prompt + P, (size_t)(depth - P), logits, 0))) goto done;
     int32_t tok = argmax(logits, V);
@@ -104,7 +105,7 @@ q3_status q3_bench_run(q3_model *m, const q3_bench_opts *o, q3_bench_result *r)
        LM head when tied), norms, and the K/V of the positions it attends to */
     size_t w = q3_model_weight_bytes(m);
     if (m->w.lm_head != m->w.embed) w -= m->w.embed->nbytes;
-    double kv = (double)(depth + gen / 2) * (double)s->kv.row_bytes * 2.0 * m->cfg.n_layers;
+    double kv = (double)(depth + gen / 2) * (double)s->ctx->kv.row_bytes * 2.0 * m->cfg.n_layers;
     r->decode_bytes = (double)w + kv;
 done:
     if (st) {
@@ -115,5 +116,97 @@ done:
     free(prompt);
     free(logits);
     free(ms);
+    return st;
+}
+
+/* Weight bytes one decode step streams: every matrix once (the embedding only
+ * as the LM head when tied) and the norms. */
+static double step_weight_bytes(const q3_model *m)
+{
+    size_t w = q3_model_weight_bytes(m);
+    if (m->w.lm_head != m->w.embed) w -= m->w.embed->nbytes;
+    return (double)w;
+}
+
+q3_status q3_bench_batch(q3_model *m, const q3_bench_opts *o, const int *batches, int n, q3_batch_result *out)
+{
+    int max_b = 0, gen = o->gen > 0 ? o->gen : 32, depth = o->depth > 0 ? o->depth : 1, V = m->cfg.vocab_size;
+    for (int i = 0; i < n; i++) {
+        if (batches[i] < 1 || batches[i] > 256) return q3_fail(Q3_ERR_INVALID, "batch %d is out of range (1..256)", batches[i]);
+        if (batches[i] > max_b) max_b = batches[i];
+    }
+    int n_ctx = depth + gen + 4;
+    if (n_ctx > m->cfg.max_seq_len)
+        return q3_fail(Q3_ERR_INVALID, "depth %d + %d steps exceed the model's context %d", depth, gen, m->cfg.max_seq_len);
+    q3_ctx_opts co = {.n_ctx = n_ctx, .chunk = o->chunk > 0 ? o->chunk : 128, .max_seqs = max_b,
+                      .prefill_backend = o->prefill_unit, .decode_backend = o->decode_unit, .kv_dtype = o->kv_dtype};
+    q3_ctx *c;
+    q3_status st = q3_ctx_new(m, &co, &c);
+    if (st) return st;
+    int32_t *tokens = malloc((size_t)n_ctx * sizeof *tokens);
+    double *ms = malloc((size_t)gen * sizeof *ms);
+    q3_decode_row *rows = calloc((size_t)max_b, sizeof *rows);
+    int *seq = calloc((size_t)max_b, sizeof *seq);
+    if (!tokens || !ms || !rows || !seq) {
+        st = q3_fail(Q3_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    /* sequence 0 is prefilled to the depth; the others get copies of its K/V
+       in blocks of their own (real bytes to read, not shared blocks) */
+    uint64_t x = 0x9e3779b97f4a7c15ull;
+    for (int i = 0; i < n_ctx; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        tokens[i] = (int32_t)(x % (uint64_t)V);
+    }
+    for (int b = 0; b < max_b; b++)
+        if ((st = q3_seq_new(c, &seq[b]))) goto done;
+    for (int done = 0; done < depth;) {
+        int k = depth - done < c->chunk ? depth - done : c->chunk;
+        q3_step s = {.prefill_seq = seq[0], .prefill_tokens = tokens + done, .n_prefill = k};
+        if ((st = q3_ctx_step(c, &s))) goto done;
+        done += k;
+    }
+    for (int b = 1; b < max_b; b++) {
+        if ((st = q3_kv_seq_reserve(&c->kv, seq[b], depth))) goto done;
+        const int32_t *src = c->kv.seqs[seq[0]].table, *dst = c->kv.seqs[seq[b]].table;
+        for (int blk = 0; blk < q3_kv_blocks_for(depth); blk++)
+            memcpy(c->kv.data + (size_t)dst[blk] * c->kv.block_bytes, c->kv.data + (size_t)src[blk] * c->kv.block_bytes,
+                   c->kv.block_bytes);
+        tokens[0] = b; /* its own first token: the prefix cache keeps the copies apart */
+        q3_kv_seq_commit(&c->kv, seq[b], tokens, depth);
+    }
+    double wbytes = step_weight_bytes(m);
+    double kv_row = 2.0 * m->cfg.n_layers * (double)c->kv.row_bytes; /* K and V of one position */
+    for (int i = 0; i < n; i++) {
+        int B = batches[i];
+        q3_batch_result *r = &out[i];
+        memset(r, 0, sizeof *r);
+        r->batch = B;
+        for (int b = 0; b < B; b++)
+            if ((st = q3_seq_truncate(c, seq[b], depth))) goto done;
+        for (int step = -1; step < gen; step++) {
+            for (int b = 0; b < B; b++)
+                rows[b] = (q3_decode_row){.seq = seq[b], .token = tokens[(depth + step + 1 + 7 * b) % n_ctx]};
+            q3_step s = {.decode = rows, .n_decode = B, .prefill_seq = -1};
+            double t0 = q3_now();
+            if ((st = q3_ctx_step(c, &s))) goto done;
+            if (step >= 0) ms[step] = 1e3 * (q3_now() - t0);
+        }
+        q3_stats_compute(ms, gen, &r->step_ms);
+        r->tok_s = B * 1e3 / r->step_ms.mean;
+        r->weight_bytes = wbytes;
+        r->kv_bytes = (double)B * (depth + 1 + gen / 2.0) * kv_row;
+        double mm = 0;
+        for (int op = 0; op < c->decode.n_ops; op++)
+            if (c->decode.ops[op].kind == Q3_OP_MATMUL)
+                mm += 2.0 * (double)c->decode.ops[op].weight->shape[0] * (double)c->decode.ops[op].weight->shape[1];
+        r->flops = B * (mm + 4.0 * (depth + 1 + gen / 2.0) * m->cfg.n_heads * m->cfg.head_dim * m->cfg.n_layers);
+    }
+done:
+    free(tokens);
+    free(ms);
+    free(rows);
+    free(seq);
+    q3_ctx_free(c);
     return st;
 }

@@ -37,6 +37,19 @@ typedef struct q3_bench_result {
 } q3_bench_result;
 
 q3_status q3_bench_run(q3_model *m, const q3_bench_opts *o, q3_bench_result *r);
+
+/* Batched decode: B sequences at depth o->depth (at least 1), each step one
+ * row per sequence, o->gen timed steps per B (after one warm-up). */
+typedef struct q3_batch_result {
+    int batch;                 /* B */
+    q3_stats step_ms;          /* per step of B rows */
+    double tok_s;              /* B / mean step */
+    double weight_bytes;       /* weight bytes a step streams (once for all rows) */
+    double kv_bytes;           /* K/V bytes a step reads (every row's own cache, mean depth) */
+    double flops;              /* multiply-adds x 2 of a step */
+} q3_batch_result;
+
+q3_status q3_bench_batch(q3_model *m, const q3_bench_opts *o, const int *batches, int n, q3_batch_result *out);
 void q3_stats_compute(const double *ms, int n, q3_stats *out);
 
 #endif

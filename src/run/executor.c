@@ -13,11 +13,18 @@ double q3_now(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-q3_status q3_runner_init(q3_runner *r, const q3_graph *g, const q3_backend *const *units, int n_units)
+q3_status q3_runner_init(q3_runner *r, const q3_graph *g, q3_unit *const *units, int n_units)
 {
     memset(r, 0, sizeof *r);
     r->g = g;
-    q3_status st = q3_plan_graph(g, units, n_units, &r->plan);
+    if (n_units <= 0 || n_units > Q3_PLAN_MAX_UNITS)
+        return q3_fail(Q3_ERR_INVALID, "a plan needs 1..%d compute units, got %d", Q3_PLAN_MAX_UNITS, n_units);
+    const q3_backend *descs[Q3_PLAN_MAX_UNITS];
+    for (int u = 0; u < n_units; u++) {
+        descs[u] = units[u]->b;
+        r->unit[u] = units[u];
+    }
+    q3_status st = q3_plan_graph(g, descs, n_units, &r->plan);
     if (st) return st;
     size_t total = 0;
     for (int v = 0; v < g->n_values; v++)
@@ -55,17 +62,21 @@ q3_status q3_runner_profile(q3_runner *r, int on)
     return Q3_OK;
 }
 
-void q3_runner_run(q3_runner *r, const int32_t *tokens, int n_real, int pos, q3_kv_cache *kv)
+q3_status q3_runner_run(q3_runner *r, const int32_t *tokens, int n_real, const int32_t *pos, q3_kv_pool *kv,
+                        const int32_t *const *table)
 {
-    q3_exec e = {.g = r->g, .buf = r->buf, .tokens = tokens, .n_real = n_real, .pos = pos, .kv = kv};
+    q3_exec e = {.g = r->g, .buf = r->buf, .tokens = tokens, .n_real = n_real, .pos = pos, .kv = kv, .table = table};
     for (int i = 0; i < r->g->n_ops; i++) {
-        const q3_backend *b = r->plan.units[r->plan.unit_of[i]];
+        q3_unit *u = r->unit[r->plan.unit_of[i]];
+        q3_status st;
         if (r->op_seconds) {
             double t0 = q3_now();
-            b->run(b, &e, &r->g->ops[i]);
+            st = u->b->run(u->impl, &e, &r->g->ops[i]);
             r->op_seconds[i] += q3_now() - t0;
         } else {
-            b->run(b, &e, &r->g->ops[i]);
+            st = u->b->run(u->impl, &e, &r->g->ops[i]);
         }
+        if (st) return st;
     }
+    return Q3_OK;
 }

@@ -49,12 +49,12 @@ static attn_ws carve(void *scratch, int nq, int hdp)
     return w;
 }
 
-static void load_kv_row(const q3_cpu_attn *a, const void *cache, const void *chunk, int t, int kvh, float *dst)
+static void load_kv_row(const q3_cpu_attn *a, int v, int t, int kvh, float *dst)
 {
     int hd = a->head_dim;
     size_t esz = a->kv_dtype == Q3_F32 ? 4 : 2;
-    const char *row = t < a->n_cached ? (const char *)cache + (size_t)t * a->cache_row_bytes
-                                      : (const char *)chunk + (size_t)(t - a->n_cached) * a->chunk_row_bytes;
+    const char *row = t < a->n_cached ? q3_cpu_attn_cache_row(a, v, t)
+                                      : (const char *)(v ? a->v_chunk : a->k_chunk) + (size_t)(t - a->n_cached) * a->chunk_row_bytes;
     row += (size_t)kvh * hd * esz;
     for (int d = 0; d < hd; d += 8) {
         __m256 v;
@@ -132,7 +132,7 @@ static void attend_head(const q3_cpu_attn *a, void *scratch, int kvh, int row0, 
 
     for (int t0 = 0; t0 < kmax; t0 += KEY_BLOCK) {
         int nb = kmax - t0 < KEY_BLOCK ? kmax - t0 : KEY_BLOCK;
-        for (int j = 0; j < nb; j++) load_kv_row(a, a->k_cache, a->k_chunk, t0 + j, kvh, w.kb + (size_t)j * hdp);
+        for (int j = 0; j < nb; j++) load_kv_row(a, 0, t0 + j, kvh, w.kb + (size_t)j * hdp);
         for (int i = 0; i < nq; i++) {
             float *p = w.p + (size_t)i * KEY_BLOCK;
             int valid = w.n_keys[i] - t0;
@@ -155,7 +155,7 @@ static void attend_head(const q3_cpu_attn *a, void *scratch, int kvh, int row0, 
             w.m[i] = m_new;
             w.corr[i] = corr;
         }
-        for (int j = 0; j < nb; j++) load_kv_row(a, a->v_cache, a->v_chunk, t0 + j, kvh, w.vb + (size_t)j * hdp);
+        for (int j = 0; j < nb; j++) load_kv_row(a, 1, t0 + j, kvh, w.vb + (size_t)j * hdp);
         for (int q0 = 0; q0 < nq; q0 += 4) {
             if (nq - q0 <= 2)
                 pv_update(2, &w, q0, nq, hdp, nb);

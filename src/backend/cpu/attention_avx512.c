@@ -94,11 +94,11 @@ static attn_ws carve(void *scratch, int n_kvh, int nq, int hdp)
 
 /* ---- keys and values ------------------------------------------------------------------- */
 
-/* Address of key (or value) row t (all KV heads). */
-static const char *kv_row(const q3_cpu_attn *a, const void *cache, const void *chunk, int t)
+/* Address of key (v = 0) or value (v = 1) row t (all KV heads). */
+static const char *kv_row(const q3_cpu_attn *a, int v, int t)
 {
-    return t < a->n_cached ? (const char *)cache + (size_t)t * a->cache_row_bytes
-                           : (const char *)chunk + (size_t)(t - a->n_cached) * a->chunk_row_bytes;
+    return t < a->n_cached ? q3_cpu_attn_cache_row(a, v, t)
+                           : (const char *)(v ? a->v_chunk : a->k_chunk) + (size_t)(t - a->n_cached) * a->chunk_row_bytes;
 }
 
 static size_t kv_esize(const q3_cpu_attn *a) { return a->kv_dtype == Q3_F32 ? 4 : 2; }
@@ -126,7 +126,7 @@ static void load_rows(const q3_cpu_attn *a, const char *const *rows, size_t off,
 static void prefetch_rows(const q3_cpu_attn *a, int t0, int t1, size_t off, size_t len)
 {
     for (int t = t0; t < t1; t++) {
-        const char *k = kv_row(a, a->k_cache, a->k_chunk, t) + off, *v = kv_row(a, a->v_cache, a->v_chunk, t) + off;
+        const char *k = kv_row(a, 0, t) + off, *v = kv_row(a, 1, t) + off;
         for (size_t o = 0; o < len; o += 64) {
             _mm_prefetch(k + o, _MM_HINT_T1);
             _mm_prefetch(v + o, _MM_HINT_T1);
@@ -318,8 +318,8 @@ static void avx512_attention(const q3_cpu_attn *a, void *scratch, int kvh0, int 
             prefetch_rows(a, t0 + KEY_BLOCK, pf_end, (size_t)kvh0 * slice, (size_t)n_kvh * slice);
             const char *krows[KEY_BLOCK], *vrows[KEY_BLOCK];
             for (int j = 0; j < nb; j++) {
-                krows[j] = kv_row(a, a->k_cache, a->k_chunk, t0 + j);
-                vrows[j] = kv_row(a, a->v_cache, a->v_chunk, t0 + j);
+                krows[j] = kv_row(a, 0, t0 + j);
+                vrows[j] = kv_row(a, 1, t0 + j);
             }
             for (int hi = 0; hi < n_kvh; hi++) block_update(a, &w, &w.h[hi], krows, vrows, t0, nb);
         }

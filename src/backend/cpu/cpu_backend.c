@@ -8,18 +8,22 @@
  * the running threads claim from a shared counter, so a core slowed or
  * descheduled by a neighbour takes fewer items instead of stalling the op;
  * the end of a pool job is the barrier between two ops. Small ops (every
- * elementwise op in decode) run inline on thread 0 with no synchronisation
- * at all. One op runs at a time (a mutex serialises callers).
+ * elementwise op of a one-row decode) run inline on thread 0 with no
+ * synchronisation at all.
+ *
+ * Instances: each open() makes a unit of its own (pool, scratch, RoPE table,
+ * kernel table); nothing is process-wide but the CPU's features. One thread
+ * at a time may call an instance (its context's); two instances run in
+ * parallel without a lock between them.
  *
  * Memory: weights are read where they are mapped. Scratch (per-thread matmul
  * packing and attention blocks, the chunk's K/V in the cache dtype, the RoPE
  * table) grows when an op needs more than any op before it, which happens on
- * the first run of a shape, never in steady state. run() has no way to report
- * failure (backend.h), so a failed scratch allocation aborts. */
+ * the first run of a shape, never in steady state. A failed allocation makes
+ * the op return Q3_ERR_NOMEM with a message. */
 #include "backend/cpu/cpu_backend.h"
 
 #include <math.h>
-#include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,6 +31,7 @@
 #include "backend/cpu/cpu_features.h"
 #include "backend/cpu/quant_kernels.h"
 #include "backend/cpu/threadpool.h"
+#include "util/error.h"
 
 /* Elementwise ops with fewer values than this run inline on one thread:
  * waking the pool costs about a microsecond, more than they take. */
@@ -56,22 +61,21 @@ typedef struct grow_buf {
     size_t size;
 } grow_buf;
 
-static struct cpu_state {
-    pthread_once_t once;
-    pthread_mutex_t lock;
+typedef struct cpu_unit {
     const q3_cpu_isa *isa;
     q3_pool *pool;
     int nth;
     grow_buf *scratch;      /* [nth] per-thread kernel scratch */
     grow_buf kv_chunk;      /* prefill: the chunk's K and V rounded to the cache dtype */
-    grow_buf attn_parts;    /* decode: super-block softmax states */
+    grow_buf attn_parts;    /* decode: super-block softmax states of every row */
+    grow_buf attn_rows;     /* decode: per-row attention descriptors */
     grow_buf norm_w;        /* a norm weight converted to F32 */
     /* RoPE table: row p = cos[hd/2], sin[hd/2] of position p, for p < rope_done */
     grow_buf rope;
     int rope_done, rope_hd;
     float rope_theta;
     uint64_t ops;
-} st = {.once = PTHREAD_ONCE_INIT, .lock = PTHREAD_MUTEX_INITIALIZER};
+} cpu_unit;
 
 /* Makes b at least size bytes (64-byte aligned, contents lost). Returns 0 on success. */
 static int grow(grow_buf *b, size_t size)
@@ -86,67 +90,103 @@ static int grow(grow_buf *b, size_t size)
     return 0;
 }
 
-static void init_unit(void)
+static q3_status no_scratch(const q3_op *op, size_t size)
+{
+    return q3_fail(Q3_ERR_NOMEM, "cpu unit: cannot allocate %zu bytes of scratch for %s", size,
+                   op ? op->name : "the K/V hand-off");
+}
+
+/* The kernel table for this CPU (or the one $Q3_CPU_ISA asks for: "avx512",
+ * without AMX, or "avx2", for comparisons). */
+static const q3_cpu_isa *default_isa(void)
 {
     const q3_cpu_features *f = q3_cpu_features_get();
-    st.isa = q3_cpu_has_amx_path(f) ? &isa_amx : q3_cpu_has_avx512_path(f) ? &isa_avx512 : &isa_avx2;
-    const char *force = getenv("Q3_CPU_ISA"); /* "avx512" (no AMX) or "avx2": for comparisons */
-    if (force && !strcmp(force, "avx2")) st.isa = &isa_avx2;
-    if (force && !strcmp(force, "avx512") && q3_cpu_has_avx512_path(f)) st.isa = &isa_avx512;
+    const q3_cpu_isa *isa = q3_cpu_has_amx_path(f) ? &isa_amx : q3_cpu_has_avx512_path(f) ? &isa_avx512 : &isa_avx2;
+    const char *force = getenv("Q3_CPU_ISA");
+    if (force && !strcmp(force, "avx2")) isa = &isa_avx2;
+    if (force && !strcmp(force, "avx512") && q3_cpu_has_avx512_path(f)) isa = &isa_avx512;
+    return isa;
+}
+
+int q3_cpu_default_threads(void)
+{
+    const q3_cpu_features *f = q3_cpu_features_get();
     int n = f->physical_cores > 0 ? f->physical_cores : 1;
     const char *env = getenv("Q3_THREADS");
     if (env && atoi(env) > 0) n = atoi(env);
-    if (n > 256) n = 256;
-    st.pool = q3_pool_new(n);
-    st.nth = st.pool ? q3_pool_size(st.pool) : 1;
-    st.scratch = calloc((size_t)st.nth, sizeof *st.scratch);
-    if (!st.pool || !st.scratch) abort(); /* a few bytes at start-up: nothing sensible to do */
+    return n > 256 ? 256 : n;
 }
 
-static void ensure_init(void) { pthread_once(&st.once, init_unit); }
+static void cpu_close(void *impl)
+{
+    cpu_unit *u = impl;
+    if (!u) return;
+    q3_pool_free(u->pool);
+    if (u->scratch)
+        for (int i = 0; i < u->nth; i++) free(u->scratch[i].p);
+    free(u->scratch);
+    free(u->kv_chunk.p);
+    free(u->attn_parts.p);
+    free(u->attn_rows.p);
+    free(u->norm_w.p);
+    free(u->rope.p);
+    free(u);
+}
+
+static q3_status cpu_open(const q3_backend *b, const q3_unit_opts *o, void **impl)
+{
+    cpu_unit *u = calloc(1, sizeof *u);
+    if (!u) return q3_fail(Q3_ERR_NOMEM, "out of memory opening the cpu unit");
+    u->isa = default_isa();
+    int n = o && o->n_threads > 0 ? o->n_threads : q3_cpu_default_threads();
+    u->pool = q3_pool_new(n);
+    u->nth = u->pool ? q3_pool_size(u->pool) : 1;
+    u->scratch = calloc((size_t)u->nth, sizeof *u->scratch);
+    if (!u->pool || !u->scratch) {
+        cpu_close(u);
+        return q3_fail(Q3_ERR_NOMEM, "cpu unit: cannot start a pool of %d threads", n);
+    }
+    *impl = u;
+    return Q3_OK;
+}
+
+static int cpu_threads(void *impl) { return ((cpu_unit *)impl)->nth; }
 
 /* Every thread's scratch is at least size bytes. */
-static void ensure_scratch(size_t size)
+static q3_status ensure_scratch(cpu_unit *u, const q3_op *op, size_t size)
 {
-    for (int i = 0; i < st.nth; i++)
-        if (grow(&st.scratch[i], size)) abort();
+    for (int i = 0; i < u->nth; i++)
+        if (grow(&u->scratch[i], size)) return no_scratch(op, size);
+    return Q3_OK;
 }
 
-const q3_cpu_isa *q3_cpu_isa_current(void)
-{
-    ensure_init();
-    return st.isa;
-}
+const q3_cpu_isa *q3_cpu_unit_isa(const q3_unit *unit) { return ((const cpu_unit *)unit->impl)->isa; }
 
-int q3_cpu_force_isa(const char *name)
+int q3_cpu_unit_force_isa(q3_unit *unit, const char *name)
 {
-    ensure_init();
+    cpu_unit *u = unit->impl;
     const q3_cpu_features *f = q3_cpu_features_get();
     if (!strcmp(name, "avx2") && q3_cpu_has_avx2_path(f)) {
-        st.isa = &isa_avx2;
+        u->isa = &isa_avx2;
         return 0;
     }
     if (!strcmp(name, "avx512") && q3_cpu_has_avx512_path(f)) {
-        st.isa = &isa_avx512;
+        u->isa = &isa_avx512;
         return 0;
     }
     if (!strcmp(name, "amx") && q3_cpu_has_amx_path(f)) {
-        st.isa = &isa_amx;
+        u->isa = &isa_amx;
         return 0;
     }
     return -1;
 }
 
-int q3_cpu_threads(void)
-{
-    ensure_init();
-    return st.nth;
-}
+const char *q3_cpu_default_isa_name(void) { return default_isa()->name; }
 
-q3_cpu_stats q3_cpu_get_stats(void)
+q3_cpu_stats q3_cpu_unit_stats(const q3_unit *unit)
 {
-    ensure_init();
-    return (q3_cpu_stats){.ops = st.ops, .pool_jobs = q3_pool_jobs(st.pool)};
+    const cpu_unit *u = unit->impl;
+    return (q3_cpu_stats){.ops = u->ops, .pool_jobs = q3_pool_jobs(u->pool)};
 }
 
 /* ---- helpers ------------------------------------------------------------------------- */
@@ -161,50 +201,53 @@ static float *row_of(const q3_exec *e, int v, int r)
 static size_t dtype_size(q3_dtype t) { return t == Q3_F32 ? 4 : 2; }
 
 /* A norm weight as F32: the mapping itself when it is F32, else a converted copy. */
-static const float *norm_weight(const q3_tensor *w, int n)
+static const float *norm_weight(cpu_unit *u, const q3_tensor *w, int n)
 {
     if (w->dtype == Q3_F32) return w->data;
-    if (grow(&st.norm_w, (size_t)n * sizeof(float))) abort();
-    st.isa->ew->to_f32(w->dtype, w->data, st.norm_w.p, (size_t)n);
-    return st.norm_w.p;
+    if (grow(&u->norm_w, (size_t)n * sizeof(float))) return NULL;
+    u->isa->ew->to_f32(w->dtype, w->data, u->norm_w.p, (size_t)n);
+    return u->norm_w.p;
 }
 
 /* Makes the RoPE table cover positions [0, end): cos and sin of p * theta^(-2i/hd),
  * computed in double like the reference. Grows ahead in steps of 256 positions
  * so decode computes a new block once every 256 tokens. */
-static void ensure_rope(const q3_config *c, int end)
+static q3_status ensure_rope(cpu_unit *u, const q3_config *c, int end)
 {
     int hd = c->head_dim, half = hd / 2;
-    if (st.rope_hd != hd || st.rope_theta != c->rope_theta) {
-        st.rope_done = 0;
-        st.rope_hd = hd;
-        st.rope_theta = c->rope_theta;
+    if (u->rope_hd != hd || u->rope_theta != c->rope_theta) {
+        u->rope_done = 0;
+        u->rope_hd = hd;
+        u->rope_theta = c->rope_theta;
     }
-    if (end <= st.rope_done) return;
+    if (end <= u->rope_done) return Q3_OK;
     int target = (end + 255) & ~255;
     size_t need = (size_t)target * hd * sizeof(float);
-    if (st.rope.size < need) {
-        size_t cap = st.rope.size * 2 > need ? st.rope.size * 2 : need;
-        void *p = aligned_alloc(64, (cap + 4095) & ~(size_t)4095);
-        if (!p) abort();
-        if (st.rope.p) memcpy(p, st.rope.p, (size_t)st.rope_done * hd * sizeof(float));
-        free(st.rope.p);
-        st.rope.p = p;
-        st.rope.size = (cap + 4095) & ~(size_t)4095;
+    if (u->rope.size < need) {
+        size_t cap = u->rope.size * 2 > need ? u->rope.size * 2 : need;
+        cap = (cap + 4095) & ~(size_t)4095;
+        void *p = aligned_alloc(64, cap);
+        if (!p) return q3_fail(Q3_ERR_NOMEM, "cpu unit: cannot allocate a RoPE table of %zu bytes", cap);
+        if (u->rope.p) memcpy(p, u->rope.p, (size_t)u->rope_done * hd * sizeof(float));
+        free(u->rope.p);
+        u->rope.p = p;
+        u->rope.size = cap;
     }
-    float *t = st.rope.p;
-    for (int p = st.rope_done; p < target; p++)
+    float *t = u->rope.p;
+    for (int p = u->rope_done; p < target; p++)
         for (int i = 0; i < half; i++) {
             double freq = pow((double)c->rope_theta, -2.0 * i / hd), ang = (double)p * freq;
             t[(size_t)p * hd + i] = (float)cos(ang);
             t[(size_t)p * hd + half + i] = (float)sin(ang);
         }
-    st.rope_done = target;
+    u->rope_done = target;
+    return Q3_OK;
 }
 
 /* ---- elementwise ops, by row ranges ------------------------------------------------------ */
 
 typedef struct rows_job {
+    cpu_unit *u;
     const q3_exec *e;
     const q3_op *op;
     const float *w;   /* F32 norm weight (RMSNORM, HEAD_NORM) */
@@ -215,7 +258,7 @@ static void do_rows(const rows_job *j, int r0, int r1)
 {
     const q3_exec *e = j->e;
     const q3_op *op = j->op;
-    const q3_cpu_ew_kernels *ew = st.isa->ew;
+    const q3_cpu_ew_kernels *ew = j->u->isa->ew;
     const q3_config *c = e->g->cfg;
     int cols = e->g->values[op->in[0]].cols;
     for (int r = r0; r < r1; r++) {
@@ -228,7 +271,7 @@ static void do_rows(const rows_job *j, int r0, int r1)
                 ew->rmsnorm(in + h * c->head_dim, j->w, out + h * c->head_dim, c->head_dim, c->rms_eps);
             break;
         case Q3_OP_ROPE: {
-            const float *t = (const float *)st.rope.p + (size_t)(e->pos + r) * c->head_dim;
+            const float *t = (const float *)j->u->rope.p + (size_t)e->pos[r] * c->head_dim;
             if (out != in) memcpy(out, in, (size_t)cols * sizeof(float));
             ew->rope(out, t, t + c->head_dim / 2, cols / c->head_dim, c->head_dim);
             break;
@@ -250,20 +293,21 @@ static void rows_item(void *ctx, int item, int ith)
     do_rows(j, r0, r1);
 }
 
-static void run_rows(const q3_exec *e, const q3_op *op, const float *w)
+static void run_rows(cpu_unit *u, const q3_exec *e, const q3_op *op, const float *w)
 {
-    rows_job j = {.e = e, .op = op, .w = w, .rows = live_rows(e, op->in[0])};
-    if (j.rows < 2 || (size_t)j.rows * (size_t)e->g->values[op->in[0]].cols < PARALLEL_MIN_VALUES || st.nth == 1) {
+    rows_job j = {.u = u, .e = e, .op = op, .w = w, .rows = live_rows(e, op->in[0])};
+    if (j.rows < 2 || (size_t)j.rows * (size_t)e->g->values[op->in[0]].cols < PARALLEL_MIN_VALUES || u->nth == 1) {
         do_rows(&j, 0, j.rows);
         return;
     }
     q3_pool_job job = {.item = rows_item, .ctx = &j, .n_items = (j.rows + ROWS_PER_ITEM - 1) / ROWS_PER_ITEM};
-    q3_pool_run(st.pool, &job);
+    q3_pool_run(u->pool, &job);
 }
 
 /* ---- matmul ------------------------------------------------------------------------------- */
 
 typedef struct mm_job {
+    cpu_unit *u;
     q3_cpu_matmul mm;
     const q3_cpu_mm_kernels *k; /* BF16/F32/F16 kernels of the ISA, or the Q8_0/Q4_0 ones */
     int item;   /* outputs per work item */
@@ -272,20 +316,21 @@ typedef struct mm_job {
 static void mm_begin(void *ctx, int ith)
 {
     mm_job *j = ctx;
-    j->k->prepare(&j->mm, st.scratch[ith].p);
+    j->k->prepare(&j->mm, j->u->scratch[ith].p);
 }
 
 static void mm_item(void *ctx, int item, int ith)
 {
     mm_job *j = ctx;
     int o0 = item * j->item, o1 = o0 + j->item < j->mm.n ? o0 + j->item : j->mm.n;
-    j->k->range(&j->mm, st.scratch[ith].p, o0, o1);
+    j->k->range(&j->mm, j->u->scratch[ith].p, o0, o1);
 }
 
-static void run_matmul(const q3_exec *e, const q3_op *op)
+static q3_status run_matmul(cpu_unit *u, const q3_exec *e, const q3_op *op)
 {
     const q3_tensor *w = op->weight;
-    mm_job j = {.mm = {
+    mm_job j = {.u = u,
+                .mm = {
                     .w = w->data,
                     .wtype = w->dtype,
                     .w_row_bytes = q3_dtype_row_bytes(w->dtype, (size_t)w->shape[1]),
@@ -297,16 +342,17 @@ static void run_matmul(const q3_exec *e, const q3_op *op)
                     .n = (int)w->shape[0],
                     .k = (int)w->shape[1],
                 }};
-    const q3_cpu_mm_kernels *k = st.isa->mm;
+    const q3_cpu_mm_kernels *k = u->isa->mm;
     /* quantized weights: int8 dot products on activations quantized per 32-block
        (each thread quantizes all rows into its own scratch: no barrier) */
     if (w->dtype == Q3_Q8_0 || w->dtype == Q3_Q4_0)
-        k = st.isa == &isa_avx2 ? &q3_cpu_mm_quant_avx2 : &q3_cpu_mm_quant_avx512;
+        k = u->isa == &isa_avx2 ? &q3_cpu_mm_quant_avx2 : &q3_cpu_mm_quant_avx512;
     j.k = k;
-    ensure_scratch(k->scratch(&j.mm));
+    q3_status st = ensure_scratch(u, op, k->scratch(&j.mm));
+    if (st) return st;
     int g = k->granule(&j.mm);
-    bool inline_run = st.nth == 1 || (double)j.mm.m * j.mm.n * j.mm.k < PARALLEL_MIN_MACS;
-    int want = inline_run ? 1 : st.nth * MM_ITEMS_PER_THREAD;
+    bool inline_run = u->nth == 1 || (double)j.mm.m * j.mm.n * j.mm.k < PARALLEL_MIN_MACS;
+    int want = inline_run ? 1 : u->nth * MM_ITEMS_PER_THREAD;
     j.item = (j.mm.n + want - 1) / want;
     j.item = (j.item + g - 1) / g * g;
     q3_pool_job job = {.begin = mm_begin, .item = mm_item, .ctx = &j, .n_items = (j.mm.n + j.item - 1) / j.item};
@@ -314,27 +360,39 @@ static void run_matmul(const q3_exec *e, const q3_op *op)
         mm_begin(&j, 0);
         for (int i = 0; i < job.n_items; i++) mm_item(&j, i, 0);
     } else {
-        q3_pool_run(st.pool, &job);
+        q3_pool_run(u->pool, &job);
     }
+    return Q3_OK;
 }
 
 /* ---- attention ------------------------------------------------------------------------------- */
 
+/* The cache of one sequence, as the attention kernels address it. */
+static void attn_cache(q3_cpu_attn *a, const q3_kv_pool *kv, const int32_t *table, int layer)
+{
+    a->kv_dtype = kv->dtype;
+    a->kv_data = kv->data;
+    a->table = table;
+    a->block_bytes = kv->block_bytes;
+    a->k_off = (size_t)layer * kv->layer_bytes;
+    a->v_off = a->k_off + (size_t)Q3_KV_BLOCK_TOKENS * kv->row_bytes;
+    a->row_bytes = kv->row_bytes;
+}
+
 typedef struct attn_job {
+    cpu_unit *u;
     q3_cpu_attn a;
     const q3_exec *e;
     const q3_op *op;
     int rows, row_block, n_row_blocks; /* prefill: query rows in blocks */
-    int n_sb, heads_per_item, n_groups; /* decode with super-blocks: items (super-block, KV head group) */
-    float *parts;                       /* decode: [n_sb][n_heads][part_stride] super-block states */
 } attn_job;
 
 /* Prefill with an F16/BF16 cache: rounds the chunk's K/V rows [8 item, +8) to
- * the cache dtype, as the session's hand-off will store them. */
+ * the cache dtype, as the hand-off will store them. */
 static void convert_item(void *ctx, int item, int ith)
 {
     attn_job *j = ctx;
-    const q3_cpu_ew_kernels *ew = st.isa->ew;
+    const q3_cpu_ew_kernels *ew = j->u->isa->ew;
     size_t kv_dim = (size_t)j->a.n_kv_heads * (size_t)j->a.head_dim;
     int r0 = item * ROWS_PER_ITEM, r1 = r0 + ROWS_PER_ITEM < j->rows ? r0 + ROWS_PER_ITEM : j->rows;
     for (int r = r0; r < r1; r++) {
@@ -351,29 +409,108 @@ static void prefill_item(void *ctx, int item, int ith)
     /* heaviest first: the last row blocks see the most keys */
     int rb = j->n_row_blocks - 1 - item / j->a.n_kv_heads, kvh = item % j->a.n_kv_heads;
     int row0 = rb * j->row_block, nrows = j->rows - row0 < j->row_block ? j->rows - row0 : j->row_block;
-    st.isa->attn->run(&j->a, st.scratch[ith].p, kvh, kvh + 1, row0, nrows, 0, NULL);
+    j->u->isa->attn->run(&j->a, j->u->scratch[ith].p, kvh, kvh + 1, row0, nrows, 0, NULL);
 }
+
+/* Decode: one row per sequence. Row r's items are (super-block, KV head
+ * group) pairs over its own cache; items of all rows share one pool job. */
+typedef struct dec_row {
+    q3_cpu_attn a;
+    int n_sb, heads_per_item, n_groups;
+    int item0;          /* first item of this row */
+    float *parts;       /* [n_sb][n_heads][part_stride] */
+} dec_row;
+
+typedef struct dec_job {
+    cpu_unit *u;
+    dec_row *rows;
+    int n_rows;
+} dec_job;
 
 static void decode_item(void *ctx, int item, int ith)
 {
-    attn_job *j = ctx;
-    const q3_cpu_attn_kernels *k = st.isa->attn;
+    dec_job *j = ctx;
+    int r = 0;
+    while (r + 1 < j->n_rows && j->rows[r + 1].item0 <= item) r++;
+    dec_row *d = &j->rows[r];
+    item -= d->item0;
+    const q3_cpu_attn_kernels *k = j->u->isa->attn;
+    void *scratch = j->u->scratch[ith].p;
     if (!k->super_block) { /* one KV head, all keys */
-        k->run(&j->a, st.scratch[ith].p, item, item + 1, 0, 1, 0, NULL);
+        k->run(&d->a, scratch, item, item + 1, 0, 1, 0, NULL);
         return;
     }
-    int sb = item / j->n_groups, g = item % j->n_groups;
-    int kvh0 = g * j->heads_per_item, kvh1 = kvh0 + j->heads_per_item < j->a.n_kv_heads ? kvh0 + j->heads_per_item : j->a.n_kv_heads;
-    k->run(&j->a, st.scratch[ith].p, kvh0, kvh1, 0, 1, sb, j->parts + (size_t)sb * j->a.n_heads * k->part_stride(&j->a));
+    int sb = item / d->n_groups, g = item % d->n_groups;
+    int kvh0 = g * d->heads_per_item,
+        kvh1 = kvh0 + d->heads_per_item < d->a.n_kv_heads ? kvh0 + d->heads_per_item : d->a.n_kv_heads;
+    k->run(&d->a, scratch, kvh0, kvh1, 0, 1, sb, d->parts + (size_t)sb * d->a.n_heads * k->part_stride(&d->a));
 }
 
-static void run_attention(const q3_exec *e, const q3_op *op)
+static q3_status run_decode_attention(cpu_unit *u, const q3_exec *e, const q3_op *op, const q3_cpu_attn *proto)
 {
     const q3_config *c = e->g->cfg;
-    const q3_kv_cache *kv = e->kv;
-    const q3_cpu_attn_kernels *k = st.isa->attn;
+    const q3_kv_pool *kv = e->kv;
+    const q3_cpu_attn_kernels *k = u->isa->attn;
+    int n = e->n_real;
+    if (grow(&u->attn_rows, (size_t)n * sizeof(dec_row))) return no_scratch(op, (size_t)n * sizeof(dec_row));
+    dec_row *rows = u->attn_rows.p;
+    size_t scratch = 0, n_parts = 0, stride = k->super_block ? k->part_stride(proto) : 0;
+    int items = 0;
+    for (int r = 0; r < n; r++) {
+        dec_row *d = &rows[r];
+        d->a = *proto;
+        d->a.q = row_of(e, op->in[0], r);
+        d->a.out = row_of(e, op->out, r);
+        d->a.n_cached = e->pos[r] + 1;
+        attn_cache(&d->a, kv, e->table[r], op->layer);
+        d->item0 = items;
+        if (k->super_block) {
+            /* super-blocks over threads; KV heads grouped so that each item reads
+               whole rows when there are super-blocks enough to go round */
+            d->n_sb = (d->a.n_cached + k->super_block - 1) / k->super_block;
+            int groups = (4 * u->nth + d->n_sb - 1) / d->n_sb;
+            groups = groups < 1 ? 1 : groups > c->n_kv_heads ? c->n_kv_heads : groups;
+            d->heads_per_item = (c->n_kv_heads + groups - 1) / groups;
+            d->n_groups = (c->n_kv_heads + d->heads_per_item - 1) / d->heads_per_item;
+            items += d->n_sb * d->n_groups;
+            n_parts += (size_t)d->n_sb * c->n_heads * stride;
+            size_t sc = k->scratch(&d->a, 1, d->heads_per_item);
+            if (sc > scratch) scratch = sc;
+        } else {
+            items += c->n_kv_heads;
+            size_t sc = k->scratch(&d->a, 1, 1);
+            if (sc > scratch) scratch = sc;
+        }
+    }
+    q3_status st = ensure_scratch(u, op, scratch);
+    if (st) return st;
+    if (k->super_block) {
+        /* sized for a whole context per row once, not grown token by token */
+        size_t per_row = (size_t)(kv->n_ctx + k->super_block - 1) / (size_t)k->super_block * c->n_heads * stride;
+        size_t want = (size_t)n * per_row > n_parts ? (size_t)n * per_row : n_parts;
+        if (grow(&u->attn_parts, want * sizeof(float)) && grow(&u->attn_parts, n_parts * sizeof(float)))
+            return no_scratch(op, n_parts * sizeof(float));
+        float *p = u->attn_parts.p;
+        for (int r = 0; r < n; r++) {
+            rows[r].parts = p;
+            p += (size_t)rows[r].n_sb * c->n_heads * stride;
+        }
+    }
+    dec_job j = {.u = u, .rows = rows, .n_rows = n};
+    q3_pool_job job = {.item = decode_item, .ctx = &j, .n_items = items};
+    q3_pool_run(u->pool, &job);
+    if (k->super_block)
+        for (int r = 0; r < n; r++) k->merge(&rows[r].a, rows[r].parts, rows[r].n_sb, rows[r].a.out);
+    return Q3_OK;
+}
+
+static q3_status run_attention(cpu_unit *u, const q3_exec *e, const q3_op *op)
+{
+    const q3_config *c = e->g->cfg;
+    const q3_kv_pool *kv = e->kv;
+    const q3_cpu_attn_kernels *k = u->isa->attn;
     bool prefill = op->in[1] >= 0, convert = false;
-    attn_job j = {.e = e, .op = op};
+    attn_job j = {.u = u, .e = e, .op = op};
     j.a = (q3_cpu_attn){
         .n_heads = c->n_heads,
         .n_kv_heads = c->n_kv_heads,
@@ -382,38 +519,13 @@ static void run_attention(const q3_exec *e, const q3_op *op)
         .ldq = (size_t)e->g->values[op->in[0]].cols,
         .out = e->buf[op->out],
         .ldo = (size_t)e->g->values[op->out].cols,
-        .kv_dtype = kv->dtype,
-        .n_cached = prefill ? e->pos : e->pos + 1,
-        .k_cache = q3_kv_k_row(kv, op->layer, 0),
-        .v_cache = q3_kv_v_row(kv, op->layer, 0),
-        .cache_row_bytes = kv->row_bytes,
         .scale = (float)(1.0 / sqrt((double)c->head_dim)),
     };
-    if (!prefill) {
-        q3_pool_job job = {.item = decode_item, .ctx = &j, .n_items = c->n_kv_heads};
-        if (k->super_block) {
-            /* super-blocks over threads; KV heads grouped so that each item reads
-               whole rows when there are super-blocks enough to go round */
-            j.n_sb = (j.a.n_cached + k->super_block - 1) / k->super_block;
-            int groups = (4 * st.nth + j.n_sb - 1) / j.n_sb;
-            groups = groups < 1 ? 1 : groups > c->n_kv_heads ? c->n_kv_heads : groups;
-            j.heads_per_item = (c->n_kv_heads + groups - 1) / groups;
-            j.n_groups = (c->n_kv_heads + j.heads_per_item - 1) / j.heads_per_item;
-            /* sized for the whole cache once, not grown token by token */
-            size_t max_sb = (size_t)(kv->n_ctx + k->super_block - 1) / (size_t)k->super_block;
-            if ((size_t)j.n_sb > max_sb) max_sb = (size_t)j.n_sb;
-            if (grow(&st.attn_parts, max_sb * c->n_heads * k->part_stride(&j.a) * sizeof(float))) abort();
-            j.parts = st.attn_parts.p;
-            job.n_items = j.n_sb * j.n_groups;
-            ensure_scratch(k->scratch(&j.a, 1, j.heads_per_item));
-        } else {
-            ensure_scratch(k->scratch(&j.a, 1, 1));
-        }
-        q3_pool_run(st.pool, &job);
-        if (k->super_block) k->merge(&j.a, j.parts, j.n_sb, j.a.out);
-        return;
-    }
+    if (!prefill) return run_decode_attention(u, e, op, &j.a);
 
+    /* prefill: one sequence, the past [0, pos[0]) from its cache */
+    attn_cache(&j.a, kv, e->table[0], op->layer);
+    j.a.n_cached = e->pos[0];
     j.rows = e->n_real;
     int kv_dim = c->n_kv_heads * c->head_dim;
     if (kv->dtype == Q3_F32) { /* the chunk's rows are already what the cache would hold */
@@ -423,50 +535,57 @@ static void run_attention(const q3_exec *e, const q3_op *op)
     } else {
         j.a.chunk_row_bytes = (size_t)kv_dim * dtype_size(kv->dtype);
         size_t half = ((size_t)j.rows * j.a.chunk_row_bytes + 63) & ~(size_t)63;
-        if (grow(&st.kv_chunk, 2 * half)) abort();
-        j.a.k_chunk = st.kv_chunk.p;
-        j.a.v_chunk = (char *)st.kv_chunk.p + half;
+        if (grow(&u->kv_chunk, 2 * half)) return no_scratch(op, 2 * half);
+        j.a.k_chunk = u->kv_chunk.p;
+        j.a.v_chunk = (char *)u->kv_chunk.p + half;
         convert = true;
     }
     /* Small row blocks near the start (a causal chunk skips most of the late
        keys); deep in the context, few big blocks so each head's past K/V is
        streamed once per chunk rather than once per 8 rows. */
     j.row_block = Q3_CPU_ATTN_ROWS;
-    if (e->pos >= 256) {
-        int blocks = (4 * st.nth + c->n_kv_heads - 1) / c->n_kv_heads;
+    if (e->pos[0] >= 256) {
+        int blocks = (4 * u->nth + c->n_kv_heads - 1) / c->n_kv_heads;
         j.row_block = ((j.rows + blocks - 1) / blocks + 7) & ~7;
     }
     j.n_row_blocks = (j.rows + j.row_block - 1) / j.row_block;
-    ensure_scratch(k->scratch(&j.a, j.row_block, 1));
+    q3_status st = ensure_scratch(u, op, k->scratch(&j.a, j.row_block, 1));
+    if (st) return st;
     if (convert) {
         q3_pool_job cj = {.item = convert_item, .ctx = &j, .n_items = (j.rows + ROWS_PER_ITEM - 1) / ROWS_PER_ITEM};
-        q3_pool_run(st.pool, &cj);
+        q3_pool_run(u->pool, &cj);
     }
     q3_pool_job aj = {.item = prefill_item, .ctx = &j, .n_items = j.n_row_blocks * c->n_kv_heads};
-    q3_pool_run(st.pool, &aj);
+    q3_pool_run(u->pool, &aj);
+    return Q3_OK;
 }
 
 /* ---- the other ops ---------------------------------------------------------------------------- */
 
 /* One row per token: quantized tables (Q8_0, Q4_0) go through the portable
  * dequantizer, which is plenty for a few rows. */
-static void run_embed(const q3_exec *e, const q3_op *op)
+static void run_embed(cpu_unit *u, const q3_exec *e, const q3_op *op)
 {
     const q3_tensor *w = op->weight;
     size_t cols = (size_t)w->shape[1], rb = q3_dtype_row_bytes(w->dtype, cols);
     bool simd = w->dtype == Q3_F32 || w->dtype == Q3_F16 || w->dtype == Q3_BF16;
     for (int r = 0; r < e->n_real; r++) {
         const void *src = (const char *)w->data + (size_t)e->tokens[r] * rb;
-        if (simd) st.isa->ew->to_f32(w->dtype, src, row_of(e, op->out, r), cols);
+        if (simd) u->isa->ew->to_f32(w->dtype, src, row_of(e, op->out, r), cols);
         else q3_row_to_f32(w->dtype, src, row_of(e, op->out, r), cols);
     }
 }
 
-static void run_kv_append(const q3_exec *e, const q3_op *op)
+/* Row r's K and V go to its sequence's position pos[r]. */
+static void run_kv_append(cpu_unit *u, const q3_exec *e, const q3_op *op)
 {
-    q3_kv_cache *kv = e->kv;
-    st.isa->ew->from_f32(kv->dtype, row_of(e, op->in[0], 0), q3_kv_k_row(kv, op->layer, e->pos), (size_t)kv->kv_dim);
-    st.isa->ew->from_f32(kv->dtype, row_of(e, op->in[1], 0), q3_kv_v_row(kv, op->layer, e->pos), (size_t)kv->kv_dim);
+    q3_kv_pool *kv = e->kv;
+    for (int r = 0; r < e->n_real; r++) {
+        u->isa->ew->from_f32(kv->dtype, row_of(e, op->in[0], r), q3_kv_k_row(kv, e->table[r], op->layer, e->pos[r]),
+                             (size_t)kv->kv_dim);
+        u->isa->ew->from_f32(kv->dtype, row_of(e, op->in[1], r), q3_kv_v_row(kv, e->table[r], op->layer, e->pos[r]),
+                             (size_t)kv->kv_dim);
+    }
 }
 
 /* ---- the unit ------------------------------------------------------------------------------------ */
@@ -506,36 +625,47 @@ static const char *cpu_refuses(const q3_backend *b, const q3_graph *g, const q3_
     return NULL;
 }
 
-static void cpu_run(const q3_backend *b, const q3_exec *e, const q3_op *op)
+static q3_status cpu_run(void *impl, const q3_exec *e, const q3_op *op)
 {
-    ensure_init();
-    pthread_mutex_lock(&st.lock);
-    st.ops++;
+    cpu_unit *u = impl;
+    u->ops++;
     switch (op->kind) {
-    case Q3_OP_EMBED: run_embed(e, op); break;
-    case Q3_OP_RMSNORM: run_rows(e, op, norm_weight(op->weight, e->g->values[op->in[0]].cols)); break;
-    case Q3_OP_HEAD_NORM: run_rows(e, op, norm_weight(op->weight, e->g->cfg->head_dim)); break;
-    case Q3_OP_ROPE:
-        ensure_rope(e->g->cfg, e->pos + live_rows(e, op->in[0]));
-        run_rows(e, op, NULL);
-        break;
-    case Q3_OP_MATMUL: run_matmul(e, op); break;
-    case Q3_OP_KV_APPEND: run_kv_append(e, op); break;
-    case Q3_OP_ATTENTION: run_attention(e, op); break;
+    case Q3_OP_EMBED: run_embed(u, e, op); return Q3_OK;
+    case Q3_OP_RMSNORM:
+    case Q3_OP_HEAD_NORM: {
+        int n = op->kind == Q3_OP_RMSNORM ? e->g->values[op->in[0]].cols : e->g->cfg->head_dim;
+        const float *w = norm_weight(u, op->weight, n);
+        if (!w) return no_scratch(op, (size_t)n * sizeof(float));
+        run_rows(u, e, op, w);
+        return Q3_OK;
+    }
+    case Q3_OP_ROPE: {
+        int end = 0;
+        for (int r = 0; r < live_rows(e, op->in[0]); r++)
+            if (e->pos[r] + 1 > end) end = e->pos[r] + 1;
+        q3_status st = ensure_rope(u, e->g->cfg, end);
+        if (st) return st;
+        run_rows(u, e, op, NULL);
+        return Q3_OK;
+    }
+    case Q3_OP_MATMUL: return run_matmul(u, e, op);
+    case Q3_OP_KV_APPEND: run_kv_append(u, e, op); return Q3_OK;
+    case Q3_OP_ATTENTION: return run_attention(u, e, op);
     case Q3_OP_ADD:
-    case Q3_OP_SWIGLU: run_rows(e, op, NULL); break;
+    case Q3_OP_SWIGLU: run_rows(u, e, op, NULL); return Q3_OK;
     case Q3_OP_LAST_ROW:
         memcpy(row_of(e, op->out, 0), row_of(e, op->in[0], e->n_real - 1),
                (size_t)e->g->values[op->out].cols * sizeof(float));
-        break;
+        return Q3_OK;
     case Q3_OP_KIND_COUNT: break;
     }
-    pthread_mutex_unlock(&st.lock);
+    return q3_fail(Q3_ERR_UNSUPPORTED, "op %s: unknown kind", op->name);
 }
 
 /* ---- the K/V hand-off -------------------------------------------------------------------- */
 
 typedef struct store_job {
+    const q3_cpu_ew_kernels *ew;
     q3_dtype t;
     const float *const *src;
     void *const *dst;
@@ -549,19 +679,16 @@ static void store_item(void *ctx, int item, int ith)
     const store_job *j = ctx;
     size_t r0 = (size_t)item * STORE_ROWS_PER_ITEM, r1 = r0 + STORE_ROWS_PER_ITEM;
     if (r1 > j->n_rows) r1 = j->n_rows;
-    for (size_t r = r0; r < r1; r++) st.isa->ew->from_f32(j->t, j->src[r], j->dst[r], j->n);
+    for (size_t r = r0; r < r1; r++) j->ew->from_f32(j->t, j->src[r], j->dst[r], j->n);
 }
 
-static void cpu_store_rows(const q3_backend *b, q3_dtype t, const float *const *src, void *const *dst, size_t n_rows,
-                           size_t n)
+static void cpu_store_rows(void *impl, q3_dtype t, const float *const *src, void *const *dst, size_t n_rows, size_t n)
 {
-    ensure_init();
-    pthread_mutex_lock(&st.lock);
-    store_job j = {.t = t, .src = src, .dst = dst, .n_rows = n_rows, .n = n};
+    cpu_unit *u = impl;
+    store_job j = {.ew = u->isa->ew, .t = t, .src = src, .dst = dst, .n_rows = n_rows, .n = n};
     q3_pool_job job = {.item = store_item, .ctx = &j,
                        .n_items = (int)((n_rows + STORE_ROWS_PER_ITEM - 1) / STORE_ROWS_PER_ITEM)};
-    q3_pool_run(st.pool, &job);
-    pthread_mutex_unlock(&st.lock);
+    q3_pool_run(u->pool, &job);
 }
 
 /* kv_default = F16: the cache is read in full by every decode step's
@@ -575,6 +702,9 @@ q3_backend q3_backend_cpu = {
     .device = "CPU, SIMD (AVX-512 + AMX, AVX-512 BF16/VNNI or AVX2+FMA), one thread per core",
     .present = cpu_present,
     .refuses = cpu_refuses,
+    .open = cpu_open,
+    .close = cpu_close,
+    .threads = cpu_threads,
     .run = cpu_run,
     .store_rows = cpu_store_rows,
     .kv_default = Q3_F16,

@@ -23,6 +23,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kv/kv_pool.h"
 #include "model/dtype.h"
 
 /* ---- matmul ---------------------------------------------------------------- */
@@ -53,12 +54,22 @@ typedef struct q3_cpu_attn {
     size_t ldo;
     q3_dtype kv_dtype;     /* F32, F16 or BF16 */
     int n_cached;
-    const void *k_cache, *v_cache; /* row t at + t * cache_row_bytes */
-    size_t cache_row_bytes;
+    /* the cache: K row t of this layer at kv_data + table[t / Q3_KV_BLOCK_TOKENS]
+       * block_bytes + k_off + (t % Q3_KV_BLOCK_TOKENS) * row_bytes (V: v_off) */
+    const char *kv_data;
+    const int32_t *table;
+    size_t block_bytes, k_off, v_off, row_bytes;
     const void *k_chunk, *v_chunk; /* NULL in decode; row j = key n_cached + j */
     size_t chunk_row_bytes;
     float scale;           /* 1 / sqrt(head_dim) */
 } q3_cpu_attn;
+
+/* K (v = 0) or V (v = 1) row t of the cache (t < n_cached). */
+static inline const char *q3_cpu_attn_cache_row(const q3_cpu_attn *a, int v, int t)
+{
+    return a->kv_data + (size_t)a->table[t / Q3_KV_BLOCK_TOKENS] * a->block_bytes + (v ? a->v_off : a->k_off) +
+           (size_t)(t % Q3_KV_BLOCK_TOKENS) * a->row_bytes;
+}
 
 /* Query rows a prefill attention work item covers near the start of the
  * context (deeper, cpu_backend.c uses bigger blocks). */

@@ -10,7 +10,10 @@ static const char *cuda_refuses(const q3_backend *b, const q3_graph *g, const q3
     return "device absent (q3 was built without CUDA kernels)";
 }
 
-static void cuda_run(const q3_backend *b, const q3_exec *e, const q3_op *op) {}
+static q3_status cuda_run(void *impl, const q3_exec *e, const q3_op *op)
+{
+    return Q3_ERR_UNSUPPORTED; /* never reached: the unit is absent, so nothing is placed on it */
+}
 
 q3_backend q3_backend_cuda = {
     .name = "cuda",

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "backend/backend.h"
+#include "util/error.h"
 
 /* Rows of a value that hold data in this run: 1-row values stay 1 row. */
 static int live_rows(const q3_exec *e, int v)
@@ -26,9 +27,15 @@ static void weight_row(const q3_tensor *w, size_t r, float *out)
 
 /* ---- ops ---------------------------------------------------------------------- */
 
-static void embed(const q3_exec *e, const q3_op *op)
+static q3_status oom(const q3_op *op)
+{
+    return q3_fail(Q3_ERR_NOMEM, "out of memory running %s on the reference unit", op->name);
+}
+
+static q3_status embed(const q3_exec *e, const q3_op *op)
 {
     for (int r = 0; r < e->n_real; r++) weight_row(op->weight, (size_t)e->tokens[r], row_of(e, op->out, r));
+    return Q3_OK;
 }
 
 static void rmsnorm_row(const float *x, const float *w, float *out, int n, float eps)
@@ -39,35 +46,39 @@ static void rmsnorm_row(const float *x, const float *w, float *out, int n, float
     for (int i = 0; i < n; i++) out[i] = (float)((double)x[i] * inv) * w[i];
 }
 
-static void rmsnorm(const q3_exec *e, const q3_op *op)
+static q3_status rmsnorm(const q3_exec *e, const q3_op *op)
 {
     int n = e->g->values[op->in[0]].cols;
     float *w = malloc((size_t)n * sizeof *w);
+    if (!w) return oom(op);
     weight_row(op->weight, 0, w);
     for (int r = 0; r < live_rows(e, op->in[0]); r++)
         rmsnorm_row(row_of(e, op->in[0], r), w, row_of(e, op->out, r), n, e->g->cfg->rms_eps);
     free(w);
+    return Q3_OK;
 }
 
-static void head_norm(const q3_exec *e, const q3_op *op)
+static q3_status head_norm(const q3_exec *e, const q3_op *op)
 {
     int hd = e->g->cfg->head_dim, cols = e->g->values[op->in[0]].cols;
     float *w = malloc((size_t)hd * sizeof *w);
+    if (!w) return oom(op);
     weight_row(op->weight, 0, w);
     for (int r = 0; r < live_rows(e, op->in[0]); r++)
         for (int h = 0; h < cols / hd; h++)
             rmsnorm_row(row_of(e, op->in[0], r) + h * hd, w, row_of(e, op->out, r) + h * hd, hd,
                         e->g->cfg->rms_eps);
     free(w);
+    return Q3_OK;
 }
 
 /* rotate_half layout: element i pairs with i + head_dim/2. */
-static void rope(const q3_exec *e, const q3_op *op)
+static q3_status rope(const q3_exec *e, const q3_op *op)
 {
     const q3_config *c = e->g->cfg;
     int hd = c->head_dim, half = hd / 2, cols = e->g->values[op->in[0]].cols;
     for (int r = 0; r < live_rows(e, op->in[0]); r++) {
-        double p = (double)(e->pos + r);
+        double p = (double)e->pos[r];
         float *in = row_of(e, op->in[0], r), *out = row_of(e, op->out, r);
         for (int i = 0; i < half; i++) {
             double freq = pow((double)c->rope_theta, -2.0 * i / hd);
@@ -79,6 +90,7 @@ static void rope(const q3_exec *e, const q3_op *op)
             }
         }
     }
+    return Q3_OK;
 }
 
 /* A dot product in double; four partial sums only to break the dependency chain. */
@@ -96,11 +108,12 @@ static double dot(const float *x, const float *y, int n)
     return (a0 + a1) + (a2 + a3);
 }
 
-static void matmul(const q3_exec *e, const q3_op *op)
+static q3_status matmul(const q3_exec *e, const q3_op *op)
 {
     const q3_tensor *w = op->weight;
     int n_out = (int)w->shape[0], n_in = (int)w->shape[1], rows = live_rows(e, op->in[0]);
     float *wr = malloc((size_t)n_in * sizeof *wr);
+    if (!wr) return oom(op);
     for (int o = 0; o < n_out; o++) {
         weight_row(w, (size_t)o, wr);
         for (int r = 0; r < rows; r++) {
@@ -108,31 +121,50 @@ static void matmul(const q3_exec *e, const q3_op *op)
         }
     }
     free(wr);
+    return Q3_OK;
 }
 
-static void kv_append(const q3_exec *e, const q3_op *op)
+/* Row r's K and V go to its sequence's position pos[r]. */
+static q3_status kv_append(const q3_exec *e, const q3_op *op)
 {
-    q3_kv_cache *kv = e->kv;
-    q3_row_from_f32(kv->dtype, row_of(e, op->in[0], 0), q3_kv_k_row(kv, op->layer, e->pos), (size_t)kv->kv_dim);
-    q3_row_from_f32(kv->dtype, row_of(e, op->in[1], 0), q3_kv_v_row(kv, op->layer, e->pos), (size_t)kv->kv_dim);
+    const q3_kv_pool *kv = e->kv;
+    for (int r = 0; r < e->n_real; r++) {
+        q3_row_from_f32(kv->dtype, row_of(e, op->in[0], r), q3_kv_k_row(kv, e->table[r], op->layer, e->pos[r]),
+                        (size_t)kv->kv_dim);
+        q3_row_from_f32(kv->dtype, row_of(e, op->in[1], r), q3_kv_v_row(kv, e->table[r], op->layer, e->pos[r]),
+                        (size_t)kv->kv_dim);
+    }
+    return Q3_OK;
 }
 
-/* Row r attends to the cached positions [0, pos) (plus pos itself in decode,
- * where the cache already holds it) and, in prefill, chunk rows 0..r. */
-static void attention(const q3_exec *e, const q3_op *op)
+/* Prefill: row r attends to its sequence's cached positions [0, pos[0]) and
+ * chunk rows 0..r. Decode: row r attends to its own sequence's cache
+ * [0, pos[r]] (the cache already holds pos[r]). */
+static q3_status attention(const q3_exec *e, const q3_op *op)
 {
     const q3_config *c = e->g->cfg;
-    const q3_kv_cache *kv = e->kv;
+    const q3_kv_pool *kv = e->kv;
     int hd = c->head_dim, group = c->n_heads / c->n_kv_heads, kv_dim = kv->kv_dim;
     bool chunk = op->in[1] >= 0;
-    int n_cached = chunk ? e->pos : e->pos + 1;
-    int max_keys = n_cached + (chunk ? e->n_real : 0);
+    int max_keys = 0;
+    for (int r = 0; r < e->n_real; r++) {
+        int n = chunk ? e->pos[0] + r + 1 : e->pos[r] + 1;
+        if (n > max_keys) max_keys = n;
+    }
     double *score = malloc((size_t)max_keys * sizeof *score);
-    float *key = malloc((size_t)kv_dim * 2 * sizeof *key), *val = key + kv_dim;
+    float *key = malloc((size_t)kv_dim * 2 * sizeof *key), *val = key ? key + kv_dim : NULL;
     double *acc = malloc((size_t)hd * sizeof *acc);
+    if (!score || !key || !acc) {
+        free(score);
+        free(key);
+        free(acc);
+        return oom(op);
+    }
     double scale = 1.0 / sqrt((double)hd);
     for (int r = 0; r < e->n_real; r++) {
         const float *q = row_of(e, op->in[0], r);
+        const int32_t *table = e->table[r];
+        int n_cached = chunk ? e->pos[0] : e->pos[r] + 1;
         int n_keys = n_cached + (chunk ? r + 1 : 0);
         for (int h = 0; h < c->n_heads; h++) {
             int kh = h / group;
@@ -142,7 +174,7 @@ static void attention(const q3_exec *e, const q3_op *op)
             for (int t = 0; t < n_keys; t++) {
                 const float *kr;
                 if (t < n_cached) {
-                    q3_row_to_f32(kv->dtype, (const char *)q3_kv_k_row(kv, op->layer, t) + head_off, key + kh * hd,
+                    q3_row_to_f32(kv->dtype, (const char *)q3_kv_k_row(kv, table, op->layer, t) + head_off, key + kh * hd,
                                   (size_t)hd);
                     kr = key;
                 } else {
@@ -159,7 +191,7 @@ static void attention(const q3_exec *e, const q3_op *op)
             for (int t = 0; t < n_keys; t++) {
                 const float *vr;
                 if (t < n_cached) {
-                    q3_row_to_f32(kv->dtype, (const char *)q3_kv_v_row(kv, op->layer, t) + head_off, val + kh * hd,
+                    q3_row_to_f32(kv->dtype, (const char *)q3_kv_v_row(kv, table, op->layer, t) + head_off, val + kh * hd,
                                   (size_t)hd);
                     vr = val;
                 } else {
@@ -174,9 +206,10 @@ static void attention(const q3_exec *e, const q3_op *op)
     free(score);
     free(key);
     free(acc);
+    return Q3_OK;
 }
 
-static void add(const q3_exec *e, const q3_op *op)
+static q3_status add(const q3_exec *e, const q3_op *op)
 {
     int cols = e->g->values[op->out].cols;
     for (int r = 0; r < live_rows(e, op->out); r++) {
@@ -184,9 +217,10 @@ static void add(const q3_exec *e, const q3_op *op)
         float *o = row_of(e, op->out, r);
         for (int i = 0; i < cols; i++) o[i] = a[i] + b[i];
     }
+    return Q3_OK;
 }
 
-static void swiglu(const q3_exec *e, const q3_op *op)
+static q3_status swiglu(const q3_exec *e, const q3_op *op)
 {
     int cols = e->g->values[op->out].cols;
     for (int r = 0; r < live_rows(e, op->out); r++) {
@@ -194,12 +228,14 @@ static void swiglu(const q3_exec *e, const q3_op *op)
         float *o = row_of(e, op->out, r);
         for (int i = 0; i < cols; i++) o[i] = (float)((double)g[i] / (1.0 + exp(-(double)g[i])) * u[i]);
     }
+    return Q3_OK;
 }
 
-static void last_row(const q3_exec *e, const q3_op *op)
+static q3_status last_row(const q3_exec *e, const q3_op *op)
 {
     memcpy(row_of(e, op->out, 0), row_of(e, op->in[0], e->n_real - 1),
            (size_t)e->g->values[op->out].cols * sizeof(float));
+    return Q3_OK;
 }
 
 /* ---- the backend ---------------------------------------------------------------- */
@@ -212,21 +248,22 @@ static const char *ref_refuses(const q3_backend *b, const q3_graph *g, const q3_
     return NULL;
 }
 
-static void ref_run(const q3_backend *b, const q3_exec *e, const q3_op *op)
+static q3_status ref_run(void *impl, const q3_exec *e, const q3_op *op)
 {
     switch (op->kind) {
-    case Q3_OP_EMBED: embed(e, op); break;
-    case Q3_OP_RMSNORM: rmsnorm(e, op); break;
-    case Q3_OP_HEAD_NORM: head_norm(e, op); break;
-    case Q3_OP_ROPE: rope(e, op); break;
-    case Q3_OP_MATMUL: matmul(e, op); break;
-    case Q3_OP_KV_APPEND: kv_append(e, op); break;
-    case Q3_OP_ATTENTION: attention(e, op); break;
-    case Q3_OP_ADD: add(e, op); break;
-    case Q3_OP_SWIGLU: swiglu(e, op); break;
-    case Q3_OP_LAST_ROW: last_row(e, op); break;
+    case Q3_OP_EMBED: return embed(e, op);
+    case Q3_OP_RMSNORM: return rmsnorm(e, op);
+    case Q3_OP_HEAD_NORM: return head_norm(e, op);
+    case Q3_OP_ROPE: return rope(e, op);
+    case Q3_OP_MATMUL: return matmul(e, op);
+    case Q3_OP_KV_APPEND: return kv_append(e, op);
+    case Q3_OP_ATTENTION: return attention(e, op);
+    case Q3_OP_ADD: return add(e, op);
+    case Q3_OP_SWIGLU: return swiglu(e, op);
+    case Q3_OP_LAST_ROW: return last_row(e, op);
     case Q3_OP_KIND_COUNT: break;
     }
+    return q3_fail(Q3_ERR_UNSUPPORTED, "op %s: unknown kind", op->name);
 }
 
 q3_backend q3_backend_ref = {

@@ -1,0 +1,28 @@
+/* A runtime context: the unit instances it opened, the KV pool its
+ * sequences live in, and the two planned graphs (prefill chunks of S rows,
+ * decode steps of up to max_seqs rows). The public step API (q3.h) is here. */
+#ifndef Q3_RUN_CONTEXT_H
+#define Q3_RUN_CONTEXT_H
+
+#include "run/executor.h"
+
+struct q3_ctx {
+    q3_model *model;
+    int n_ctx, chunk, max_seqs;
+    q3_unit *opened[3];           /* instances this context owns */
+    int n_opened;
+    q3_unit *prefill_unit, *decode_unit, *ref_unit; /* views into opened */
+    q3_kv_pool kv;
+    q3_graph prefill, prefill_all, decode;  /* prefill_all is built on first use */
+    q3_runner run_prefill, run_prefill_all, run_decode;
+    /* per-row inputs of a run */
+    int32_t *row_pos;             /* [max(chunk, max_seqs)] */
+    const int32_t **row_table;    /* [max(chunk, max_seqs)] */
+    int32_t *row_tokens;          /* [max_seqs] */
+    bool *seen;                   /* [max_seqs] step validation */
+    const float **handoff_src;    /* [2 * n_layers * chunk] the hand-off's rows: graph outputs ... */
+    void **handoff_dst;           /* ... and their cache rows */
+    double handoff_seconds;       /* time spent copying prefill K/V into the cache */
+};
+
+#endif
