@@ -18,6 +18,7 @@
 #include "run/executor.h"
 #include "text/tokenizer.h"
 #include "util/file.h"
+#include "util/outfile.h"
 
 static const char *usage =
     "usage: q3 bench [-m MODEL] [--compute-units U1,U2|all] [--chunk 128] [--gen 64] [--drain 15]\n"
@@ -66,7 +67,9 @@ static void svg_bar(FILE *f, double y, const char *label, double value, double v
 /* Two panels: prefill ms per chunk (lower is better) and decode tok/s with the drain line. */
 static int write_svg(const char *path, const run *runs, int n, int chunk, double drain, const char *model)
 {
-    FILE *f = fopen(path, "w");
+    char *doc = NULL;
+    size_t doc_len = 0;
+    FILE *f = open_memstream(&doc, &doc_len); /* the file itself: complete or absent (util/outfile.h) */
     if (!f) return -1;
     int rows1 = n + 3, rows2 = n + 1;
     double h = 90 + 26.0 * rows1 + 60 + 26.0 * rows2 + 30;
@@ -107,7 +110,9 @@ static int write_svg(const char *path, const run *runs, int n, int chunk, double
     fprintf(f, "<line x1=\"%.1f\" y1=\"%.0f\" x2=\"%.1f\" y2=\"%.0f\" stroke=\"red\" stroke-dasharray=\"4\"/>\n", xd, y0 - 4,
             xd, y);
     fprintf(f, "</svg>\n");
-    return fclose(f);
+    int rc = fclose(f) != 0 ? -1 : q3_write_file_atomic(path, doc, doc_len) != Q3_OK ? -1 : 0;
+    free(doc);
+    return rc;
 }
 
 /* Greedy text of a run, for a look at what the model makes (random weights: noise). */
@@ -470,7 +475,7 @@ int cmd_bench(int argc, char **argv)
     }
     if (svg && n_runs > 0) {
         if (write_svg(svg, runs, n_runs, o.chunk, drain, model))
-            rc = cli_error("bench", "%s: cannot write the chart", svg);
+            rc = cli_error("bench", "%s: cannot write the chart: %s", svg, q3_last_error());
         else if (!json)
             printf("\nchart: %s\n", svg);
     }

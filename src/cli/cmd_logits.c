@@ -6,6 +6,7 @@
 
 #include "cli/cli.h"
 #include "q3.h"
+#include "util/outfile.h"
 
 static const char *usage =
     "usage: q3 logits -m MODEL --tokens 1,2,3 [--decode-from K] [--chunk S] [--backend NAME]\n"
@@ -81,6 +82,7 @@ int cmd_logits(int argc, char **argv)
         free(ids);
         return cli_error("logits", "--decode-from %ld must be in 1..%ld", decode_from, n);
     }
+    if (q3_outfile_check(out_path)) { free(ids); return cli_error("logits", "-o: %s", q3_last_error()); }
     q3_model *m;
     if (q3_model_open(model, &m)) { free(ids); return cli_error("logits", "%s", q3_last_error()); }
     int rc = 1;
@@ -94,10 +96,10 @@ int cmd_logits(int argc, char **argv)
     if (q3_session_prefill(s, ids, k, logits, 1)) { cli_error("logits", "%s", q3_last_error()); goto done; }
     for (size_t t = k; t < (size_t)n; t++)
         if (q3_session_decode(s, ids[t], logits + t * V)) { cli_error("logits", "%s", q3_last_error()); goto done; }
-    FILE *f = fopen(out_path, "wb");
-    if (!f) { cli_error("logits", "%s: cannot write: %s", out_path, strerror(errno)); goto done; }
-    size_t w = fwrite(logits, sizeof(float), (size_t)n * V, f);
-    if (fclose(f) != 0 || w != (size_t)n * V) { cli_error("logits", "%s: write failed", out_path); goto done; }
+    if (q3_write_file_atomic(out_path, logits, (size_t)n * V * sizeof(float))) {
+        cli_error("logits", "%s", q3_last_error());
+        goto done;
+    }
     rc = 0;
 done:
     q3_session_free(s);

@@ -98,7 +98,9 @@ static int open_tokenizer(cli_gen *g)
         }
     } else if (q3_is_dir(g->model_path)) {
         snprintf(p, sizeof p, "%s/tokenizer.json", g->model_path);
-        if (!q3_file_exists(p))
+        int present;
+        if (q3_regular_or_absent(p, &present)) return cli_error(g->cmd, "%s", q3_last_error());
+        if (!present)
             return cli_error(g->cmd, "%s has no tokenizer.json: pass --tokenizer PATH (the built-in one is %s)",
                              g->model_path, cli_default_tokenizer_dir() ? cli_default_tokenizer_dir() : "not fetched: make deps");
         src = p;
@@ -156,7 +158,10 @@ int cli_gen_check_template(cli_gen *g)
     snprintf(p, sizeof p, "%s/tokenizer_config.json", g->model_path);
     char j[PATH_MAX];
     snprintf(j, sizeof j, "%s/chat_template.jinja", g->model_path);
-    if (!q3_file_exists(p) && !q3_file_exists(j)) {
+    int has_config, has_jinja; /* a FIFO or a device there is an error, not "no template" */
+    if (q3_regular_or_absent(p, &has_config) || q3_regular_or_absent(j, &has_jinja))
+        return cli_error(g->cmd, "%s", q3_last_error());
+    if (!has_config && !has_jinja) {
         fprintf(stderr, "q3 %s: %s has no chat template; using Qwen3's\n", g->cmd, g->model_path);
         return 0;
     }

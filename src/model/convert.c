@@ -288,7 +288,10 @@ static q3_status add_chat_templates(q3_gguf_writer *w, const char *dir, const cJ
 {
     char p[PATH_MAX];
     snprintf(p, sizeof p, "%s/chat_template.jinja", dir);
-    if (q3_file_exists(p)) {
+    int present;
+    q3_status pst = q3_regular_or_absent(p, &present); /* a FIFO there is an error, not "no template" */
+    if (pst) return pst;
+    if (present) {
         char *text;
         q3_status st = q3_read_file(p, 16u << 20, &text, NULL);
         if (st) return st;
@@ -316,15 +319,20 @@ q3_status q3_convert_add_tokenizer(q3_gguf_writer *w, const char *dir, const cha
 {
     char path[PATH_MAX];
     snprintf(path, sizeof path, "%s/tokenizer.json", dir);
-    if (!q3_file_exists(path)) return q3_fail(Q3_ERR_IO, "%s: no tokenizer.json in the folder", dir);
+    int present;
+    q3_status pst = q3_regular_or_absent(path, &present);
+    if (pst) return pst;
+    if (!present) return q3_fail(Q3_ERR_IO, "%s: no tokenizer.json in the folder", dir);
     cJSON *root = NULL, *tcfg = NULL, *config = NULL;
     tok_build b = {.json_path = path, .vocab_size = vocab_size};
     q3_status st = read_json(path, &root);
     if (!st) st = build_vocab(&b, root);
     char cfg_path[PATH_MAX];
     snprintf(cfg_path, sizeof cfg_path, "%s/tokenizer_config.json", dir);
-    if (!st && q3_file_exists(cfg_path)) st = read_json(cfg_path, &tcfg);
-    if (!st && config_json && q3_file_exists(config_json)) st = read_json(config_json, &config);
+    /* optional, but a FIFO or a device in their place is an error rather than silently skipped */
+    if (!st && !(st = q3_regular_or_absent(cfg_path, &present)) && present) st = read_json(cfg_path, &tcfg);
+    if (!st && config_json && !(st = q3_regular_or_absent(config_json, &present)) && present)
+        st = read_json(config_json, &config);
     if (st) goto done;
 
     if ((st = q3_gguf_writer_add_str(w, "tokenizer.ggml.model", "gpt2")) ||
