@@ -5,8 +5,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <time.h>
 
 #include "test.h"
+#include "text/tokenizer.h"
+#include "text/utf8.h"
 
 #define E2E TEST_DATA "/golden/e2e"
 
@@ -57,8 +60,72 @@ static void test_chat_cut_character(void)
     CHECK(!strstr(out, "invalid UTF-8"), "no encode error: %s", out);
 }
 
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* A tokenizer of the 256 byte tokens (byte-level form), no merges, split by `regex`. */
+static q3_tokenizer *byte_tokenizer(const char *regex)
+{
+    static char store[256][8];
+    static const char *vocab[256];
+    for (int b = 0; b < 256; b++) {
+        uint32_t cp = (uint32_t)b;
+        if (!((b >= 33 && b <= 126) || (b >= 161 && b <= 172) || b >= 174))
+            cp = b <= 32 ? 256u + (uint32_t)b : b <= 160 ? 256u + 33 + (uint32_t)(b - 127) : 256u + 67;
+        store[b][q3_utf8_encode(cp, store[b])] = 0;
+        vocab[b] = store[b];
+    }
+    q3_tokenizer_parts p = {vocab, 256, NULL, 0, NULL, 0, regex, 1};
+    q3_tokenizer *tok = NULL;
+    CHECK(q3_tokenizer_from_parts(&p, "bytes", &tok) == Q3_OK, "%s", q3_last_error());
+    return tok;
+}
+
+/* Item 10: a split pattern that backtracks exponentially fails fast with a message;
+ * patterns that do not still split long runs. */
+static void test_regex_backtracking(void)
+{
+    q3_tokenizer *tok = byte_tokenizer("(?:a|a){0,21}c|(?s:.)");
+    if (!tok) return;
+    char text[400];
+    memset(text, 'a', sizeof text);
+    int32_t *ids = NULL;
+    size_t n = 0;
+    double t0 = now_s();
+    q3_status st = q3_tokenizer_encode(tok, text, sizeof text, &ids, &n);
+    double dt = now_s() - t0;
+    CHECK(st == Q3_ERR_INVALID, "a backtracking pattern is refused (status %d, %zu ids)", st, n);
+    CHECK(dt < 0.5, "in bounded time: %.2f s for %zu bytes", dt, sizeof text);
+    if (st) CHECK_CONTAINS(q3_last_error(), "backtracks too much");
+    free(ids);
+    q3_tokenizer_free(tok);
+
+    /* Llama 3's pattern (not Qwen2's: PCRE2 runs it) on long runs of one class */
+    tok = byte_tokenizer("(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| "
+                         "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+");
+    if (!tok) return;
+    enum { N = 300000 };
+    char *big = malloc(N);
+    const char fills[] = {' ', 'a', '1', '!', '\n'};
+    for (size_t f = 0; big && f < sizeof fills; f++) {
+        memset(big, fills[f], N);
+        big[N - 1] = 'x';
+        ids = NULL;
+        st = q3_tokenizer_encode(tok, big, N, &ids, &n);
+        CHECK(st == Q3_OK && n >= 1, "a run of %zu '%c' splits: %s", (size_t)N, fills[f], st ? q3_last_error() : "");
+        free(ids);
+    }
+    free(big);
+    q3_tokenizer_free(tok);
+}
+
 int main(void)
 {
+    test_regex_backtracking();
     test_chat_cut_character();
     TEST_DONE();
 }

@@ -541,7 +541,12 @@ static q3_status encode_plain(const q3_tokenizer *t, tk_scratch *sc, const char 
         sc->md = pcre2_match_data_create_from_pattern(t->split.re, NULL);
         if (!sc->md) return q3_fail(Q3_ERR_NOMEM, "%s: out of memory", t->name);
     }
-    tk_split_iter it = {.sp = &t->split, .s = (const unsigned char *)s, .n = n, .md = sc->md};
+    if (t->split.kind == TK_SPLIT_PCRE2 && !sc->mc) {
+        sc->mc = pcre2_match_context_create(NULL);
+        if (!sc->mc) return q3_fail(Q3_ERR_NOMEM, "%s: out of memory", t->name);
+        pcre2_set_depth_limit(sc->mc, TK_MATCH_DEPTH);
+    }
+    tk_split_iter it = {.sp = &t->split, .s = (const unsigned char *)s, .n = n, .md = sc->md, .mc = sc->mc};
     size_t ps, pe;
     int r;
     while ((r = tk_split_next(&it, &ps, &pe)) == 1) {
