@@ -123,8 +123,81 @@ static void test_regex_backtracking(void)
     q3_tokenizer_free(tok);
 }
 
+/* Item 12: numbers on the command line are parsed strictly, by every command. */
+static void test_numeric_options(void)
+{
+    static const struct { const char *args, *name, *range; } bad[] = {
+        {"run -p hi --temp nan", "--temp", "0..10000"},
+        {"run -p hi --temp -inf", "--temp", "0..10000"},
+        {"run -p hi --top-p nan", "--top-p", "0..1"},
+        {"run -p hi --min-p nan", "--min-p", "0..1"},
+        {"run -p hi --repeat-penalty nan", "--repeat-penalty", "0.001..1000"},
+        {"run -p hi --presence-penalty inf", "--presence-penalty", "-1000..1000"},
+        {"run -p hi --seed nan", "--seed", "0..9223372036854775807"},
+        {"run -p hi -n nan", "-n", "1..16777216"},
+        {"run -p hi -n 1.5", "-n", "1..16777216"},
+        {"run -p hi -n 100000000", "-n", "1..16777216"},
+        {"run -p hi -n ' 5'", "-n", "1..16777216"},
+        {"run -p hi --top-k 1e12", "--top-k", "0..2147483647"},
+        {"run -p hi --ctx 1e20", "--ctx", "1..16777216"},
+        {"chat --temp nan", "--temp", "0..10000"},
+        {"chat --chunk 0", "--chunk", "1..4096"},
+        {"bench --depth 2147483600", "--depth", "0..16777216"},
+        {"bench --gen 1.5", "--gen", "1..100000"},
+        {"bench --drain nan", "--drain", "0.001..1e+06"},
+        {"probe --chunk 12x", "--chunk", "1..4096"},
+        {"logits --tokens 1 -o /dev/null --ctx 1e9", "--ctx", "1..16777216"},
+        {"logits --tokens 1 -o /dev/null --decode-from 2abc", "--decode-from", "1..16777216"},
+        {"synth -o /tmp/q3-test-input-never --seed -1", "--seed", "0..9223372036854775807"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        const char *out;
+        int rc = sh(&out, "%s %s -m " E2E " </dev/null", q3_bin(), bad[i].args);
+        CHECK(rc == 1, "'%s' exits 1, not %d: %s", bad[i].args, rc, out);
+        char want[128];
+        snprintf(want, sizeof want, "%s must be a", bad[i].name);
+        CHECK(strstr(out, want) && strstr(out, bad[i].range), "'%s': the option and its range named: %s",
+              bad[i].args, out);
+        CHECK(!strstr(out, "[prefill:"), "'%s' generates nothing: %s", bad[i].args, out);
+    }
+    /* good values still work */
+    const char *out;
+    int rc = sh(&out, "%s run -m " E2E " -p hi --temp 0.5 --top-k 20 --top-p 0.9 --min-p 0 --seed 7 -n 3 --ctx 64",
+                q3_bin());
+    CHECK(rc == 0 && strstr(out, "decode: 3 tokens"), "valid numbers: %s", out);
+}
+
+/* Item 14: a bad unit fails before any table; the chart escapes the model path. */
+static void test_bench_units_and_svg(void)
+{
+    const char *out;
+    int rc = sh(&out, "%s bench -m " TEST_DATA "/golden/tiny --compute-units bogus --no-limits", q3_bin());
+    CHECK(rc == 1 && strstr(out, "unknown compute unit 'bogus'"), "bogus unit: %s", out);
+    CHECK(!strstr(out, "RTFx") && !strstr(out, "MB"), "no table printed: %s", out);
+    rc = sh(&out, "%s bench -m " TEST_DATA "/golden/tiny --compute-units cpu,cuda --no-limits", q3_bin());
+    CHECK(rc == 1 && strstr(out, "'cuda' is not present"), "absent unit: %s", out);
+    CHECK(!strstr(out, "ms") && !strstr(out, "MB"), "no table printed: %s", out);
+
+    rc = sh(&out, "rm -rf '/tmp/q3-test-input-a&b<c' && mkdir -p '/tmp/q3-test-input-a&b<c' && cp -r " TEST_DATA
+                  "/golden/tiny/* '/tmp/q3-test-input-a&b<c/' && %s bench -m '/tmp/q3-test-input-a&b<c' --gen 2 "
+                  "--repeats 1 --no-limits --svg /tmp/q3-test-input.svg",
+            q3_bin());
+    CHECK(rc == 0, "bench with an SVG: %s", out);
+    FILE *f = fopen("/tmp/q3-test-input.svg", "r");
+    char svg[1 << 14] = "";
+    if (f) {
+        svg[fread(svg, 1, sizeof svg - 1, f)] = 0;
+        fclose(f);
+    }
+    CHECK(strstr(svg, "q3-test-input-a&amp;b&lt;c") != NULL, "the path escaped: %.300s", svg);
+    CHECK(!strstr(svg, "a&b") && !strstr(svg, "b<c"), "no raw & or <: %.300s", svg);
+    sh(&out, "rm -rf '/tmp/q3-test-input-a&b<c' /tmp/q3-test-input.svg");
+}
+
 int main(void)
 {
+    test_numeric_options();
+    test_bench_units_and_svg();
     test_regex_backtracking();
     test_chat_cut_character();
     TEST_DONE();

@@ -1,10 +1,12 @@
 #include "cli/gen_common.h"
 
 #include <limits.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "cli/args.h"
 #include "cli/cli.h"
 #include "cli/defaults.h"
 #include "model/model.h"
@@ -55,9 +57,6 @@ int cli_gen_option(cli_gen *g, int *i, int argc, char **argv)
         return -1;
     }
     const char *v = argv[++*i];
-    char *end;
-    double num = strtod(v, &end);
-    int numeric = end != v && *end == 0;
     if (!strcmp(a, "-m") || !strcmp(a, "--model")) { g->model_path = v; return 1; }
     if (!strcmp(a, "--tokenizer")) { g->tokenizer_path = v; return 1; }
     if (!strcmp(a, "--backend")) { g->so.backend = v; return 1; }
@@ -67,23 +66,23 @@ int cli_gen_option(cli_gen *g, int *i, int argc, char **argv)
         g->stops[g->n_stops++] = v;
         return 1;
     }
-    if (!numeric) {
-        cli_error(g->cmd, "option '%s' needs a number, got '%s'", a, v);
-        return -1;
-    }
-    if (!strcmp(a, "--ctx")) g->so.n_ctx = (int)num;
-    else if (!strcmp(a, "--chunk")) g->so.chunk = (int)num;
-    else if (!strcmp(a, "-n")) {
-        if (num < 1 || num > 1e7) { cli_error(g->cmd, "-n must be at least 1"); return -1; }
-        g->max_tokens = (int)num;
-    } else if (!strcmp(a, "--temp")) g->temp = (float)num;
-    else if (!strcmp(a, "--top-k")) g->top_k = (int)num;
-    else if (!strcmp(a, "--top-p")) g->top_p = (float)num;
-    else if (!strcmp(a, "--min-p")) g->min_p = (float)num;
-    else if (!strcmp(a, "--repeat-penalty")) g->repeat_penalty = (float)num;
-    else if (!strcmp(a, "--presence-penalty")) g->presence_penalty = (float)num;
-    else if (!strcmp(a, "--seed")) g->seed = (long long)num;
-    return 1;
+    /* numbers: strictly, in the ranges the session and the sampler accept */
+    long long n = 0;
+    double x = 0;
+    int bad;
+    if (!strcmp(a, "--ctx")) bad = cli_parse_int(g->cmd, a, v, 1, CLI_MAX_CTX, &n), g->so.n_ctx = (int)n;
+    else if (!strcmp(a, "--chunk")) bad = cli_parse_int(g->cmd, a, v, 1, 4096, &n), g->so.chunk = (int)n;
+    else if (!strcmp(a, "-n")) bad = cli_parse_int(g->cmd, a, v, 1, CLI_MAX_CTX, &n), g->max_tokens = (int)n;
+    else if (!strcmp(a, "--top-k")) bad = cli_parse_int(g->cmd, a, v, 0, INT32_MAX, &n), g->top_k = (int)n;
+    else if (!strcmp(a, "--seed")) bad = cli_parse_int(g->cmd, a, v, 0, LLONG_MAX, &n), g->seed = n;
+    else if (!strcmp(a, "--temp")) bad = cli_parse_double(g->cmd, a, v, 0, 1e4, &x), g->temp = (float)x;
+    else if (!strcmp(a, "--top-p")) bad = cli_parse_double(g->cmd, a, v, 0, 1, &x), g->top_p = (float)x;
+    else if (!strcmp(a, "--min-p")) bad = cli_parse_double(g->cmd, a, v, 0, 1, &x), g->min_p = (float)x;
+    else if (!strcmp(a, "--repeat-penalty"))
+        bad = cli_parse_double(g->cmd, a, v, 1e-3, 1e3, &x), g->repeat_penalty = (float)x;
+    else /* --presence-penalty */
+        bad = cli_parse_double(g->cmd, a, v, -1e3, 1e3, &x), g->presence_penalty = (float)x;
+    return bad ? -1 : 1;
 }
 
 /* tokenizer.json beside the model, --tokenizer (a file or a folder), or a GGUF's own. */
