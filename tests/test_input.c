@@ -194,8 +194,35 @@ static void test_bench_units_and_svg(void)
     sh(&out, "rm -rf '/tmp/q3-test-input-a&b<c' /tmp/q3-test-input.svg");
 }
 
+/* Item 11: a NUL byte never cuts input silently: text with a length keeps it,
+ * NUL-terminated paths (JSON strings, prompts) refuse it with a message. */
+static void test_nul_bytes(void)
+{
+    const char *out;
+    int rc = sh(&out, "printf 'hello\\0world' | %s run -m " E2E " --raw -p - -n 1 --temp 0", q3_bin());
+    CHECK(rc == 1 && strstr(out, "NUL byte") && !strstr(out, "[prefill:"), "raw prompt with NUL: %s", out);
+    rc = sh(&out, "printf '[{\"role\":\"user\",\"content\":\"abc\\\\u0000def\"}]' | %s chat-template", q3_bin());
+    CHECK(rc == 1 && strstr(out, "\\u0000") && !strstr(out, "<|im_start|>"), "content with \\u0000: %s", out);
+    rc = sh(&out, "printf '[{\"role\":\"user\",\"content\":\"abc\\\\u0000def\"}]' > /tmp/q3-test-input-nul.json && "
+                  "%s run -m " E2E " --messages /tmp/q3-test-input-nul.json -n 1",
+            q3_bin());
+    CHECK(rc == 1 && strstr(out, "line 1, column 31") && !strstr(out, "[prefill:"), "run --messages: %s", out);
+    rc = sh(&out, "printf '{\"text\":\"a\\\\u0000b\"}\\n' | %s tokenize -m " E2E " --jsonl", q3_bin());
+    CHECK(rc == 1 && strstr(out, "NUL") && !strstr(out, "\"ids\""), "tokenize --jsonl: %s", out);
+    /* an escaped backslash before u0000 is text, not a NUL */
+    rc = sh(&out, "printf '{\"text\":\"a\\\\\\\\u0000b\"}\\n' | %s tokenize -m " E2E " --jsonl", q3_bin());
+    CHECK(rc == 0 && strstr(out, "\"ids\""), "tokenize --jsonl of a literal backslash-u0000: %s", out);
+    rc = sh(&out, "printf 'hi\\0there\\nHello\\n' | %s chat -m " E2E " -n 2 --temp 0", q3_bin());
+    CHECK(rc == 0 && strstr(out, "NUL byte") && count(out, "[prefill:") == 1, "chat line with NUL: %s", out);
+    /* plain tokenize carries the length: the NUL is a token like any byte */
+    rc = sh(&out, "printf 'a\\0b' | %s tokenize -m " E2E, q3_bin());
+    CHECK(rc == 0 && strstr(out, "[64, 188, 65]"), "tokenize keeps the NUL: %s", out);
+    remove("/tmp/q3-test-input-nul.json");
+}
+
 int main(void)
 {
+    test_nul_bytes();
     test_numeric_options();
     test_bench_units_and_svg();
     test_regex_backtracking();

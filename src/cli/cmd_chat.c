@@ -119,6 +119,10 @@ int cmd_chat(int argc, char **argv)
         }
         while (len && (line[len - 1] == '\n' || line[len - 1] == '\r')) line[--len] = 0;
         if (!len) continue;
+        if (strlen(line) != (size_t)len) {
+            fprintf(stderr, "q3 chat: the line contains a NUL byte (at offset %zu); it was not sent\n", strlen(line));
+            continue;
+        }
         if (!strcmp(line, "/quit") || !strcmp(line, "/exit")) break;
         if (!strcmp(line, "/reset")) {
             cJSON_Delete(history);

@@ -38,7 +38,12 @@ static int build_prompt(cli_gen *g, const char *prompt, const char *system, cons
     cJSON *conv = NULL;
     if (messages_path) {
         char *text;
-        if (q3_read_file(messages_path, 64u << 20, &text, NULL)) return cli_error(g->cmd, "%s", q3_last_error());
+        size_t len;
+        if (q3_read_file(messages_path, 64u << 20, &text, &len)) return cli_error(g->cmd, "%s", q3_last_error());
+        if (strlen(text) != len) {
+            free(text);
+            return cli_error(g->cmd, "%s: the file contains a NUL byte (at offset %zu)", messages_path, strlen(text));
+        }
         q3_status st = q3_json_parse(text, &conv);
         free(text);
         if (st) return cli_error(g->cmd, "%s: %s", messages_path, q3_last_error());
@@ -102,8 +107,15 @@ int cmd_run(int argc, char **argv)
     char *stdin_text = NULL;
     if (!messages && (!prompt || !strcmp(prompt, "-"))) {
         if (isatty(STDIN_FILENO)) return cli_error("run", "no prompt: -p PROMPT, --messages FILE, or text on stdin");
-        prompt = stdin_text = cli_read_stdin("run", NULL);
+        size_t len;
+        prompt = stdin_text = cli_read_stdin("run", &len);
         if (!prompt) return 1;
+        if (strlen(prompt) != len) { /* -p cannot carry one either: refuse rather than cut the prompt */
+            cli_error("run", "stdin: the prompt contains a NUL byte (at offset %zu): q3 takes text without NUL bytes",
+                      strlen(prompt));
+            free(stdin_text);
+            return 1;
+        }
     }
     int rc = 1;
     char *text = NULL;
