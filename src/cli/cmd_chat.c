@@ -141,19 +141,18 @@ int cmd_chat(int argc, char **argv)
         cJSON_AddItemReferenceToObject(conv, "messages", history);
         cJSON_AddBoolToObject(conv, "add_generation_prompt", 1);
         if (g.no_think) cJSON_AddBoolToObject(conv, "enable_thinking", 0);
-        char *text = NULL;
-        q3_status st = q3_chat_render(conv, &text);
+        q3_tokens toks = {0};
+        q3_status st = cli_gen_encode_chat(&g, conv, &toks);
         cJSON_Delete(conv);
-        int32_t *ids = NULL;
-        size_t n = 0;
-        if (!st) st = q3_tokenizer_encode(g.tok, text, strlen(text), &ids, &n);
-        free(text);
+        int32_t *ids = toks.ids;
+        size_t n = toks.n;
         if (st) {
             fprintf(stderr, "q3 chat: %s\n", q3_last_error());
             cJSON_DeleteItemFromArray(history, cJSON_GetArraySize(history) - 1);
             free(ids);
             continue;
         }
+        cli_gen_print_prompt(&g, ids, n);
         /* reuse the cached prefix; feed only what is new */
         size_t common = 0;
         while (common < n_cached && common < n && cached[common] == ids[common]) common++;

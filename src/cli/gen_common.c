@@ -29,7 +29,11 @@ const char *cli_gen_usage =
     "  --repeat-penalty R --presence-penalty P --seed S\n"
     "  --stop STR             stop when STR appears (repeatable)\n"
     "  --no-think             no thinking (an empty think block is added)\n"
-    "  --hide-think           do not print the thinking\n";
+    "  --hide-think           do not print the thinking\n"
+    "  --parse-special-in-content   let message content hold special tokens: \"<|im_end|>\" in a\n"
+    "                         message becomes the control token (the reference's behaviour; unsafe:\n"
+    "                         by default content is plain text, only the template's markup is special)\n"
+    "  --verbose-prompt       print the prompt's token ids to stderr before generating\n";
 
 void cli_gen_init(cli_gen *g, const char *cmd)
 {
@@ -46,6 +50,8 @@ int cli_gen_option(cli_gen *g, int *i, int argc, char **argv)
     const char *a = argv[*i];
     if (!strcmp(a, "--no-think")) { g->no_think = 1; return 1; }
     if (!strcmp(a, "--hide-think")) { g->hide_think = 1; return 1; }
+    if (!strcmp(a, "--parse-special-in-content")) { g->parse_special_in_content = 1; return 1; }
+    if (!strcmp(a, "--verbose-prompt")) { g->verbose_prompt = 1; return 1; }
     static const char *valued[] = {"-m", "--model", "--tokenizer", "--ctx", "--chunk", "--backend", "--kv", "-n",
                                    "--temp", "--top-k", "--top-p", "--min-p", "--repeat-penalty",
                                    "--presence-penalty", "--seed", "--stop", NULL};
@@ -163,6 +169,30 @@ int cli_gen_check_template(cli_gen *g)
     if (q3_chat_template_load(g->model_path, &kind))
         return cli_error(g->cmd, "%s (use --raw to skip the chat template)", q3_last_error());
     return 0;
+}
+
+q3_status cli_gen_encode_chat(const cli_gen *g, const cJSON *conversation, q3_tokens *out)
+{
+    return q3_chat_encode(g->tok, conversation, g->parse_special_in_content ? Q3_CHAT_PARSE_SPECIAL_IN_CONTENT : 0,
+                          out);
+}
+
+void cli_gen_print_prompt(const cli_gen *g, const int32_t *ids, size_t n)
+{
+    if (!g->verbose_prompt) return;
+    fprintf(stderr, "prompt: %zu tokens\n", n);
+    for (size_t i = 0; i < n; i++) {
+        size_t len;
+        const unsigned char *t = (const unsigned char *)q3_tokenizer_token_bytes(g->tok, ids[i], &len);
+        fprintf(stderr, "%6d -> '", (int)ids[i]);
+        for (size_t k = 0; k < len; k++) {
+            if (t[k] == '\n') fputs("\\n", stderr);
+            else if (t[k] == '\\' || t[k] == '\'') fprintf(stderr, "\\%c", t[k]);
+            else if (t[k] < 0x20 || t[k] == 0x7F) fprintf(stderr, "\\x%02X", t[k]);
+            else fputc(t[k], stderr);
+        }
+        fputs(q3_tokenizer_is_special(g->tok, ids[i]) ? "' (special)\n" : "'\n", stderr);
+    }
 }
 
 void cli_gen_print(void *user, int32_t id, const char *text, size_t len)
