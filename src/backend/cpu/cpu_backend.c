@@ -27,6 +27,7 @@
 #include "backend/cpu/cpu_features.h"
 #include "backend/cpu/quant_kernels.h"
 #include "backend/cpu/threadpool.h"
+#include "model/rope.h"
 
 /* Elementwise ops with fewer values than this run inline on one thread:
  * waking the pool costs about a microsecond, more than they take. */
@@ -70,6 +71,7 @@ static struct cpu_state {
     grow_buf rope;
     int rope_done, rope_hd;
     float rope_theta;
+    q3_rope_scaling rope_scaling;
     uint64_t ops;
 } st = {.once = PTHREAD_ONCE_INIT, .lock = PTHREAD_MUTEX_INITIALIZER};
 
@@ -175,10 +177,12 @@ static const float *norm_weight(const q3_tensor *w, int n)
 static void ensure_rope(const q3_config *c, int end)
 {
     int hd = c->head_dim, half = hd / 2;
-    if (st.rope_hd != hd || st.rope_theta != c->rope_theta) {
+    if (st.rope_hd != hd || st.rope_theta != c->rope_theta ||
+        memcmp(&st.rope_scaling, &c->rope_scaling, sizeof c->rope_scaling)) {
         st.rope_done = 0;
         st.rope_hd = hd;
         st.rope_theta = c->rope_theta;
+        st.rope_scaling = c->rope_scaling;
     }
     if (end <= st.rope_done) return;
     int target = (end + 255) & ~255;
@@ -195,9 +199,9 @@ static void ensure_rope(const q3_config *c, int end)
     float *t = st.rope.p;
     for (int p = st.rope_done; p < target; p++)
         for (int i = 0; i < half; i++) {
-            double freq = pow((double)c->rope_theta, -2.0 * i / hd), ang = (double)p * freq;
-            t[(size_t)p * hd + i] = (float)cos(ang);
-            t[(size_t)p * hd + half + i] = (float)sin(ang);
+            double scale, freq = q3_rope_freq(c, i, &scale), ang = (double)p * freq; /* model/rope.h */
+            t[(size_t)p * hd + i] = (float)(scale * cos(ang));
+            t[(size_t)p * hd + half + i] = (float)(scale * sin(ang));
         }
     st.rope_done = target;
 }
