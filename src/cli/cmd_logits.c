@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli/args.h"
 #include "cli/cli.h"
 #include "q3.h"
 #include "util/outfile.h"
@@ -55,6 +56,7 @@ int cmd_logits(int argc, char **argv)
     const char *model = NULL, *tokens = NULL, *out_path = NULL;
     q3_session_opts o = {0};
     long decode_from = -1;
+    long long num;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -65,11 +67,11 @@ int cmd_logits(int argc, char **argv)
         if (!strcmp(a, "-m") || !strcmp(a, "--model")) model = v;
         else if (!strcmp(a, "--tokens")) tokens = v;
         else if (!strcmp(a, "-o")) out_path = v;
-        else if (!strcmp(a, "--decode-from")) decode_from = strtol(v, NULL, 10);
-        else if (!strcmp(a, "--chunk")) o.chunk = atoi(v);
+        else if (!strcmp(a, "--decode-from")) { if (cli_parse_int("logits", a, v, 1, CLI_MAX_CTX, &num)) return 1; decode_from = (long)num; }
+        else if (!strcmp(a, "--chunk")) { if (cli_parse_int("logits", a, v, 1, 4096, &num)) return 1; o.chunk = (int)num; }
         else if (!strcmp(a, "--backend")) o.backend = v;
         else if (!strcmp(a, "--kv")) o.kv_dtype = v;
-        else if (!strcmp(a, "--ctx")) o.n_ctx = atoi(v);
+        else if (!strcmp(a, "--ctx")) { if (cli_parse_int("logits", a, v, 1, CLI_MAX_CTX, &num)) return 1; o.n_ctx = (int)num; }
         else return cli_error("logits", "unknown option '%s'\n%s", a, usage);
         i++;
     }

@@ -472,6 +472,19 @@ static q3_status add_model(q3_gguf_writer *w, const q3_model *m, const q3_conver
         (st = q3_gguf_writer_add_u32(w, "general.file_type", q3_convert_file_type(o->type))) ||
         (st = q3_gguf_writer_add_u32(w, "general.quantization_version", 2)))
         return st;
+    const q3_rope_scaling *y = &c->rope_scaling;
+    if (y->type == Q3_ROPE_YARN) { /* the keys llama.cpp reads; a non-default extra has no key there */
+        if (y->attn_factor > 0 || y->mscale > 0 || y->mscale_all_dim > 0 || !y->truncate)
+            return q3_fail(Q3_ERR_UNSUPPORTED,
+                           "convert: YaRN with attention_factor, mscale or truncate=false has no GGUF key "
+                           "llama.cpp reads; q3 will not write a GGUF that computes something else");
+        if ((st = q3_gguf_writer_add_str(w, "qwen3.rope.scaling.type", "yarn")) ||
+            (st = q3_gguf_writer_add_f32(w, "qwen3.rope.scaling.factor", y->factor)) ||
+            (st = q3_gguf_writer_add_u32(w, "qwen3.rope.scaling.original_context_length", (uint32_t)y->orig_ctx)) ||
+            (y->beta_fast != 32 && (st = q3_gguf_writer_add_f32(w, "qwen3.rope.scaling.yarn_beta_fast", y->beta_fast))) ||
+            (y->beta_slow != 1 && (st = q3_gguf_writer_add_f32(w, "qwen3.rope.scaling.yarn_beta_slow", y->beta_slow))))
+            return st;
+    }
 
     const q3_weights *wt = &m->w;
     size_t n = 0;

@@ -83,6 +83,20 @@ enum {
 q3_status q3_tokenizer_encode_append(const q3_tokenizer *tok, const char *text, size_t len,
                                      unsigned flags, q3_tokens *out);
 
+/* A stretch text[start, start + len) of a text. */
+typedef struct q3_text_span {
+    size_t start, len;
+} q3_text_span;
+
+/* Like q3_tokenizer_encode_append with Q3_ENCODE_DEFAULT, except that a special added
+ * token is matched only where it lies wholly outside the `plain` spans (sorted by
+ * start, not overlapping): inside them "<|im_end|>" is ordinary text. The text is
+ * still split in one pass, so with no special-token text inside the spans the ids
+ * are those of q3_tokenizer_encode_append. Used for templated chats (the spans are
+ * the messages' content). */
+q3_status q3_tokenizer_encode_spans(const q3_tokenizer *tok, const char *text, size_t len,
+                                    const q3_text_span *plain, size_t n_plain, q3_tokens *out);
+
 /* Convenience: *ids receives a new malloc'd array (caller frees; NULL when *n_ids is 0). */
 q3_status q3_tokenizer_encode(const q3_tokenizer *tok, const char *text, size_t len,
                               int32_t **ids, size_t *n_ids);
