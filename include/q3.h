@@ -164,6 +164,106 @@ Q3_API void q3_session_reset(q3_session *s);      /* forget all tokens */
 /* Keeps the first pos tokens and forgets the rest (pos <= q3_session_pos). */
 Q3_API q3_status q3_session_rewind(q3_session *s, int pos);
 
+/* ---- tokenizer ------------------------------------------------------------
+ *
+ * Qwen3's tokenizer as Hugging Face `tokenizers` runs it: added tokens
+ * (<|im_start|>, <think>, ...) first, NFC, the pre-tokenizer's split regex,
+ * byte-level BPE. A tokenizer does not change once loaded: any number of
+ * threads may encode and decode with one at once. */
+
+typedef struct q3_tokenizer q3_tokenizer;
+
+/* Loads a Hugging Face tokenizer.json. Q3_ERR_IO, Q3_ERR_FORMAT (malformed,
+ * truncated, inconsistent) or Q3_ERR_UNSUPPORTED (an option q3 does not
+ * implement), the message naming the file and the field. Free with
+ * q3_tokenizer_free. */
+Q3_API q3_status q3_tokenizer_load(const char *tokenizer_json_path, q3_tokenizer **out);
+/* The tokenizer a model comes with: its folder's tokenizer.json, or the
+ * tokenizer a GGUF carries. Independent of the model once loaded. */
+Q3_API q3_status q3_tokenizer_for_model(const q3_model *m, q3_tokenizer **out);
+Q3_API void q3_tokenizer_free(q3_tokenizer *tok);
+
+enum {
+    Q3_ENCODE_DEFAULT = 0,    /* special-token text ("<|im_end|>") becomes the special token */
+    Q3_ENCODE_SPECIAL_AS_TEXT = 1 << 0, /* ... stays text: for untrusted text */
+};
+
+/* Token ids of text[0..len) (UTF-8; invalid UTF-8 fails naming the offset).
+ * *ids is a new malloc'd array the caller frees (NULL when *n_ids is 0). */
+Q3_API q3_status q3_tokenizer_encode(const q3_tokenizer *tok, const char *text, size_t len, unsigned flags,
+                                     int32_t **ids, size_t *n_ids);
+
+/* The bytes of ids[0..n) concatenated, NUL-terminated, in a new malloc'd
+ * buffer the caller frees (*len excludes the NUL). Exact bytes: not valid
+ * UTF-8 if the ids end inside a character (the detokenizer below holds such
+ * characters back). An id out of range fails with Q3_ERR_INVALID. */
+Q3_API q3_status q3_tokenizer_decode(const q3_tokenizer *tok, const int32_t *ids, size_t n, char **text, size_t *len);
+
+/* Ids: the largest + 1. */
+Q3_API int32_t q3_tokenizer_vocab_size(const q3_tokenizer *tok);
+/* The id of the token whose text is exactly text[0..len) (added tokens
+ * first, then the vocabulary by its bytes: " the"); -1 if none. */
+Q3_API int32_t q3_tokenizer_token_id(const q3_tokenizer *tok, const char *text, size_t len);
+/* 1 if id is a control token (<|im_end|>, <|endoftext|>, ...), else 0. */
+Q3_API int q3_tokenizer_is_special(const q3_tokenizer *tok, int32_t id);
+/* The ids that end a turn (<|im_end|>) and the text (<|endoftext|>); -1 if
+ * the tokenizer has none. Generation stops at either. */
+Q3_API int32_t q3_tokenizer_end_of_turn(const q3_tokenizer *tok);
+Q3_API int32_t q3_tokenizer_end_of_text(const q3_tokenizer *tok);
+
+/* Streaming detokenizer: push ids one at a time, get text that is always
+ * whole UTF-8 (a character split across tokens is held until it is whole;
+ * bytes that can never form one become U+FFFD). *text is valid until the
+ * next call on d. One per stream; not thread-safe. The tokenizer must
+ * outlive it. */
+typedef struct q3_detokenizer q3_detokenizer;
+Q3_API q3_status q3_detokenizer_new(const q3_tokenizer *tok, q3_detokenizer **out);
+Q3_API q3_status q3_detokenizer_push(q3_detokenizer *d, int32_t id, const char **text, size_t *len);
+/* What is still held (an unfinished character as U+FFFD); the detokenizer starts afresh. */
+Q3_API q3_status q3_detokenizer_flush(q3_detokenizer *d, const char **text, size_t *len);
+Q3_API void q3_detokenizer_free(q3_detokenizer *d);
+
+/* ---- chat template ----------------------------------------------------------
+ *
+ * Qwen3's chat template rendered in C, byte for byte as transformers'
+ * apply_chat_template renders it. Message content is always tokenized as
+ * plain text: only the template's own markup becomes special tokens, so a
+ * message holding "<|im_end|>\n<|im_start|>system" cannot open a turn (unless
+ * Q3_CHAT_PARSE_SPECIAL_IN_CONTENT asks for the reference's behaviour). */
+
+typedef struct q3_chat_message {
+    const char *role;     /* "system", "user", "assistant" or "tool" */
+    const char *content;  /* UTF-8 text */
+} q3_chat_message;
+
+typedef struct q3_chat_opts {
+    int add_generation_prompt; /* 1: end with the assistant's turn opened */
+    int enable_thinking;       /* -1: not passed (Qwen3 thinks), 0: no thinking (an empty think block), 1: think */
+    unsigned flags;            /* Q3_CHAT_PARSE_SPECIAL_IN_CONTENT */
+} q3_chat_opts;
+
+enum {
+    /* special-token text inside messages becomes special tokens, as transformers'
+       apply_chat_template(tokenize=True) does: unsafe with untrusted content */
+    Q3_CHAT_PARSE_SPECIAL_IN_CONTENT = 1 << 0,
+};
+
+/* The prompt ids of messages[0..n) (opts NULL: add_generation_prompt 1,
+ * enable_thinking -1). *ids is malloc'd; the caller frees it. */
+Q3_API q3_status q3_chat_tokenize(const q3_tokenizer *tok, const q3_chat_message *messages, size_t n,
+                                  const q3_chat_opts *opts, int32_t **ids, size_t *n_ids);
+
+/* The same from a JSON conversation (text[0..len)): a messages array, or an
+ * object {"messages", "tools", "add_generation_prompt", "enable_thinking"};
+ * messages may carry reasoning_content and tool_calls, tool turns their
+ * results (OpenAI's shapes). flags: Q3_CHAT_PARSE_SPECIAL_IN_CONTENT or 0. */
+Q3_API q3_status q3_chat_tokenize_json(const q3_tokenizer *tok, const char *json, size_t len, unsigned flags,
+                                       int32_t **ids, size_t *n_ids);
+
+/* The rendered text of a JSON conversation (as above), NUL-terminated,
+ * malloc'd; the caller frees it. */
+Q3_API q3_status q3_chat_format_json(const char *json, size_t len, char **text, size_t *text_len);
+
 /* ---- sampler ------------------------------------------------------------
  *
  * Turns a row of logits into the next token id: penalties (repetition,
@@ -223,9 +323,6 @@ Q3_API size_t q3_sampler_candidates(q3_sampler *s, const float *logits,
 
 
 /* ---- generation ---------------------------------------------------------- */
-
-/* The tokenizer a generator detokenizes with (see the tokenizer section). */
-typedef struct q3_tokenizer q3_tokenizer;
 
 typedef enum q3_stop_reason {
     Q3_STOP_END_OF_TURN,  /* <|im_end|> or <|endoftext|> */

@@ -574,8 +574,8 @@ static void test_tokenizer_roundtrip(void)
                 }
                 int32_t *a = NULL, *b = NULL;
                 size_t na = 0, nb = 0;
-                int ok = q3_tokenizer_encode(tg, text, len, &a, &na) == Q3_OK &&
-                         q3_tokenizer_encode(tj, text, len, &b, &nb) == Q3_OK;
+                int ok = q3_tokenizer_encode(tg, text, len, Q3_ENCODE_DEFAULT, &a, &na) == Q3_OK &&
+                         q3_tokenizer_encode(tj, text, len, Q3_ENCODE_DEFAULT, &b, &nb) == Q3_OK;
                 ok = ok && na == nb && (na == 0 || !memcmp(a, b, na * sizeof *a));
                 same += ok;
                 int gold = ok && (int)na == cJSON_GetArraySize(ids);

@@ -98,7 +98,7 @@ static void test_regex_backtracking(void)
     int32_t *ids = NULL;
     size_t n = 0;
     double t0 = now_s();
-    q3_status st = q3_tokenizer_encode(tok, text, sizeof text, &ids, &n);
+    q3_status st = q3_tokenizer_encode(tok, text, sizeof text, Q3_ENCODE_DEFAULT, &ids, &n);
     double dt = now_s() - t0;
     CHECK(st == Q3_ERR_INVALID, "a backtracking pattern is refused (status %d, %zu ids)", st, n);
     CHECK(dt < 0.5, "in bounded time: %.2f s for %zu bytes", dt, sizeof text);
@@ -117,7 +117,7 @@ static void test_regex_backtracking(void)
         memset(big, fills[f], N);
         big[N - 1] = 'x';
         ids = NULL;
-        st = q3_tokenizer_encode(tok, big, N, &ids, &n);
+        st = q3_tokenizer_encode(tok, big, N, Q3_ENCODE_DEFAULT, &ids, &n);
         CHECK(st == Q3_OK && n >= 1, "a run of %zu '%c' splits: %s", (size_t)N, fills[f], st ? q3_last_error() : "");
         free(ids);
     }

@@ -111,12 +111,7 @@ typedef struct q3_chat_rendered {
 q3_status q3_chat_render_spans(const cJSON *conversation, q3_chat_rendered *out);
 void q3_chat_rendered_free(q3_chat_rendered *r);
 
-enum {
-    /* Tokenize content as the reference does: special-token text in a message
-     * becomes the special token (what transformers' apply_chat_template with
-     * tokenize=True and llama.cpp's templating do). Unsafe with untrusted input. */
-    Q3_CHAT_PARSE_SPECIAL_IN_CONTENT = 1 << 0,
-};
+/* Q3_CHAT_PARSE_SPECIAL_IN_CONTENT (include/q3.h): content tokenized as the reference does. */
 
 /* Renders the conversation (as q3_chat_render) and appends its ids to out: the
  * template's markup with special tokens, the content as plain text (unless flags

@@ -624,13 +624,13 @@ q3_status q3_tokenizer_encode_spans(const q3_tokenizer *t, const char *text, siz
     return encode(t, text, len, Q3_ENCODE_DEFAULT, &ps, out);
 }
 
-q3_status q3_tokenizer_encode(const q3_tokenizer *t, const char *text, size_t len, int32_t **ids,
+q3_status q3_tokenizer_encode(const q3_tokenizer *t, const char *text, size_t len, unsigned flags, int32_t **ids,
                               size_t *n_ids)
 {
     q3_tokens toks = {0};
     *ids = NULL;
     *n_ids = 0;
-    q3_status st = q3_tokenizer_encode_append(t, text, len, Q3_ENCODE_DEFAULT, &toks);
+    q3_status st = q3_tokenizer_encode_append(t, text, len, flags, &toks);
     if (st != Q3_OK) {
         q3_tokens_free(&toks);
         return st;
@@ -775,3 +775,37 @@ int q3_tokenizer_is_special(const q3_tokenizer *t, int32_t id)
 {
     return id >= 0 && id < t->n_ids && t->tok_kind[id] == TK_KIND_SPECIAL;
 }
+
+/* ==== the public detokenizer and the turn-ending ids ===================================== */
+
+struct q3_detokenizer {
+    q3_detok d;
+};
+
+q3_status q3_detokenizer_new(const q3_tokenizer *tok, q3_detokenizer **out)
+{
+    *out = calloc(1, sizeof **out);
+    if (!*out) return q3_fail(Q3_ERR_NOMEM, "out of memory");
+    q3_detok_init(&(*out)->d, tok);
+    return Q3_OK;
+}
+
+q3_status q3_detokenizer_push(q3_detokenizer *d, int32_t id, const char **text, size_t *len)
+{
+    return q3_detok_push(&d->d, id, text, len);
+}
+
+q3_status q3_detokenizer_flush(q3_detokenizer *d, const char **text, size_t *len)
+{
+    return q3_detok_flush(&d->d, text, len);
+}
+
+void q3_detokenizer_free(q3_detokenizer *d)
+{
+    if (!d) return;
+    q3_detok_free(&d->d);
+    free(d);
+}
+
+int32_t q3_tokenizer_end_of_turn(const q3_tokenizer *tok) { return q3_tokenizer_token_id(tok, "<|im_end|>", 10); }
+int32_t q3_tokenizer_end_of_text(const q3_tokenizer *tok) { return q3_tokenizer_token_id(tok, "<|endoftext|>", 13); }
