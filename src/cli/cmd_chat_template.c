@@ -197,7 +197,7 @@ int cmd_chat_template(int argc, char **argv)
     if (n_pos) {
         struct stat sb;
         if (strcmp(argv[1], "-") && stat(argv[1], &sb))
-            return cli_usage_error(CMD, "'%.200s': %s", argv[1], strerror(errno));
+            return cli_usage_error(CMD, "%.200s: %s", argv[1], errno == ENOENT ? "no such file or folder" : strerror(errno));
         o.file = argv[1];
     }
     if (o.check && !o.jsonl) return cli_usage_error(CMD, "--check works with --jsonl");

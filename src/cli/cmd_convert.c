@@ -74,7 +74,7 @@ int cmd_convert(int argc, char **argv)
     if (n_pos && model_opt) return cli_usage_error("convert", "the model given twice ('%s' and -m '%s')", argv[1], model_opt);
     if (n_pos) {
         struct stat sb;
-        if (stat(argv[1], &sb)) return cli_usage_error("convert", "'%.200s': %s", argv[1], strerror(errno));
+        if (stat(argv[1], &sb)) return cli_usage_error("convert", "%.200s: %s", argv[1], errno == ENOENT ? "no such file or folder" : strerror(errno));
         model = argv[1];
     } else {
         model = model_opt;

@@ -1,6 +1,7 @@
 #include "cli/opts.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,7 +44,8 @@ static int store(const cli_spec *s, const cli_opt *o, const char *spelled, const
         struct stat st;
         if (!*v) return cli_usage_error(s->cmd, "%s: an empty path", spelled);
         if (!((o->flags & CLI_STDIN) && !strcmp(v, "-")) && stat(v, &st) != 0)
-            return cli_usage_error(s->cmd, "%s: '%.200s': %s", spelled, v, strerror(errno));
+            return cli_usage_error(s->cmd, "%s: %.200s: %s", spelled, v,
+                                   errno == ENOENT ? "no such file or folder" : strerror(errno));
         *(const char **)o->dest = v;
         return 0;
     }
@@ -52,13 +54,15 @@ static int store(const cli_spec *s, const cli_opt *o, const char *spelled, const
         ((const char **)o->dest)[(*o->count)++] = v;
         return 0;
     case CLI_INT:
-    case CLI_LLONG:
-        if (cli_scan_int(v, (long long)o->lo, (long long)o->hi, &n))
-            return cli_usage_error(s->cmd, "%s must be an integer in %lld..%lld, not '%.40s'", spelled,
-                                   (long long)o->lo, (long long)o->hi, v);
+    case CLI_LLONG: {
+        /* (double)LLONG_MAX rounds up past LLONG_MAX: clamp before converting back */
+        long long lo = o->lo <= -9.2e18 ? LLONG_MIN : (long long)o->lo, hi = o->hi >= 9.2e18 ? LLONG_MAX : (long long)o->hi;
+        if (cli_scan_int(v, lo, hi, &n))
+            return cli_usage_error(s->cmd, "%s must be an integer in %lld..%lld, not '%.40s'", spelled, lo, hi, v);
         if (o->kind == CLI_INT) *(int *)o->dest = (int)n;
         else *(long long *)o->dest = n;
         return 0;
+    }
     case CLI_FLOAT:
     case CLI_DOUBLE:
         if (cli_scan_double(v, o->lo, o->hi, &x))
