@@ -248,6 +248,14 @@ enum {
     Q3_CHAT_PARSE_SPECIAL_IN_CONTENT = 1 << 0,
 };
 
+/* Whether a model's chat template is one q3 renders: Q3_OK with *present 1
+ * when its template (chat_template.jinja or tokenizer_config.json of a folder,
+ * tokenizer.chat_template of a GGUF) is Qwen3's, Q3_OK with *present 0 when it
+ * has none (callers may use Qwen3's), Q3_ERR_UNSUPPORTED when it is another
+ * template (the functions below would render the wrong prompt), Q3_ERR_IO /
+ * Q3_ERR_FORMAT when the file cannot be read. Reads files; any thread. */
+Q3_API q3_status q3_model_chat_template_check(const q3_model *m, int *present);
+
 /* The prompt ids of messages[0..n) (opts NULL: add_generation_prompt 1,
  * enable_thinking -1). *ids is malloc'd; the caller frees it. */
 Q3_API q3_status q3_chat_tokenize(const q3_tokenizer *tok, const q3_chat_message *messages, size_t n,

@@ -199,7 +199,7 @@ int main(void)
     CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "chat exit %d", status);
     CHECK(strstr(out, "conversation forgotten") != NULL, "chat /reset: %s", out);
     int turns = 0;
-    for (const char *p = out; (p = strstr(p, "[prefill:")); p++) turns++;
+    for (const char *p = out; (p = strstr(p, "q3: eval time")); p++) turns++;
     CHECK(turns == 3, "three answers: %d", turns);
     snprintf(cmd, sizeof cmd,
              "printf 'Hello there, this is a long message that will not fit\\n/quit\\n' | ./%s/q3 chat -m " E2E

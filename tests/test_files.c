@@ -571,7 +571,8 @@ static void test_cli_signals_and_output_checks(void)
         CHECK(caught, "signal %d ended a conversion mid-write", sigs[s]);
     }
 
-    /* -o checked before the model is even opened: the message is about -o */
+    /* -o checked before the model is even opened: the message is about -o
+       (a model that does not exist is a usage error of its own, exit 2) */
     struct { const char *out, *want; } bad[] = {
         {"", "empty"},
         {work, "is a folder"},
@@ -579,13 +580,13 @@ static void test_cli_signals_and_output_checks(void)
         {"/dev/null", "is a character device"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        child c = {.argv = {NULL, "convert", in_work("no-such-model"), "-o", bad[i].out, NULL}};
+        child c = {.argv = {NULL, "convert", GOLDEN "/tiny", "-o", bad[i].out, NULL}};
         int st = run_q3(&c);
         char *err = child_stderr();
         CHECK(exited_with(st, 1), "convert -o '%s': exit %d", bad[i].out, st);
         CHECK_CONTAINS(err, bad[i].want);
         free(err);
-        child l = {.argv = {NULL, "logits", "-m", in_work("no-such-model"), "--tokens", "1", "-o", bad[i].out, NULL}};
+        child l = {.argv = {NULL, "logits", "-m", GOLDEN "/tiny", "--tokens", "1", "-o", bad[i].out, NULL}};
         st = run_q3(&l);
         err = child_stderr();
         CHECK(exited_with(st, 1), "logits -o '%s': exit %d", bad[i].out, st);
@@ -607,8 +608,8 @@ static void test_cli_write_errors(void)
     CHECK(write_text(in_work("full/text.txt"), "hello world"), "input");
     CHECK(write_text(in_work("full/ids.txt"), "1,2,3"), "ids");
     struct { const char *argv[12]; const char *in; } cmds[] = {
-        {{"tokenize", "-t", GOLDEN "/e2e", NULL}, "full/text.txt"},
-        {{"detokenize", "-t", GOLDEN "/e2e", NULL}, "full/ids.txt"},
+        {{"tokenize", "--tokenizer", GOLDEN "/e2e", NULL}, "full/text.txt"},
+        {{"detokenize", "--tokenizer", GOLDEN "/e2e", NULL}, "full/ids.txt"},
         {{"info", "-m", GOLDEN "/tiny", NULL}, NULL},
         {{"run", "-m", GOLDEN "/e2e", "-p", "hi", "-n", "3", "--temp", "0", NULL}, NULL},
         {{"chat-template", NULL}, "full/conv.json"},
@@ -699,12 +700,12 @@ static void test_cli_special_inputs(void)
     CHECK(exited_with(st, 1), "--messages FIFO: exit %d", st);
     CHECK_CONTAINS(err, "is a FIFO");
     free(err);
-    child t = {.argv = {NULL, "tokenize", "-t", fifo, NULL}, .stdin_path = GOLDEN "/e2e/config.json"};
+    child t = {.argv = {NULL, "tokenize", "--tokenizer", fifo, NULL}, .stdin_path = GOLDEN "/e2e/config.json"};
     t.argv[0] = q3_bin;
     child_start(&t);
     st = child_wait(&t, 20);
     err = child_stderr();
-    CHECK(exited_with(st, 1), "-t FIFO: exit %d", st);
+    CHECK(exited_with(st, 1), "--tokenizer FIFO: exit %d", st);
     CHECK_CONTAINS(err, "is a FIFO");
     free(err);
     child rt = {.argv = {NULL, "run", "-m", GOLDEN "/tiny", "--tokenizer", fifo, "-p", "hi", NULL}};
@@ -748,11 +749,12 @@ static void test_cli_special_inputs(void)
 
     /* the model path: say what it is */
     CHECK(symlink("loop-b", in_work("fifo/loop-a")) == 0 && symlink("loop-a", in_work("fifo/loop-b")) == 0, "loop");
-    struct { const char *model, *want; } models[] = {
-        {in_work("fifo/loop-a"), "oo many levels of symbolic links"},
-        {"/dev/zero", "is a character device"},
-        {fifo, "is a FIFO"},
-        {in_work("fifo/none"), "no such file or folder"},
+    /* a path that does not resolve is a usage error (exit 2); one that is not a model, a runtime error (1) */
+    struct { const char *model, *want; int code; } models[] = {
+        {in_work("fifo/loop-a"), "oo many levels of symbolic links", 2},
+        {"/dev/zero", "is a character device", 1},
+        {fifo, "is a FIFO", 1},
+        {in_work("fifo/none"), "no such file or folder", 2},
     };
     for (size_t i = 0; i < sizeof models / sizeof models[0]; i++) {
         child c = {.argv = {NULL, "info", "-m", models[i].model, NULL}};
@@ -760,7 +762,7 @@ static void test_cli_special_inputs(void)
         child_start(&c);
         st = child_wait(&c, 20);
         err = child_stderr();
-        CHECK(exited_with(st, 1), "info -m %s: exit %d", models[i].model, st);
+        CHECK(exited_with(st, models[i].code), "info -m %s: exit %d", models[i].model, st);
         CHECK_CONTAINS(err, models[i].want);
         free(err);
     }

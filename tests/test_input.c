@@ -58,7 +58,7 @@ static void test_chat_cut_character(void)
     const char *out;
     int rc = sh(&out, "printf 'Hello\\nNext\\nThird\\n' | %s chat -m " E2E " --seed 3 -n 54", q3_bin());
     CHECK(rc == 0, "chat exit %d: %s", rc, out);
-    CHECK(count(out, "[prefill:") == 3, "three answers: %s", out);
+    CHECK(count(out, "q3: eval time") == 3, "three answers: %s", out);
     CHECK(!strstr(out, "invalid UTF-8"), "no encode error: %s", out);
 }
 
@@ -155,18 +155,18 @@ static void test_numeric_options(void)
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         const char *out;
         int rc = sh(&out, "%s %s -m " E2E " </dev/null", q3_bin(), bad[i].args);
-        CHECK(rc == 1, "'%s' exits 1, not %d: %s", bad[i].args, rc, out);
+        CHECK(rc == 2, "'%s' exits 2 (a usage error), not %d: %s", bad[i].args, rc, out);
         char want[128];
         snprintf(want, sizeof want, "%s must be a", bad[i].name);
         CHECK(strstr(out, want) && strstr(out, bad[i].range), "'%s': the option and its range named: %s",
               bad[i].args, out);
-        CHECK(!strstr(out, "[prefill:"), "'%s' generates nothing: %s", bad[i].args, out);
+        CHECK(!strstr(out, "q3: eval time"), "'%s' generates nothing: %s", bad[i].args, out);
     }
     /* good values still work */
     const char *out;
     int rc = sh(&out, "%s run -m " E2E " -p hi --temp 0.5 --top-k 20 --top-p 0.9 --min-p 0 --seed 7 -n 3 --ctx 64",
                 q3_bin());
-    CHECK(rc == 0 && strstr(out, "decode: 3 tokens"), "valid numbers: %s", out);
+    CHECK(rc == 0 && strstr(out, "generated 3 tokens"), "valid numbers: %s", out);
 }
 
 /* Item 14: a bad unit fails before any table; the chart escapes the model path. */
@@ -202,20 +202,20 @@ static void test_nul_bytes(void)
 {
     const char *out;
     int rc = sh(&out, "printf 'hello\\0world' | %s run -m " E2E " --raw -p - -n 1 --temp 0", q3_bin());
-    CHECK(rc == 1 && strstr(out, "NUL byte") && !strstr(out, "[prefill:"), "raw prompt with NUL: %s", out);
+    CHECK(rc == 1 && strstr(out, "NUL byte") && !strstr(out, "q3: eval time"), "raw prompt with NUL: %s", out);
     rc = sh(&out, "printf '[{\"role\":\"user\",\"content\":\"abc\\\\u0000def\"}]' | %s chat-template", q3_bin());
     CHECK(rc == 1 && strstr(out, "\\u0000") && !strstr(out, "<|im_start|>"), "content with \\u0000: %s", out);
     rc = sh(&out, "printf '[{\"role\":\"user\",\"content\":\"abc\\\\u0000def\"}]' > /tmp/q3-test-input-nul.json && "
                   "%s run -m " E2E " --messages /tmp/q3-test-input-nul.json -n 1",
             q3_bin());
-    CHECK(rc == 1 && strstr(out, "line 1, column 31") && !strstr(out, "[prefill:"), "run --messages: %s", out);
+    CHECK(rc == 1 && strstr(out, "NUL byte (\\u0000)") && !strstr(out, "q3: eval time"), "run --messages: %s", out);
     rc = sh(&out, "printf '{\"text\":\"a\\\\u0000b\"}\\n' | %s tokenize -m " E2E " --jsonl", q3_bin());
     CHECK(rc == 1 && strstr(out, "NUL") && !strstr(out, "\"ids\""), "tokenize --jsonl: %s", out);
     /* an escaped backslash before u0000 is text, not a NUL */
     rc = sh(&out, "printf '{\"text\":\"a\\\\\\\\u0000b\"}\\n' | %s tokenize -m " E2E " --jsonl", q3_bin());
     CHECK(rc == 0 && strstr(out, "\"ids\""), "tokenize --jsonl of a literal backslash-u0000: %s", out);
     rc = sh(&out, "printf 'hi\\0there\\nHello\\n' | %s chat -m " E2E " -n 2 --temp 0", q3_bin());
-    CHECK(rc == 0 && strstr(out, "NUL byte") && count(out, "[prefill:") == 1, "chat line with NUL: %s", out);
+    CHECK(rc == 0 && strstr(out, "NUL byte") && count(out, "q3: eval time") == 1, "chat line with NUL: %s", out);
     /* plain tokenize carries the length: the NUL is a token like any byte */
     rc = sh(&out, "printf 'a\\0b' | %s tokenize -m " E2E, q3_bin());
     CHECK(rc == 0 && strstr(out, "[64, 188, 65]"), "tokenize keeps the NUL: %s", out);

@@ -13,6 +13,7 @@
 #include "backend/registry.h"
 #include "cli/args.h"
 #include "cli/cli.h"
+#include "cli/opts.h"
 #include "cli/defaults.h"
 #include "model/model.h"
 #include "run/bench.h"
@@ -20,17 +21,6 @@
 #include "text/tokenizer.h"
 #include "util/file.h"
 #include "util/outfile.h"
-
-static const char *usage =
-    "usage: q3 bench [-m MODEL] [--compute-units U1,U2|all] [--chunk 128] [--gen 64] [--drain 15]\n"
-    "                [--repeats 5] [--prompt N] [--depth N] [--kv f32|f16|bf16] [--prefill-on U --decode-on U]\n"
-    "                [--json] [--svg FILE] [--batch 1,2,4,8,16,32]\n"
-    "  Without -m, builds (once, cached in models/) a synthetic Qwen3-0.6B with random BF16 weights.\n"
-    "  Units default to every present unit except the scalar reference (name it to include it: ref).\n"
-    "  --prompt N: time prefill of an N-token prompt (in chunks); --depth N: decode with N tokens cached.\n"
-    "  --batch LIST: batched decode instead: for each B, B sequences at --depth (default 512) decoded\n"
-    "    together, one row each per step: aggregate tok/s, ms per step, bytes a step reads and the\n"
-    "    bound they give at the measured bandwidth (or the arithmetic peak, whichever is slower).\n";
 
 /* The experiment q3 grows out of (one laptop): prefill of a 128-token chunk
  * per unit, decode on the GPU. */
@@ -50,6 +40,7 @@ static cJSON *stats_json(const q3_stats *s)
     cJSON_AddNumberToObject(o, "p50", s->p50);
     cJSON_AddNumberToObject(o, "p99", s->p99);
     cJSON_AddNumberToObject(o, "mean", s->mean);
+    cJSON_AddNumberToObject(o, "sd", s->sd);
     cJSON_AddNumberToObject(o, "min", s->min);
     cJSON_AddNumberToObject(o, "max", s->max);
     cJSON_AddNumberToObject(o, "n", s->n);
@@ -215,8 +206,8 @@ static int bench_batch(const char *model, q3_bench_opts *o, const int *batches, 
         cJSON_AddNumberToObject(root, "peak_rss_bytes", peak_rss);
         jr = cJSON_AddArrayToObject(root, "batches");
     } else {
-        printf("q3 bench --batch: %s, depth %d, %d steps per batch size, %d threads; read %.1f GB/s, %s peak %.0f GFLOP/s "
-               "(measured after)\n\n", model, o->depth, o->gen, nth, bw, peak_name, peak);
+        printf("q3 bench --batch: %s, depth %d, %d steps per batch size, %d threads, cpu kernels %s; read %.1f GB/s, %s peak %.0f GFLOP/s "
+               "(measured after)\n\n", model, o->depth, o->gen, nth, q3_cpu_default_isa_name(), bw, peak_name, peak);
         printf("%5s %10s %10s %10s %8s %11s %10s %9s %-10s %8s\n", "B", "tok/s", "vs B=1", "ms/step", "p99",
                "GB/step", "(KV GB)", "bound ms", "limit", "reached");
     }
@@ -267,32 +258,66 @@ int cmd_bench(int argc, char **argv)
     const char *model = NULL, *units_arg = NULL, *svg = NULL, *prefill_on = NULL, *decode_on = NULL;
     q3_bench_opts o = {.chunk = 128, .gen = 64, .repeats = 5};
     double drain = 15;
-    int json = 0, limits = 1;
+    int json = 0, limits = 1, no_limits = 0;
     const char *batch_arg = NULL;
-    long long n;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) { fputs(usage, stdout); return 0; }
-        if (!strcmp(a, "--json")) { json = 1; continue; }
-        if (!strcmp(a, "--no-limits")) { limits = 0; continue; }
-        if (!v) return cli_error("bench", "option '%s' needs a value\n%s", a, usage);
-        if (!strcmp(a, "-m") || !strcmp(a, "--model")) model = v;
-        else if (!strcmp(a, "--compute-units") || !strcmp(a, "--backend")) units_arg = v;
-        else if (!strcmp(a, "--chunk")) { if (cli_parse_int("bench", a, v, 1, 4096, &n)) return 1; o.chunk = (int)n; }
-        else if (!strcmp(a, "--gen")) { if (cli_parse_int("bench", a, v, 1, 100000, &n)) return 1; o.gen = (int)n; }
-        else if (!strcmp(a, "--repeats")) { if (cli_parse_int("bench", a, v, 1, 10000, &n)) return 1; o.repeats = (int)n; }
-        else if (!strcmp(a, "--depth")) { if (cli_parse_int("bench", a, v, 0, CLI_MAX_CTX, &n)) return 1; o.depth = (int)n; }
-        else if (!strcmp(a, "--prompt")) { if (cli_parse_int("bench", a, v, 0, CLI_MAX_CTX, &n)) return 1; o.prompt_len = (int)n; }
-        else if (!strcmp(a, "--drain")) { if (cli_parse_double("bench", a, v, 1e-3, 1e6, &drain)) return 1; }
-        else if (!strcmp(a, "--kv")) o.kv_dtype = v;
-        else if (!strcmp(a, "--svg")) svg = v;
-        else if (!strcmp(a, "--prefill-on")) prefill_on = v;
-        else if (!strcmp(a, "--decode-on")) decode_on = v;
-        else if (!strcmp(a, "--batch")) batch_arg = v;
-        else return cli_error("bench", "unknown option '%s'\n%s", a, usage);
-        i++;
+    int threads = 0;
+    const cli_opt tab[] = {
+        CLI_OPT("model", 'm', CLI_FILE, &model, "PATH",
+                "the model (default: a synthetic Qwen3-0.6B with random BF16 weights,\n"
+                "built once into the cache folder: $Q3_MODELS, else $Q3_CACHE_DIR, else\n"
+                "$XDG_CACHE_HOME/q3, else ~/.cache/q3)"),
+        CLI_OPT("threads", 't', CLI_INT, &threads, "N",
+                "CPU threads of every unit opened (default: one per physical core, or $Q3_THREADS)", .lo = 1, .hi = 256),
+        CLI_OPT("compute-units", 0, CLI_STR, &units_arg, "LIST",
+                "units to measure, e.g. cpu,ref, or all (default: every present unit but\n"
+                "the scalar reference)"),
+        CLI_OPT("backend", 0, CLI_STR, &units_arg, "LIST", NULL, .flags = CLI_HIDDEN),
+        CLI_OPT("chunk", 0, CLI_INT, &o.chunk, "N", "prefill chunk in tokens (default 128)", .lo = 1, .hi = 4096),
+        CLI_OPT("gen", 0, CLI_INT, &o.gen, "N", "decode tokens timed (default 64)", .lo = 1, .hi = 100000),
+        CLI_OPT("repeats", 0, CLI_INT, &o.repeats, "N", "prefill runs timed (default 5)", .lo = 1, .hi = 10000),
+        CLI_OPT("prompt", 0, CLI_INT, &o.prompt_len, "N", "time prefill of an N-token prompt, in chunks (default: one chunk)",
+                .lo = 0, .hi = CLI_MAX_CTX),
+        CLI_OPT("depth", 0, CLI_INT, &o.depth, "N", "time decode with N tokens already cached (default: the prompt)",
+                .lo = 0, .hi = CLI_MAX_CTX),
+        CLI_OPT("drain", 0, CLI_DOUBLE, &drain, "R",
+                "the drain rate in tok/s that RTFx divides by (default 15: brisk speech)", .lo = 1e-3, .hi = 1e6),
+        CLI_OPT("kv", 0, CLI_STR, &o.kv_dtype, "TYPE", "KV cache type: f32, f16 or bf16"),
+        CLI_OPT("prefill-on", 0, CLI_STR, &prefill_on, "UNIT", "split-phase: prefill on this unit ..."),
+        CLI_OPT("decode-on", 0, CLI_STR, &decode_on, "UNIT", "... and decode on this one"),
+        CLI_OPT("batch", 0, CLI_STR, &batch_arg, "LIST",
+                "batched decode instead, e.g. 1,2,4,8: for each B, B sequences at --depth\n"
+                "(default 512) decoded together, one row each per step: aggregate tok/s,\n"
+                "ms per step, bytes a step reads and the bound they give at the measured\n"
+                "bandwidth (or the arithmetic peak, whichever is slower)"),
+        CLI_OPT("json", 0, CLI_FLAG, &json, NULL, "one JSON object (docs/bench.schema.json)"),
+        CLI_OPT("svg", 0, CLI_STR, &svg, "FILE", "also draw the table as a bar chart"),
+        CLI_OPT("no-limits", 0, CLI_FLAG, &no_limits, NULL,
+                "skip measuring the machine's read bandwidth and arithmetic peaks\n"
+                "(faster; no 'fraction of the limit' lines)"),
+        {0},
+    };
+    cli_spec spec = {"bench", "q3 bench [-m MODEL] [-t N] [--compute-units U1,U2|all] [options]",
+                     "The split-phase experiment's table on this machine, per compute unit:\n"
+                     "  prefill ms/chunk   one prefill run of --chunk tokens (p50 / p99, ± sd)\n"
+                     "  prompt tok/s       prefill tokens per second\n"
+                     "  decode ms/tok      one decode step at --depth (p50 / p99, ± sd)\n"
+                     "  tok/s              decode tokens per second (1000 / mean ms)\n"
+                     "  RTFx               real-time factor: decode tok/s / the drain rate (--drain, 15\n"
+                     "                     tok/s: brisk speech); PASS when above 1, i.e. the model\n"
+                     "                     writes faster than a listener drains the text\n"
+                     "  experiment         the row q3 is measured against: the split-phase experiment\n"
+                     "                     on one laptop (prefill of 128 tokens on its CPU, neural\n"
+                     "                     accelerator and GPU; decode on its GPU)\n",
+                     tab, 0, NULL};
+    int rc = cli_parse(&spec, argc, argv, NULL);
+    if (rc) return rc == CLI_HELP_SHOWN ? 0 : rc;
+    limits = !no_limits;
+    if (threads) { /* every unit this command opens, and the limit measurements, take it */
+        char t[16];
+        snprintf(t, sizeof t, "%d", threads);
+        setenv("Q3_THREADS", t, 1);
     }
-    if (!!prefill_on != !!decode_on) return cli_error("bench", "--prefill-on and --decode-on go together");
+    if (!!prefill_on != !!decode_on) return cli_usage_error("bench", "--prefill-on and --decode-on go together");
     if (batch_arg) {
         int batches[32], nb = 0;
         const char *p = batch_arg;
@@ -300,12 +325,12 @@ int cmd_bench(int argc, char **argv)
             char *end;
             long b = strtol(p, &end, 10);
             if (end == p || b < 1 || b > 256 || (*end && *end != ','))
-                return cli_error("bench", "--batch takes a list of sizes 1..256 such as 1,2,4,8 (got '%s')", batch_arg);
+                return cli_usage_error("bench", "--batch takes a list of sizes 1..256 such as 1,2,4,8 (got '%s')", batch_arg);
             batches[nb++] = (int)b;
             p = *end ? end + 1 : end;
         }
         if (o.depth == 0) o.depth = 512;
-        if (o.depth > 1000000) return cli_error("bench", "--depth must be at most 1000000");
+        if (o.depth > 1000000) return cli_usage_error("bench", "--depth must be at most 1000000");
         if (!model && !(model = cli_default_model("bench"))) return 1;
         return bench_batch(model, &o, batches, nb, json, limits, units_arg ? units_arg : decode_on);
     }
@@ -364,9 +389,11 @@ int cmd_bench(int argc, char **argv)
     }
     size_t wbytes = q3_model_weight_bytes(m), params = q3_model_param_count(m);
     if (!json)
-        printf("q3 bench: %s (%.2f B params, %.2f GB of weights), chunk %d, %d decode tokens, drain %.0f tok/s\n",
-               model, (double)params / 1e9, (double)wbytes / 1e9, o.chunk, o.gen, drain);
-    int rc = 0;
+        printf("q3 bench: %s (%.2f B params, %.2f GB of weights), chunk %d, prompt %d, depth %d, %d decode tokens, "
+               "drain %.0f tok/s; %d threads, cpu kernels %s\n",
+               model, (double)params / 1e9, (double)wbytes / 1e9, o.chunk, o.prompt_len > 0 ? o.prompt_len : o.chunk,
+               o.depth, o.gen, drain, q3_cpu_default_threads(), q3_cpu_default_isa_name());
+    rc = 0;
     for (int i = 0; i < n_runs; i++) {
         o.prefill_unit = runs[i].prefill_unit;
         o.decode_unit = runs[i].decode_unit;
@@ -387,9 +414,7 @@ int cmd_bench(int argc, char **argv)
     getrusage(RUSAGE_SELF, &ru);
     double peak_rss = (double)ru.ru_maxrss * 1024.0;
     /* the machine's limits, measured in the same run */
-    int nth = (int)sysconf(_SC_NPROCESSORS_ONLN);
-    if (getenv("Q3_THREADS")) nth = atoi(getenv("Q3_THREADS"));
-    if (nth < 1) nth = 1;
+    int nth = q3_cpu_default_threads(); /* what the units ran with */
     double bw1 = 0, bw = 0, peak[Q3_LIMIT_KIND_COUNT] = {0};
     if (limits) {
         if (!json) fprintf(stderr, "  measuring the machine's limits ...\n");
@@ -404,8 +429,8 @@ int cmd_bench(int argc, char **argv)
     double prefill_peak = peak[Q3_LIMIT_AMX_BF16] > 0 ? peak[Q3_LIMIT_AMX_BF16] : peak[Q3_LIMIT_DOT_BF16];
     const char *prefill_peak_name = peak[Q3_LIMIT_AMX_BF16] > 0 ? "AMX BF16" : "BF16 dot";
     if (!json) {
-        printf("\n%-13s %-24s %12s %-24s %8s %12s\n", "unit", "prefill ms/chunk p50/p99", "prompt tok/s",
-               "decode ms/tok p50/p99", "tok/s", "RTFx");
+        printf("\n%-13s %-30s %12s %-28s %8s %12s\n", "unit", "prefill ms/chunk p50/p99 ±sd", "prompt tok/s",
+               "decode ms/tok p50/p99 ±sd", "tok/s", "RTFx");
         for (int i = 0; i < n_runs; i++) {
             const q3_bench_result *r = &runs[i].r;
             char unit[40], pre[40], dec[40];
@@ -413,13 +438,14 @@ int cmd_bench(int argc, char **argv)
                 snprintf(unit, sizeof unit, "%s->%s", runs[i].prefill_unit, runs[i].decode_unit);
             else
                 snprintf(unit, sizeof unit, "%s", runs[i].prefill_unit);
-            snprintf(pre, sizeof pre, "%.1f / %.1f", r->prefill_ms.p50 / r->n_chunks, r->prefill_ms.p99 / r->n_chunks);
-            snprintf(dec, sizeof dec, "%.2f / %.2f", r->decode_ms.p50, r->decode_ms.p99);
+            snprintf(pre, sizeof pre, "%.1f / %.1f ± %.1f", r->prefill_ms.p50 / r->n_chunks,
+                     r->prefill_ms.p99 / r->n_chunks, r->prefill_ms.sd / r->n_chunks);
+            snprintf(dec, sizeof dec, "%.2f / %.2f ± %.2f", r->decode_ms.p50, r->decode_ms.p99, r->decode_ms.sd);
             double rtfx = r->decode_tok_s / drain;
-            printf("%-13s %-24s %12.1f %-24s %8.2f %7.2f %s\n", unit, pre, r->prompt_tok_s, dec, r->decode_tok_s,
+            printf("%-13s %-30s %12.1f %-28s %8.2f %7.2f %s\n", unit, pre, r->prompt_tok_s, dec, r->decode_tok_s,
                    rtfx, rtfx > 1 ? "PASS" : "FAIL");
         }
-        printf("%-13s %-24s %12s %-24s %8.2f %7.2f (laptop GPU)\n", "experiment", "46.0 CPU/12.5 ANE/9.3 GPU", "-",
+        printf("%-13s %-30s %12s %-28s %8.2f %7.2f (laptop GPU)\n", "experiment", "46.0 CPU/12.5 ANE/9.3 GPU", "-",
                "-", experiment_decode_tok_s, experiment_rtfx);
         for (int i = 0; i < n_runs; i++) {
             const q3_bench_result *r = &runs[i].r;
@@ -462,6 +488,8 @@ int cmd_bench(int argc, char **argv)
         cJSON_AddNumberToObject(jc, "drain_tok_s", drain);
         cJSON_AddNumberToObject(jc, "prompt_len", o.prompt_len > 0 ? o.prompt_len : o.chunk);
         cJSON_AddNumberToObject(jc, "depth", o.depth);
+        cJSON_AddNumberToObject(jc, "threads", q3_cpu_default_threads());
+        cJSON_AddStringToObject(jc, "cpu_kernels", q3_cpu_default_isa_name());
         cJSON_AddNumberToObject(root, "ttft_ms", ttft_ms);
         cJSON_AddNumberToObject(root, "peak_rss_bytes", peak_rss);
         if (limits) {
@@ -482,7 +510,7 @@ int cmd_bench(int argc, char **argv)
             cJSON_AddStringToObject(x, "decode_unit", runs[i].decode_unit);
             q3_stats per_chunk = r->prefill_ms;
             per_chunk.p50 /= r->n_chunks, per_chunk.p99 /= r->n_chunks, per_chunk.mean /= r->n_chunks;
-            per_chunk.min /= r->n_chunks, per_chunk.max /= r->n_chunks;
+            per_chunk.min /= r->n_chunks, per_chunk.max /= r->n_chunks, per_chunk.sd /= r->n_chunks;
             cJSON_AddItemToObject(x, "prefill_ms", stats_json(&per_chunk));
             cJSON_AddNumberToObject(x, "prompt_tok_s", r->prompt_tok_s);
             cJSON_AddItemToObject(x, "decode_ms", stats_json(&r->decode_ms));
