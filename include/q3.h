@@ -17,9 +17,9 @@ extern "C" {
 /* ---- version and symbols ------------------------------------------------ */
 
 #define Q3_VERSION_MAJOR 0
-#define Q3_VERSION_MINOR 2
+#define Q3_VERSION_MINOR 3
 #define Q3_VERSION_PATCH 0
-#define Q3_VERSION_STRING "0.2.0"
+#define Q3_VERSION_STRING "0.3.0"
 
 /* Only what this header declares leaves libq3.so (the library is built with
  * hidden visibility; Q3_API marks the exceptions). */
