@@ -29,7 +29,7 @@ extern "C" {
 #define Q3_API
 #endif
 
-/* The library's version ("0.2.0"): compare with Q3_VERSION_STRING to catch a
+/* The library's version ("0.3.0"): compare with Q3_VERSION_STRING to catch a
  * program built against one header and run with another library. */
 Q3_API const char *q3_version(void);
 
