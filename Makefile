@@ -1,7 +1,8 @@
 # q3 — plain Makefile. `make` builds build/q3, build/libq3.a and build/libq3.so;
 # `make test` runs the suite; `make SAN=1 test` builds into build-san/ with
-# AddressSanitizer + UBSan; `make install [PREFIX=/usr/local] [DESTDIR=]` installs
-# the binary, both libraries, include/q3.h and the pkg-config file q3.pc.
+# AddressSanitizer + UBSan (and float-cast-overflow, which UBSan leaves out: a
+# float cast to an int it does not fit); `make install [PREFIX=/usr/local]
+# [DESTDIR=]` installs the binary, both libraries, include/q3.h and q3.pc.
 CC      ?= cc
 BUILD   ?= build
 OPT     ?= -O2
@@ -14,8 +15,8 @@ LDLIBS  := -lcjson -lpcre2-8 -lutf8proc -lm -lpthread
 
 ifeq ($(SAN),1)
 BUILD   := build-san
-BASE    += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
-LDFLAGS += -fsanitize=address,undefined
+BASE    += -fsanitize=address,undefined,float-cast-overflow -fno-omit-frame-pointer -fno-sanitize-recover=undefined,float-cast-overflow
+LDFLAGS += -fsanitize=address,undefined,float-cast-overflow
 endif
 
 # Per-ISA kernel files are compiled for their ISA only; the rest stays portable.

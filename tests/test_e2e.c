@@ -111,7 +111,7 @@ int main(void)
             }
             int32_t *ids = NULL;
             size_t n = 0;
-            CHECK(text && q3_tokenizer_encode(tok, text, strlen(text), &ids, &n) == Q3_OK, "%s: encode", name);
+            CHECK(text && q3_tokenizer_encode(tok, text, strlen(text), Q3_ENCODE_DEFAULT, &ids, &n) == Q3_OK, "%s: encode", name);
             CHECK((int)n == n_want_prompt && !memcmp(ids, want_prompt, n * sizeof *ids), "%s: prompt ids", name);
             free(text);
             /* greedy generation, 24 tokens */
@@ -222,7 +222,7 @@ int main(void)
     CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "chat exit %d", status);
     CHECK(strstr(out, "conversation forgotten") != NULL, "chat /reset: %s", out);
     int turns = 0;
-    for (const char *p = out; (p = strstr(p, "[prefill:")); p++) turns++;
+    for (const char *p = out; (p = strstr(p, "q3: eval time")); p++) turns++;
     CHECK(turns == 3, "three answers: %d", turns);
     snprintf(cmd, sizeof cmd,
              "printf 'Hello there, this is a long message that will not fit\\n/quit\\n' | ./%s/q3 chat -m " E2E

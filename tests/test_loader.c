@@ -413,14 +413,15 @@ static void session_cases(void)
     q3_model_close(m);
 }
 
-/* The CLI on bad input: exit status 1 and a message, not a signal. */
+/* The CLI on bad input: a message and exit status 2 (a usage error) or 1 (a
+ * runtime error), not a signal. */
 static void cli_cases(void)
 {
-    struct { const char *cmd, *want; } cases[] = {
-        {"./build/q3 info -m /nonexistent 2>&1", "no such file"},
-        {"./build/q3 info 2>&1", "no model given"},
-        {"./build/q3 logits -m " TINY " --tokens 1,x -o /dev/null 2>&1", "not a comma-separated"},
-        {"./build/q3 logits -m " TINY " --tokens 5000 -o /dev/null 2>&1", "outside the vocabulary"},
+    struct { const char *cmd, *want; int code; } cases[] = {
+        {"./build/q3 info -m /nonexistent 2>&1", "no such file", 2},
+        {"./build/q3 info 2>&1", "missing -m/--model", 2},
+        {"./build/q3 logits -m " TINY " --tokens 1,x -o /dev/null 2>&1", "not a token id at 'x'", 2},
+        {"./build/q3 logits -m " TINY " --tokens 5000 -o /tmp/q3-test-loader-logits.f32 2>&1", "outside the vocabulary", 1},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char cmd[700];
@@ -436,7 +437,7 @@ static void cli_cases(void)
         size_t got = fread(out, 1, sizeof out - 1, f);
         out[got] = 0;
         int st = pclose(f);
-        CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 1, "%s: exit %d", cmd, st);
+        CHECK(WIFEXITED(st) && WEXITSTATUS(st) == cases[i].code, "%s: exit %d", cmd, st);
         CHECK(strstr(out, cases[i].want) != NULL, "%s: output \"%s\" lacks \"%s\"", cmd, out, cases[i].want);
     }
 }

@@ -26,4 +26,8 @@ int cli_error(const char *cmd, const char *fmt, ...) __attribute__((format(print
  * NULL after printing why. */
 char *cli_read_stdin(const char *cmd, size_t *len);
 
+/* All of the file at path ('-': stdin), NUL-terminated (caller frees; *len
+ * its length); NULL after printing why (a FIFO or a device is refused). */
+char *cli_read_path(const char *cmd, const char *path, size_t *len);
+
 #endif

@@ -11,24 +11,16 @@
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/limits.h"
 #include "backend/registry.h"
+#include "cli/args.h"
 #include "cli/cli.h"
+#include "cli/opts.h"
 #include "cli/defaults.h"
 #include "model/model.h"
 #include "run/bench.h"
 #include "run/executor.h"
 #include "text/tokenizer.h"
 #include "util/file.h"
-
-static const char *usage =
-    "usage: q3 bench [-m MODEL] [--compute-units U1,U2|all] [--chunk 128] [--gen 64] [--drain 15]\n"
-    "                [--repeats 5] [--prompt N] [--depth N] [--kv f32|f16|bf16|q8_0] [--prefill-on U --decode-on U]\n"
-    "                [--json] [--svg FILE] [--batch 1,2,4,8,16,32]\n"
-    "  Without -m, builds (once, cached in models/) a synthetic Qwen3-0.6B with random BF16 weights.\n"
-    "  Units default to every present unit except the scalar reference (name it to include it: ref).\n"
-    "  --prompt N: time prefill of an N-token prompt (in chunks); --depth N: decode with N tokens cached.\n"
-    "  --batch LIST: batched decode instead: for each B, B sequences at --depth (default 512) decoded\n"
-    "    together, one row each per step: aggregate tok/s, ms per step, bytes a step reads and the\n"
-    "    bound they give at the measured bandwidth (or the arithmetic peak, whichever is slower).\n";
+#include "util/outfile.h"
 
 /* The experiment q3 grows out of (one laptop): prefill of a 128-token chunk
  * per unit, decode on the GPU. */
@@ -48,17 +40,48 @@ static cJSON *stats_json(const q3_stats *s)
     cJSON_AddNumberToObject(o, "p50", s->p50);
     cJSON_AddNumberToObject(o, "p99", s->p99);
     cJSON_AddNumberToObject(o, "mean", s->mean);
+    cJSON_AddNumberToObject(o, "sd", s->sd);
     cJSON_AddNumberToObject(o, "min", s->min);
     cJSON_AddNumberToObject(o, "max", s->max);
     cJSON_AddNumberToObject(o, "n", s->n);
     return o;
 }
 
+/* 0 if `name` is a compute unit present here; else prints why and returns 1,
+ * before anything of the results is printed. */
+static int check_unit(const char *name)
+{
+    const q3_backend *b = q3_backend_find(name);
+    if (b && (!b->present || b->present(b))) return 0;
+    char known[256] = "";
+    for (int i = 0; q3_backends[i]; i++)
+        snprintf(known + strlen(known), sizeof known - strlen(known), "%s%s", i ? ", " : "", q3_backends[i]->name);
+    if (b) return cli_error("bench", "compute unit '%s' is not present on this machine", name);
+    return cli_error("bench", "unknown compute unit '%.40s' (q3 has: %s, or 'all')", name, known);
+}
+
+/* Writes s as SVG text content: &, <, >, " and ' escaped. */
+static void svg_text(FILE *f, const char *s)
+{
+    for (; *s; s++) {
+        switch (*s) {
+        case '&': fputs("&amp;", f); break;
+        case '<': fputs("&lt;", f); break;
+        case '>': fputs("&gt;", f); break;
+        case '"': fputs("&quot;", f); break;
+        case '\'': fputs("&apos;", f); break;
+        default: fputc(*s, f);
+        }
+    }
+}
+
 static void svg_bar(FILE *f, double y, const char *label, double value, double vmax, const char *color,
                     const char *unit_text)
 {
     double w = vmax > 0 ? 420.0 * value / vmax : 0;
-    fprintf(f, "<text x=\"240\" y=\"%.0f\" text-anchor=\"end\" font-size=\"12\">%s</text>\n", y + 13, label);
+    fprintf(f, "<text x=\"240\" y=\"%.0f\" text-anchor=\"end\" font-size=\"12\">", y + 13);
+    svg_text(f, label);
+    fputs("</text>\n", f);
     fprintf(f, "<rect x=\"250\" y=\"%.0f\" width=\"%.1f\" height=\"18\" fill=\"%s\"/>\n", y, w, color);
     fprintf(f, "<text x=\"%.1f\" y=\"%.0f\" font-size=\"12\">%.1f %s</text>\n", 256 + w, y + 13, value, unit_text);
 }
@@ -66,13 +89,17 @@ static void svg_bar(FILE *f, double y, const char *label, double value, double v
 /* Two panels: prefill ms per chunk (lower is better) and decode tok/s with the drain line. */
 static int write_svg(const char *path, const run *runs, int n, int chunk, double drain, const char *model)
 {
-    FILE *f = fopen(path, "w");
+    char *doc = NULL;
+    size_t doc_len = 0;
+    FILE *f = open_memstream(&doc, &doc_len); /* the file itself: complete or absent (util/outfile.h) */
     if (!f) return -1;
     int rows1 = n + 3, rows2 = n + 1;
     double h = 90 + 26.0 * rows1 + 60 + 26.0 * rows2 + 30;
     fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"780\" height=\"%.0f\" font-family=\"sans-serif\">\n", h);
     fprintf(f, "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n");
-    fprintf(f, "<text x=\"10\" y=\"22\" font-size=\"15\" font-weight=\"bold\">q3 bench: %s</text>\n", model);
+    fputs("<text x=\"10\" y=\"22\" font-size=\"15\" font-weight=\"bold\">q3 bench: ", f);
+    svg_text(f, model);
+    fputs("</text>\n", f);
     fprintf(f, "<text x=\"10\" y=\"52\" font-size=\"13\">Prefill: ms per %d-token chunk (lower is better)</text>\n", chunk);
     double vmax = 0;
     for (int i = 0; i < n; i++) vmax = runs[i].r.prefill_ms.p50 > vmax ? runs[i].r.prefill_ms.p50 : vmax;
@@ -107,7 +134,9 @@ static int write_svg(const char *path, const run *runs, int n, int chunk, double
     fprintf(f, "<line x1=\"%.1f\" y1=\"%.0f\" x2=\"%.1f\" y2=\"%.0f\" stroke=\"red\" stroke-dasharray=\"4\"/>\n", xd, y0 - 4,
             xd, y);
     fprintf(f, "</svg>\n");
-    return fclose(f);
+    int rc = fclose(f) != 0 ? -1 : q3_write_file_atomic(path, doc, doc_len) != Q3_OK ? -1 : 0;
+    free(doc);
+    return rc;
 }
 
 /* Greedy text of a run, for a look at what the model makes (random weights: noise). */
@@ -177,8 +206,8 @@ static int bench_batch(const char *model, q3_bench_opts *o, const int *batches, 
         cJSON_AddNumberToObject(root, "peak_rss_bytes", peak_rss);
         jr = cJSON_AddArrayToObject(root, "batches");
     } else {
-        printf("q3 bench --batch: %s, depth %d, %d steps per batch size, %d threads; read %.1f GB/s, %s peak %.0f GFLOP/s "
-               "(measured after)\n\n", model, o->depth, o->gen, nth, bw, peak_name, peak);
+        printf("q3 bench --batch: %s, depth %d, %d steps per batch size, %d threads, cpu kernels %s; read %.1f GB/s, %s peak %.0f GFLOP/s "
+               "(measured after)\n\n", model, o->depth, o->gen, nth, q3_cpu_default_isa_name(), bw, peak_name, peak);
         printf("%5s %10s %10s %10s %8s %11s %10s %9s %-10s %8s\n", "B", "tok/s", "vs B=1", "ms/step", "p99",
                "GB/step", "(KV GB)", "bound ms", "limit", "reached");
     }
@@ -229,34 +258,66 @@ int cmd_bench(int argc, char **argv)
     const char *model = NULL, *units_arg = NULL, *svg = NULL, *prefill_on = NULL, *decode_on = NULL;
     q3_bench_opts o = {.chunk = 128, .gen = 64, .repeats = 5};
     double drain = 15;
-    int json = 0, limits = 1;
+    int json = 0, limits = 1, no_limits = 0;
     const char *batch_arg = NULL;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) { fputs(usage, stdout); return 0; }
-        if (!strcmp(a, "--json")) { json = 1; continue; }
-        if (!strcmp(a, "--no-limits")) { limits = 0; continue; }
-        if (!v) return cli_error("bench", "option '%s' needs a value\n%s", a, usage);
-        if (!strcmp(a, "-m") || !strcmp(a, "--model")) model = v;
-        else if (!strcmp(a, "--compute-units") || !strcmp(a, "--backend")) units_arg = v;
-        else if (!strcmp(a, "--chunk")) o.chunk = atoi(v);
-        else if (!strcmp(a, "--gen")) o.gen = atoi(v);
-        else if (!strcmp(a, "--repeats")) o.repeats = atoi(v);
-        else if (!strcmp(a, "--depth")) o.depth = atoi(v);
-        else if (!strcmp(a, "--prompt")) o.prompt_len = atoi(v);
-        else if (!strcmp(a, "--drain")) drain = atof(v);
-        else if (!strcmp(a, "--kv")) o.kv_dtype = v;
-        else if (!strcmp(a, "--svg")) svg = v;
-        else if (!strcmp(a, "--prefill-on")) prefill_on = v;
-        else if (!strcmp(a, "--decode-on")) decode_on = v;
-        else if (!strcmp(a, "--batch")) batch_arg = v;
-        else return cli_error("bench", "unknown option '%s'\n%s", a, usage);
-        i++;
+    int threads = 0;
+    const cli_opt tab[] = {
+        CLI_OPT("model", 'm', CLI_FILE, &model, "PATH",
+                "the model (default: a synthetic Qwen3-0.6B with random BF16 weights,\n"
+                "built once into the cache folder: $Q3_MODELS, else $Q3_CACHE_DIR, else\n"
+                "$XDG_CACHE_HOME/q3, else ~/.cache/q3)"),
+        CLI_OPT("threads", 't', CLI_INT, &threads, "N",
+                "CPU threads of every unit opened (default: one per physical core, or $Q3_THREADS)", .lo = 1, .hi = 256),
+        CLI_OPT("compute-units", 0, CLI_STR, &units_arg, "LIST",
+                "units to measure, e.g. cpu,ref, or all (default: every present unit but\n"
+                "the scalar reference)"),
+        CLI_OPT("backend", 0, CLI_STR, &units_arg, "LIST", NULL, .flags = CLI_HIDDEN),
+        CLI_OPT("chunk", 0, CLI_INT, &o.chunk, "N", "prefill chunk in tokens (default 128)", .lo = 1, .hi = 4096),
+        CLI_OPT("gen", 0, CLI_INT, &o.gen, "N", "decode tokens timed (default 64)", .lo = 1, .hi = 100000),
+        CLI_OPT("repeats", 0, CLI_INT, &o.repeats, "N", "prefill runs timed (default 5)", .lo = 1, .hi = 10000),
+        CLI_OPT("prompt", 0, CLI_INT, &o.prompt_len, "N", "time prefill of an N-token prompt, in chunks (default: one chunk)",
+                .lo = 0, .hi = CLI_MAX_CTX),
+        CLI_OPT("depth", 0, CLI_INT, &o.depth, "N", "time decode with N tokens already cached (default: the prompt)",
+                .lo = 0, .hi = CLI_MAX_CTX),
+        CLI_OPT("drain", 0, CLI_DOUBLE, &drain, "R",
+                "the drain rate in tok/s that RTFx divides by (default 15: brisk speech)", .lo = 1e-3, .hi = 1e6),
+        CLI_OPT("kv", 0, CLI_STR, &o.kv_dtype, "TYPE", "KV cache type: f32, f16, bf16 or q8_0"),
+        CLI_OPT("prefill-on", 0, CLI_STR, &prefill_on, "UNIT", "split-phase: prefill on this unit ..."),
+        CLI_OPT("decode-on", 0, CLI_STR, &decode_on, "UNIT", "... and decode on this one"),
+        CLI_OPT("batch", 0, CLI_STR, &batch_arg, "LIST",
+                "batched decode instead, e.g. 1,2,4,8: for each B, B sequences at --depth\n"
+                "(default 512) decoded together, one row each per step: aggregate tok/s,\n"
+                "ms per step, bytes a step reads and the bound they give at the measured\n"
+                "bandwidth (or the arithmetic peak, whichever is slower)"),
+        CLI_OPT("json", 0, CLI_FLAG, &json, NULL, "one JSON object (docs/bench.schema.json)"),
+        CLI_OPT("svg", 0, CLI_STR, &svg, "FILE", "also draw the table as a bar chart"),
+        CLI_OPT("no-limits", 0, CLI_FLAG, &no_limits, NULL,
+                "skip measuring the machine's read bandwidth and arithmetic peaks\n"
+                "(faster; no 'fraction of the limit' lines)"),
+        {0},
+    };
+    cli_spec spec = {"bench", "q3 bench [-m MODEL] [-t N] [--compute-units U1,U2|all] [options]",
+                     "The split-phase experiment's table on this machine, per compute unit:\n"
+                     "  prefill ms/chunk   one prefill run of --chunk tokens (p50 / p99, ± sd)\n"
+                     "  prompt tok/s       prefill tokens per second\n"
+                     "  decode ms/tok      one decode step at --depth (p50 / p99, ± sd)\n"
+                     "  tok/s              decode tokens per second (1000 / mean ms)\n"
+                     "  RTFx               real-time factor: decode tok/s / the drain rate (--drain, 15\n"
+                     "                     tok/s: brisk speech); PASS when above 1, i.e. the model\n"
+                     "                     writes faster than a listener drains the text\n"
+                     "  experiment         the row q3 is measured against: the split-phase experiment\n"
+                     "                     on one laptop (prefill of 128 tokens on its CPU, neural\n"
+                     "                     accelerator and GPU; decode on its GPU)\n",
+                     tab, 0, NULL};
+    int rc = cli_parse(&spec, argc, argv, NULL);
+    if (rc) return rc == CLI_HELP_SHOWN ? 0 : rc;
+    limits = !no_limits;
+    if (threads) { /* every unit this command opens, and the limit measurements, take it */
+        char t[16];
+        snprintf(t, sizeof t, "%d", threads);
+        setenv("Q3_THREADS", t, 1);
     }
-    if (o.chunk < 1 || o.chunk > 4096 || o.gen < 1 || o.gen > 100000 || o.repeats < 1 || o.repeats > 10000 ||
-        !(drain > 0) || o.depth < 0 || o.prompt_len < 0)
-        return cli_error("bench", "--chunk must be 1..4096, --gen and --repeats positive, --drain > 0");
-    if (!!prefill_on != !!decode_on) return cli_error("bench", "--prefill-on and --decode-on go together");
+    if (!!prefill_on != !!decode_on) return cli_usage_error("bench", "--prefill-on and --decode-on go together");
     if (batch_arg) {
         int batches[32], nb = 0;
         const char *p = batch_arg;
@@ -264,12 +325,12 @@ int cmd_bench(int argc, char **argv)
             char *end;
             long b = strtol(p, &end, 10);
             if (end == p || b < 1 || b > 256 || (*end && *end != ','))
-                return cli_error("bench", "--batch takes a list of sizes 1..256 such as 1,2,4,8 (got '%s')", batch_arg);
+                return cli_usage_error("bench", "--batch takes a list of sizes 1..256 such as 1,2,4,8 (got '%s')", batch_arg);
             batches[nb++] = (int)b;
             p = *end ? end + 1 : end;
         }
         if (o.depth == 0) o.depth = 512;
-        if (o.depth > 1000000) return cli_error("bench", "--depth must be at most 1000000");
+        if (o.depth > 1000000) return cli_usage_error("bench", "--depth must be at most 1000000");
         if (!model && !(model = cli_default_model("bench"))) return 1;
         return bench_batch(model, &o, batches, nb, json, limits, units_arg ? units_arg : decode_on);
     }
@@ -279,6 +340,7 @@ int cmd_bench(int argc, char **argv)
     run runs[16];
     int n_runs = 0;
     if (prefill_on) {
+        if (check_unit(prefill_on) || check_unit(decode_on)) return 1;
         snprintf(runs[0].prefill_unit, 16, "%s", prefill_on);
         snprintf(runs[0].decode_unit, 16, "%s", decode_on);
         n_runs = 1;
@@ -286,6 +348,7 @@ int cmd_bench(int argc, char **argv)
         char list[256];
         snprintf(list, sizeof list, "%s", units_arg);
         for (char *t = strtok(list, ","); t && n_runs < 16; t = strtok(NULL, ",")) {
+            if (check_unit(t)) return 1;
             snprintf(runs[n_runs].prefill_unit, 16, "%s", t);
             snprintf(runs[n_runs].decode_unit, 16, "%s", t);
             n_runs++;
@@ -326,17 +389,23 @@ int cmd_bench(int argc, char **argv)
     }
     size_t wbytes = q3_model_weight_bytes(m), params = q3_model_param_count(m);
     if (!json)
-        printf("q3 bench: %s (%.2f B params, %.2f GB of weights), chunk %d, %d decode tokens, drain %.0f tok/s\n",
-               model, (double)params / 1e9, (double)wbytes / 1e9, o.chunk, o.gen, drain);
-    int rc = 0;
+        printf("q3 bench: %s (%.2f B params, %.2f GB of weights), chunk %d, prompt %d, depth %d, %d decode tokens, "
+               "drain %.0f tok/s; %d threads, cpu kernels %s\n",
+               model, (double)params / 1e9, (double)wbytes / 1e9, o.chunk, o.prompt_len > 0 ? o.prompt_len : o.chunk,
+               o.depth, o.gen, drain, q3_cpu_default_threads(), q3_cpu_default_isa_name());
+    rc = 0;
     for (int i = 0; i < n_runs; i++) {
         o.prefill_unit = runs[i].prefill_unit;
         o.decode_unit = runs[i].decode_unit;
         if (!json) fprintf(stderr, "  measuring %s -> %s ...\n", o.prefill_unit, o.decode_unit);
-        if (q3_bench_run(m, &o, &runs[i].r)) {
-            rc = cli_error("bench", "%s -> %s: %s", o.prefill_unit, o.decode_unit, q3_last_error());
-            n_runs = i;
-            break;
+        if (q3_bench_run(m, &o, &runs[i].r)) { /* no table of what was not measured */
+            cli_error("bench", "%s -> %s: %s", o.prefill_unit, o.decode_unit, q3_last_error());
+            for (int k = 0; k < i; k++) {
+                free(runs[k].r.generated);
+                free(runs[k].sample);
+            }
+            q3_model_close(m);
+            return 1;
         }
         runs[i].sample = sample_text(model, m->cfg.vocab_size, runs[i].r.generated, runs[i].r.n_generated);
     }
@@ -345,9 +414,7 @@ int cmd_bench(int argc, char **argv)
     getrusage(RUSAGE_SELF, &ru);
     double peak_rss = (double)ru.ru_maxrss * 1024.0;
     /* the machine's limits, measured in the same run */
-    int nth = (int)sysconf(_SC_NPROCESSORS_ONLN);
-    if (getenv("Q3_THREADS")) nth = atoi(getenv("Q3_THREADS"));
-    if (nth < 1) nth = 1;
+    int nth = q3_cpu_default_threads(); /* what the units ran with */
     double bw1 = 0, bw = 0, peak[Q3_LIMIT_KIND_COUNT] = {0};
     if (limits) {
         if (!json) fprintf(stderr, "  measuring the machine's limits ...\n");
@@ -362,8 +429,8 @@ int cmd_bench(int argc, char **argv)
     double prefill_peak = peak[Q3_LIMIT_AMX_BF16] > 0 ? peak[Q3_LIMIT_AMX_BF16] : peak[Q3_LIMIT_DOT_BF16];
     const char *prefill_peak_name = peak[Q3_LIMIT_AMX_BF16] > 0 ? "AMX BF16" : "BF16 dot";
     if (!json) {
-        printf("\n%-13s %-24s %12s %-24s %8s %12s\n", "unit", "prefill ms/chunk p50/p99", "prompt tok/s",
-               "decode ms/tok p50/p99", "tok/s", "RTFx");
+        printf("\n%-13s %-30s %12s %-28s %8s %12s\n", "unit", "prefill ms/chunk p50/p99 ±sd", "prompt tok/s",
+               "decode ms/tok p50/p99 ±sd", "tok/s", "RTFx");
         for (int i = 0; i < n_runs; i++) {
             const q3_bench_result *r = &runs[i].r;
             char unit[40], pre[40], dec[40];
@@ -371,13 +438,14 @@ int cmd_bench(int argc, char **argv)
                 snprintf(unit, sizeof unit, "%s->%s", runs[i].prefill_unit, runs[i].decode_unit);
             else
                 snprintf(unit, sizeof unit, "%s", runs[i].prefill_unit);
-            snprintf(pre, sizeof pre, "%.1f / %.1f", r->prefill_ms.p50 / r->n_chunks, r->prefill_ms.p99 / r->n_chunks);
-            snprintf(dec, sizeof dec, "%.2f / %.2f", r->decode_ms.p50, r->decode_ms.p99);
+            snprintf(pre, sizeof pre, "%.1f / %.1f ± %.1f", r->prefill_ms.p50 / r->n_chunks,
+                     r->prefill_ms.p99 / r->n_chunks, r->prefill_ms.sd / r->n_chunks);
+            snprintf(dec, sizeof dec, "%.2f / %.2f ± %.2f", r->decode_ms.p50, r->decode_ms.p99, r->decode_ms.sd);
             double rtfx = r->decode_tok_s / drain;
-            printf("%-13s %-24s %12.1f %-24s %8.2f %7.2f %s\n", unit, pre, r->prompt_tok_s, dec, r->decode_tok_s,
+            printf("%-13s %-30s %12.1f %-28s %8.2f %7.2f %s\n", unit, pre, r->prompt_tok_s, dec, r->decode_tok_s,
                    rtfx, rtfx > 1 ? "PASS" : "FAIL");
         }
-        printf("%-13s %-24s %12s %-24s %8.2f %7.2f (laptop GPU)\n", "experiment", "46.0 CPU/12.5 ANE/9.3 GPU", "-",
+        printf("%-13s %-30s %12s %-28s %8.2f %7.2f (laptop GPU)\n", "experiment", "46.0 CPU/12.5 ANE/9.3 GPU", "-",
                "-", experiment_decode_tok_s, experiment_rtfx);
         for (int i = 0; i < n_runs; i++) {
             const q3_bench_result *r = &runs[i].r;
@@ -420,6 +488,8 @@ int cmd_bench(int argc, char **argv)
         cJSON_AddNumberToObject(jc, "drain_tok_s", drain);
         cJSON_AddNumberToObject(jc, "prompt_len", o.prompt_len > 0 ? o.prompt_len : o.chunk);
         cJSON_AddNumberToObject(jc, "depth", o.depth);
+        cJSON_AddNumberToObject(jc, "threads", q3_cpu_default_threads());
+        cJSON_AddStringToObject(jc, "cpu_kernels", q3_cpu_default_isa_name());
         cJSON_AddNumberToObject(root, "ttft_ms", ttft_ms);
         cJSON_AddNumberToObject(root, "peak_rss_bytes", peak_rss);
         if (limits) {
@@ -440,7 +510,7 @@ int cmd_bench(int argc, char **argv)
             cJSON_AddStringToObject(x, "decode_unit", runs[i].decode_unit);
             q3_stats per_chunk = r->prefill_ms;
             per_chunk.p50 /= r->n_chunks, per_chunk.p99 /= r->n_chunks, per_chunk.mean /= r->n_chunks;
-            per_chunk.min /= r->n_chunks, per_chunk.max /= r->n_chunks;
+            per_chunk.min /= r->n_chunks, per_chunk.max /= r->n_chunks, per_chunk.sd /= r->n_chunks;
             cJSON_AddItemToObject(x, "prefill_ms", stats_json(&per_chunk));
             cJSON_AddNumberToObject(x, "prompt_tok_s", r->prompt_tok_s);
             cJSON_AddItemToObject(x, "decode_ms", stats_json(&r->decode_ms));
@@ -470,7 +540,7 @@ int cmd_bench(int argc, char **argv)
     }
     if (svg && n_runs > 0) {
         if (write_svg(svg, runs, n_runs, o.chunk, drain, model))
-            rc = cli_error("bench", "%s: cannot write the chart", svg);
+            rc = cli_error("bench", "%s: cannot write the chart: %s", svg, q3_last_error());
         else if (!json)
             printf("\nchart: %s\n", svg);
     }

@@ -12,34 +12,16 @@
 #include <string.h>
 
 #include <cjson/cJSON.h>
+#include <errno.h>
+#include <sys/stat.h>
 
 #include "cli/cli.h"
+#include "cli/opts.h"
 #include "text/chat_template.h"
 #include "text/json_write.h"
 #include "util/file.h"
 
 #define CMD "chat-template"
-
-static void usage(FILE *f)
-{
-    fprintf(f,
-            "usage: q3 chat-template [options] [FILE]\n"
-            "\n"
-            "Renders a conversation with Qwen3's chat template, exactly as Hugging Face\n"
-            "transformers' apply_chat_template would. FILE (or stdin, or \"-\") holds an object\n"
-            "{\"messages\", \"tools\", \"add_generation_prompt\", \"enable_thinking\"} or a bare\n"
-            "messages array; add_generation_prompt defaults to true.\n"
-            "\n"
-            "options:\n"
-            "  --jsonl                 one conversation object per line; each output line is the\n"
-            "                          same object with \"rendered\" added\n"
-            "  --check                 with --jsonl: compare each render with the line's own\n"
-            "                          \"rendered\" and report differences instead of printing\n"
-            "  --no-think              enable_thinking=false (an empty think block after the prompt)\n"
-            "  --no-generation-prompt  add_generation_prompt=false\n"
-            "  --model DIR             first check that DIR's chat template is one q3 renders\n"
-            "  -h, --help              this text\n");
-}
 
 typedef struct chat_cli_opts {
     int jsonl, check, no_think, no_generation_prompt;
@@ -191,29 +173,34 @@ static int run_jsonl(char *text, const chat_cli_opts *o)
 int cmd_chat_template(int argc, char **argv)
 {
     chat_cli_opts o = {0};
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            usage(stdout);
-            return 0;
-        } else if (!strcmp(a, "--jsonl")) o.jsonl = 1;
-        else if (!strcmp(a, "--check")) o.check = 1;
-        else if (!strcmp(a, "--no-think")) o.no_think = 1;
-        else if (!strcmp(a, "--no-generation-prompt")) o.no_generation_prompt = 1;
-        else if (!strcmp(a, "--model")) {
-            if (++i == argc) return cli_error(CMD, "--model needs a folder");
-            o.model = argv[i];
-        } else if (a[0] == '-' && a[1]) {
-            cli_error(CMD, "unknown option '%s'", a);
-            usage(stderr);
-            return 2;
-        } else if (o.file) {
-            return cli_error(CMD, "one input file at most ('%s' and '%s')", o.file, a);
-        } else {
-            o.file = a;
-        }
+    const cli_opt tab[] = {
+        CLI_OPT("jsonl", 0, CLI_FLAG, &o.jsonl, NULL,
+                "one conversation object per line; each output line is the\n"
+                "same object with \"rendered\" added"),
+        CLI_OPT("check", 0, CLI_FLAG, &o.check, NULL,
+                "with --jsonl: compare each render with the line's own\n"
+                "\"rendered\" and report differences instead of printing"),
+        CLI_OPT("no-think", 0, CLI_FLAG, &o.no_think, NULL, "enable_thinking=false (an empty think block after the prompt)"),
+        CLI_OPT("no-generation-prompt", 0, CLI_FLAG, &o.no_generation_prompt, NULL, "add_generation_prompt=false"),
+        CLI_OPT("model", 'm', CLI_FILE, &o.model, "DIR", "first check that DIR's chat template is one q3 renders"),
+        {0},
+    };
+    cli_spec spec = {CMD, "q3 chat-template [options] [FILE]",
+                     "Renders a conversation with Qwen3's chat template, exactly as Hugging Face\n"
+                     "transformers' apply_chat_template would. FILE (or stdin, or \"-\") holds an object\n"
+                     "{\"messages\", \"tools\", \"add_generation_prompt\", \"enable_thinking\"} or a bare\n"
+                     "messages array; add_generation_prompt defaults to true.\n",
+                     tab, 1, NULL};
+    int n_pos = 0;
+    int rc = cli_parse(&spec, argc, argv, &n_pos);
+    if (rc) return rc == CLI_HELP_SHOWN ? 0 : rc;
+    if (n_pos) {
+        struct stat sb;
+        if (strcmp(argv[1], "-") && stat(argv[1], &sb))
+            return cli_usage_error(CMD, "%.200s: %s", argv[1], errno == ENOENT ? "no such file or folder" : strerror(errno));
+        o.file = argv[1];
     }
-    if (o.check && !o.jsonl) return cli_error(CMD, "--check works with --jsonl");
+    if (o.check && !o.jsonl) return cli_usage_error(CMD, "--check works with --jsonl");
 
     if (o.model) {
         q3_chat_template_kind kind;
@@ -229,7 +216,7 @@ int cmd_chat_template(int argc, char **argv)
         return cli_error(CMD, "%s: the input contains a NUL byte",
                          o.file && strcmp(o.file, "-") ? o.file : "stdin");
     }
-    int rc = o.jsonl ? run_jsonl(text, &o) : run_single(text, &o);
+    rc = o.jsonl ? run_jsonl(text, &o) : run_single(text, &o);
     free(text);
     return rc;
 }

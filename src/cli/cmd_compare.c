@@ -11,33 +11,15 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "cli/cli.h"
+#include "cli/opts.h"
 #include "model/convert.h"
 #include "util/file.h"
 
 #define DEFAULT_CASES "tests/data/golden/small/cases"
 #define MAX_TYPES 8
-
-static void compare_usage(FILE *f)
-{
-    fprintf(f,
-            "usage: q3 compare -m MODEL [--types q8_0,q4_0] [--cases DIR] [--backend NAME]\n"
-            "       q3 compare -m MODEL --kv q8_0[,bf16] [--kv-ref f16] [--cases DIR] [--backend NAME]\n"
-            "\n"
-            "Quantizes MODEL to each type and runs token sequences through the quantized model\n"
-            "and MODEL as given, then prints per type: the mean and max KL divergence of the\n"
-            "next-token distribution from MODEL's (nats), top-1 agreement, the largest logit\n"
-            "difference and the weights' size.\n"
-            "\n"
-            "  --types LIST    comma-separated: f16, bf16, q8_0, q4_0 (default q8_0,q4_0)\n"
-            "  --cases DIR     token sequences: the \"tokens\" of every DIR/*.json (duplicates run\n"
-            "                  once); default MODEL/cases if present, else " DEFAULT_CASES "\n"
-            "  --backend NAME  compute unit (default ref: the scalar reference; cpu with --kv)\n"
-            "  --kv LIST       compare KV cache types instead (f32, f16, bf16, q8_0): MODEL as given\n"
-            "                  with each, against MODEL with a --kv-ref cache (default f16); the\n"
-            "                  size column is then KV bytes per token\n");
-}
 
 typedef struct seqs {
     int32_t **ids;
@@ -137,37 +119,36 @@ int cmd_compare(int argc, char **argv)
 {
     const char *model = NULL, *types_arg = "q8_0,q4_0", *cases = NULL, *backend = NULL, *kv_arg = NULL,
                *kv_ref_arg = "f16";
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            compare_usage(stdout);
-            return 0;
-        }
-        if (i + 1 >= argc) {
-            compare_usage(stderr);
-            return cli_error("compare", "unknown option or missing value: %s", a);
-        }
-        const char *v = argv[++i];
-        if (!strcmp(a, "-m") || !strcmp(a, "--model")) model = v;
-        else if (!strcmp(a, "--types") || !strcmp(a, "--type")) types_arg = v;
-        else if (!strcmp(a, "--cases")) cases = v;
-        else if (!strcmp(a, "--backend")) backend = v;
-        else if (!strcmp(a, "--kv")) kv_arg = v;
-        else if (!strcmp(a, "--kv-ref")) kv_ref_arg = v;
-        else {
-            compare_usage(stderr);
-            return cli_error("compare", "unknown option: %s", a);
-        }
-    }
-    if (!model) {
-        compare_usage(stderr);
-        return cli_error("compare", "no model given (-m MODEL)");
-    }
+    const cli_opt tab[] = {
+        CLI_OPT("model", 'm', CLI_FILE, &model, "PATH", "the model to compare against", .flags = CLI_REQUIRED),
+        CLI_OPT("types", 0, CLI_STR, &types_arg, "LIST", "comma-separated: f16, bf16, q8_0, q4_0 (default q8_0,q4_0)"),
+        CLI_OPT("type", 0, CLI_STR, &types_arg, "LIST", NULL, .flags = CLI_HIDDEN),
+        CLI_OPT("cases", 0, CLI_FILE, &cases, "DIR",
+                "token sequences: the \"tokens\" of every DIR/*.json (duplicates run once);\n"
+                "default MODEL/cases if present, else the golden cases of the q3 source\n"
+                "tree the binary was built in (" DEFAULT_CASES " beside build/)"),
+        CLI_OPT("backend", 0, CLI_STR, &backend, "UNIT",
+                "compute unit (default ref: the scalar reference; cpu with --kv)"),
+        CLI_OPT("kv", 0, CLI_STR, &kv_arg, "LIST",
+                "compare KV cache types instead (f32, f16, bf16, q8_0): MODEL as given with\n"
+                "each, against MODEL with a --kv-ref cache; the size column is then KV bytes\n"
+                "per token"),
+        CLI_OPT("kv-ref", 0, CLI_STR, &kv_ref_arg, "TYPE", "the reference KV cache type of --kv (default f16)"),
+        {0},
+    };
+    cli_spec spec = {"compare", "q3 compare -m MODEL [--types q8_0,q4_0 | --kv q8_0 [--kv-ref f16]] [--cases DIR] [--backend UNIT]",
+                     "Quantizes MODEL to each type and runs token sequences through the quantized model\n"
+                     "and MODEL as given, then prints per type: the mean and max KL divergence of the\n"
+                     "next-token distribution from MODEL's (nats), top-1 agreement, the largest logit\n"
+                     "difference and the weights' size.\n",
+                     tab, 0, NULL};
+    int prc = cli_parse(&spec, argc, argv, NULL);
+    if (prc) return prc == CLI_HELP_SHOWN ? 0 : prc;
     /* the ref unit's prefill reads a chunk's own K/V unrounded: KV types are compared on cpu */
     if (!backend) backend = kv_arg ? "cpu" : "ref";
     int kv_ref = q3_dtype_from_name(kv_ref_arg);
     if (kv_ref < 0 || kv_ref > Q3_Q8_0)
-        return cli_error("compare", "--kv-ref: \"%s\" is not one of f32, f16, bf16, q8_0", kv_ref_arg);
+        return cli_usage_error("compare", "--kv-ref: \"%s\" is not one of f32, f16, bf16, q8_0", kv_ref_arg);
     q3_dtype types[MAX_TYPES];
     size_t n_types = 0;
     char list[256];
@@ -175,19 +156,28 @@ int cmd_compare(int argc, char **argv)
     for (char *save, *t = strtok_r(list, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
         int d = q3_dtype_from_name(t);
         if (kv_arg && (d < 0 || d > Q3_Q8_0))
-            return cli_error("compare", "--kv: \"%s\" is not one of f32, f16, bf16, q8_0", t);
+            return cli_usage_error("compare", "--kv: \"%s\" is not one of f32, f16, bf16, q8_0", t);
         if (!kv_arg && (d < 0 || d == Q3_F32))
-            return cli_error("compare", "--types: \"%s\" is not one of f16, bf16, q8_0, q4_0", t);
-        if (n_types == MAX_TYPES) return cli_error("compare", "--types: at most %d types", MAX_TYPES);
+            return cli_usage_error("compare", "--types: \"%s\" is not one of f16, bf16, q8_0, q4_0", t);
+        if (n_types == MAX_TYPES) return cli_usage_error("compare", "--types: at most %d types", MAX_TYPES);
         types[n_types++] = (q3_dtype)d;
     }
-    if (!n_types) return cli_error("compare", "%s is empty", kv_arg ? "--kv" : "--types");
+    if (!n_types) return cli_usage_error("compare", "%s is empty", kv_arg ? "--kv" : "--types");
 
     char cases_dir[PATH_MAX];
     if (cases) snprintf(cases_dir, sizeof cases_dir, "%s", cases);
     else {
         snprintf(cases_dir, sizeof cases_dir, "%s/cases", model);
-        if (!q3_is_dir(cases_dir)) snprintf(cases_dir, sizeof cases_dir, "%s", DEFAULT_CASES);
+        if (!q3_is_dir(cases_dir)) { /* beside the binary (build/q3 -> the source tree), never the cwd */
+            char exe[PATH_MAX];
+            ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+            char *slash = n > 0 ? (exe[n] = 0, strrchr(exe, '/')) : NULL;
+            if (slash) *slash = 0;
+            snprintf(cases_dir, sizeof cases_dir, "%s/../%s", slash ? exe : ".", DEFAULT_CASES);
+            if (!q3_is_dir(cases_dir))
+                return cli_error("compare", "no token sequences: pass --cases DIR (MODEL/cases and %s are absent)",
+                                 cases_dir);
+        }
     }
 
     q3_model *m;
@@ -223,13 +213,13 @@ int cmd_compare(int argc, char **argv)
             printf("%-6s %10.1f %12.3e %12.3e %11.2f%% %14.4f\n", q3_dtype_name(rep[k].type),
                    (double)rep[k].weight_bytes / (kv_arg ? 1e3 : 1e6), rep[k].kl_mean, rep[k].kl_max,
                    100.0 * rep[k].top1_agree, rep[k].max_abs_logit);
+        double secs = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
         if (kv_arg)
             printf("\n(KL in nats, of the next-token distribution with each KV cache type from the one with a %s "
                    "cache; %.1f s)\n",
-                   q3_dtype_name((q3_dtype)kv_ref), (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9);
+                   q3_dtype_name((q3_dtype)kv_ref), secs);
         else
-            printf("\n(KL in nats, of the %s model's next-token distribution from MODEL's; %.1f s)\n", "quantized",
-                   (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9);
+            printf("\n(KL in nats, of the %s model's next-token distribution from MODEL's; %.1f s)\n", "quantized", secs);
     }
     seqs_free(&s);
     q3_model_close(m);

@@ -1,32 +1,16 @@
 /* q3 convert: a model folder (or a GGUF) to a GGUF file llama.cpp loads, with
  * the weights in F32, F16, BF16, Q8_0 or Q4_0. */
+#include <errno.h>
 #include <stdio.h>
+#include <sys/stat.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "cli/cli.h"
+#include "cli/opts.h"
 #include "model/convert.h"
-
-static void convert_usage(FILE *f)
-{
-    fprintf(f,
-            "usage: q3 convert MODEL -o OUT.gguf [--type f32|f16|bf16|q8_0|q4_0] [--tokenizer DIR]\n"
-            "                  [--name NAME] [--no-tokenizer] [--quiet]\n"
-            "\n"
-            "Writes a GGUF (architecture qwen3, llama.cpp's tensor names and metadata) from MODEL,\n"
-            "a Hugging Face folder (config.json, safetensors, tokenizer.json) or a .gguf.\n"
-            "\n"
-            "  -o OUT.gguf       output file (written as OUT.gguf.tmp, renamed when complete)\n"
-            "  --type T          type of the 2-D weights; norms stay F32, and with q8_0/q4_0 a\n"
-            "                    matrix whose rows are not whole 32-value blocks stays F16\n"
-            "                    (default: the model's own type when it is f32, f16 or bf16)\n"
-            "  --tokenizer DIR   take tokenizer.json / tokenizer_config.json from DIR\n"
-            "                    (default: the model folder, or the source GGUF's tokenizer)\n"
-            "  --name NAME       general.name (default: the model's folder or file name)\n"
-            "  --no-tokenizer    write no vocabulary (tokenizer.ggml.model \"none\")\n"
-            "  --quiet           no progress on stderr\n");
-}
+#include "util/outfile.h"
 
 static double now_s(void)
 {
@@ -62,47 +46,50 @@ int cmd_convert(int argc, char **argv)
     const char *model = NULL, *out = NULL, *type_name = NULL;
     q3_convert_opts o = {0};
     int quiet = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            convert_usage(stdout);
-            return 0;
-        }
-        if (!strcmp(a, "--no-tokenizer")) { o.no_tokenizer = 1; continue; }
-        if (!strcmp(a, "--quiet") || !strcmp(a, "-q")) { quiet = 1; continue; }
-        if (a[0] != '-') {
-            if (model) return cli_error("convert", "more than one model given ('%s' and '%s')", model, a);
-            model = a;
-            continue;
-        }
-        if (i + 1 >= argc) {
-            convert_usage(stderr);
-            return cli_error("convert", "unknown option or missing value: %s", a);
-        }
-        const char *v = argv[++i];
-        if (!strcmp(a, "-o") || !strcmp(a, "--output")) out = v;
-        else if (!strcmp(a, "--type") || !strcmp(a, "--outtype")) type_name = v;
-        else if (!strcmp(a, "--tokenizer")) o.tokenizer_dir = v;
-        else if (!strcmp(a, "--name")) o.name = v;
-        else if (!strcmp(a, "-m") || !strcmp(a, "--model")) model = v;
-        else {
-            convert_usage(stderr);
-            return cli_error("convert", "unknown option: %s", a);
-        }
+    const char *model_opt = NULL;
+    const cli_opt tab[] = {
+        CLI_OPT("model", 'm', CLI_FILE, &model_opt, "PATH", "the model (or give it as the first argument)"),
+        CLI_OPT("output", 'o', CLI_STR, &out, "OUT.gguf",
+                "output file (written under a unique temporary name, renamed when complete)", .flags = CLI_REQUIRED),
+        CLI_OPT("type", 0, CLI_STR, &type_name, "T",
+                "f32, f16, bf16, q8_0 or q4_0: type of the 2-D weights; norms stay F32,\n"
+                "and with q8_0/q4_0 a matrix whose rows are not whole 32-value blocks\n"
+                "stays F16 (default: the model's own type when it is f32, f16 or bf16)"),
+        CLI_OPT("outtype", 0, CLI_STR, &type_name, "T", NULL, .flags = CLI_HIDDEN),
+        CLI_OPT("tokenizer", 0, CLI_FILE, &o.tokenizer_dir, "DIR",
+                "take tokenizer.json / tokenizer_config.json from DIR\n"
+                "(default: the model folder, or the source GGUF's tokenizer)"),
+        CLI_OPT("name", 0, CLI_STR, &o.name, "NAME", "general.name (default: the model's folder or file name)"),
+        CLI_OPT("no-tokenizer", 0, CLI_FLAG, &o.no_tokenizer, NULL, "write no vocabulary (tokenizer.ggml.model \"none\")"),
+        CLI_OPT("quiet", 'q', CLI_FLAG, &quiet, NULL, "no progress on stderr"),
+        {0},
+    };
+    cli_spec spec = {"convert", "q3 convert -m MODEL -o OUT.gguf [--type f32|f16|bf16|q8_0|q4_0] [options]\nq3 convert MODEL -o OUT.gguf [options]",
+                     "Writes a GGUF (architecture qwen3, llama.cpp's tensor names and metadata) from MODEL,\n"
+                     "a Hugging Face folder (config.json, safetensors, tokenizer.json) or a .gguf.\n",
+                     tab, 1, NULL};
+    int n_pos = 0;
+    int rc = cli_parse(&spec, argc, argv, &n_pos);
+    if (rc) return rc == CLI_HELP_SHOWN ? 0 : rc;
+    if (n_pos && model_opt) return cli_usage_error("convert", "the model given twice ('%s' and -m '%s')", argv[1], model_opt);
+    if (n_pos) {
+        struct stat sb;
+        if (stat(argv[1], &sb)) return cli_usage_error("convert", "%.200s: %s", argv[1], errno == ENOENT ? "no such file or folder" : strerror(errno));
+        model = argv[1];
+    } else {
+        model = model_opt;
     }
-    if (!model || !out) {
-        convert_usage(stderr);
-        return cli_error("convert", "a model and an output file (-o OUT.gguf) are required");
-    }
-    if (o.no_tokenizer && o.tokenizer_dir) return cli_error("convert", "--no-tokenizer and --tokenizer contradict");
+    if (!model) return cli_usage_error("convert", "missing -m/--model PATH");
+    if (o.no_tokenizer && o.tokenizer_dir) return cli_usage_error("convert", "--no-tokenizer and --tokenizer contradict");
 
+    if (q3_outfile_check(out)) return cli_error("convert", "-o: %s", q3_last_error());
     q3_model *m;
     if (q3_model_open(model, &m)) return cli_error("convert", "%s", q3_last_error());
     if (type_name) {
         int t = q3_dtype_from_name(type_name);
         if (t < 0) {
             q3_model_close(m);
-            return cli_error("convert", "--type must be f32, f16, bf16, q8_0 or q4_0, not \"%s\"", type_name);
+            return cli_usage_error("convert", "--type must be f32, f16, bf16, q8_0 or q4_0, not \"%s\"", type_name);
         }
         o.type = (q3_dtype)t;
     } else {

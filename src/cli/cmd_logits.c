@@ -1,89 +1,66 @@
 /* q3 logits: float32 little-endian logits [n_tokens][vocab], row t = after tokens[0..t]. */
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli/args.h"
 #include "cli/cli.h"
+#include "cli/opts.h"
 #include "q3.h"
-
-static const char *usage =
-    "usage: q3 logits -m MODEL --tokens 1,2,3 [--decode-from K] [--chunk S] [--backend NAME]\n"
-    "                 [--kv f32|f16|bf16|q8_0] -o OUT.f32\n"
-    "  writes float32 little-endian logits [n_tokens][vocab]; row t = the logits after tokens[0..t].\n"
-    "  --decode-from K: the first K tokens go through prefill, every later one through decode.\n";
-
-/* Parses "1,2,3" into a new array; returns the count or -1 with a message. */
-static long parse_ids(const char *s, int32_t **out)
-{
-    size_t cap = 16, n = 0;
-    int32_t *ids = malloc(cap * sizeof *ids);
-    if (!ids) {
-        cli_error("logits", "--tokens: out of memory");
-        return -1;
-    }
-    const char *p = s;
-    while (*p) {
-        char *end;
-        errno = 0;
-        long v = strtol(p, &end, 10);
-        if (end == p || errno || v < 0 || v > INT32_MAX) {
-            free(ids);
-            cli_error("logits", "--tokens: '%s' is not a comma-separated list of token ids", s);
-            return -1;
-        }
-        if (n == cap) {
-            int32_t *grown = realloc(ids, (cap *= 2) * sizeof *ids);
-            if (!grown) {
-                free(ids);
-                cli_error("logits", "--tokens: out of memory");
-                return -1;
-            }
-            ids = grown;
-        }
-        ids[n++] = (int32_t)v;
-        p = end;
-        while (*p == ',' || *p == ' ') p++;
-    }
-    *out = ids;
-    return (long)n;
-}
+#include "util/outfile.h"
 
 int cmd_logits(int argc, char **argv)
 {
     const char *model = NULL, *tokens = NULL, *out_path = NULL;
     q3_session_opts o = {0};
-    long decode_from = -1;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            fputs(usage, stdout);
-            return 0;
-        }
-        if (!v) return cli_error("logits", "option '%s' needs a value\n%s", a, usage);
-        if (!strcmp(a, "-m") || !strcmp(a, "--model")) model = v;
-        else if (!strcmp(a, "--tokens")) tokens = v;
-        else if (!strcmp(a, "-o")) out_path = v;
-        else if (!strcmp(a, "--decode-from")) decode_from = strtol(v, NULL, 10);
-        else if (!strcmp(a, "--chunk")) o.chunk = atoi(v);
-        else if (!strcmp(a, "--backend")) o.backend = v;
-        else if (!strcmp(a, "--kv")) o.kv_dtype = v;
-        else if (!strcmp(a, "--ctx")) o.n_ctx = atoi(v);
-        else return cli_error("logits", "unknown option '%s'\n%s", a, usage);
-        i++;
+    int decode_from = -1;
+    const cli_opt tab[] = {
+        CLI_OPT("model", 'm', CLI_FILE, &model, "PATH", "a Hugging Face folder or a .gguf", .flags = CLI_REQUIRED),
+        CLI_OPT("tokens", 0, CLI_STR, &tokens, "IDS",
+                "the token ids: 1,2,3 or [1, 2, 3] (what q3 tokenize prints); '-': stdin", .flags = CLI_REQUIRED),
+        CLI_OPT("output", 'o', CLI_STR, &out_path, "FILE", "where the logits go ('-': stdout)", .flags = CLI_REQUIRED),
+        CLI_OPT("decode-from", 0, CLI_INT, &decode_from, "K",
+                "the first K tokens go through prefill, every later one through decode", .lo = 1, .hi = CLI_MAX_CTX),
+        CLI_OPT("threads", 't', CLI_INT, &o.n_threads, "N", "CPU threads (default: one per physical core)", .lo = 1,
+                .hi = 256),
+        CLI_OPT("ctx", 'c', CLI_INT, &o.n_ctx, "N", "context length (default: min(model, 4096), or the tokens)", .lo = 1,
+                .hi = CLI_MAX_CTX),
+        CLI_OPT("chunk", 0, CLI_INT, &o.chunk, "N", "prefill chunk in tokens (default 128)", .lo = 1, .hi = 4096),
+        CLI_OPT("backend", 0, CLI_STR, &o.backend, "UNIT", "compute unit: cpu or ref (default: the best present)"),
+        CLI_OPT("kv", 0, CLI_STR, &o.kv_dtype, "TYPE", "KV cache type: f32, f16, bf16 or q8_0"),
+        {0},
+    };
+    cli_spec spec = {"logits", "q3 logits -m MODEL --tokens 1,2,3 -o OUT.f32 [options]",
+                     "Writes float32 little-endian logits [n_tokens][vocab]; row t = the logits after tokens[0..t].\n",
+                     tab, 0, NULL};
+    int rc = cli_parse(&spec, argc, argv, NULL);
+    if (rc) return rc == CLI_HELP_SHOWN ? 0 : rc;
+    char *tok_text = NULL;
+    if (!strcmp(tokens, "-")) {
+        size_t len;
+        if (!(tokens = tok_text = cli_read_stdin("logits", &len))) return 1;
     }
-    if (!model || !tokens || !out_path) return cli_error("logits", "-m, --tokens and -o are required\n%s", usage);
     int32_t *ids;
-    long n = parse_ids(tokens, &ids);
-    if (n < 0) return 1;
-    if (n == 0) { free(ids); return cli_error("logits", "--tokens is empty"); }
+    size_t n_ids;
+    const char *bad;
+    if (cli_parse_ids(tokens, &ids, &n_ids, &bad)) {
+        rc = bad ? cli_usage_error("logits", "--tokens: not a token id at '%.20s'", bad)
+                 : cli_error("logits", "out of memory");
+        free(tok_text);
+        return rc;
+    }
+    free(tok_text);
+    long n = (long)n_ids;
+    if (n == 0) { free(ids); return cli_usage_error("logits", "--tokens is empty"); }
     if (decode_from > n || decode_from == 0) {
         free(ids);
-        return cli_error("logits", "--decode-from %ld must be in 1..%ld", decode_from, n);
+        return cli_usage_error("logits", "--decode-from %d must be in 1..%ld", decode_from, n);
     }
+    int to_stdout = !strcmp(out_path, "-");
+    if (!to_stdout && q3_outfile_check(out_path)) { free(ids); return cli_error("logits", "-o: %s", q3_last_error()); }
     q3_model *m;
     if (q3_model_open(model, &m)) { free(ids); return cli_error("logits", "%s", q3_last_error()); }
-    int rc = 1;
+    rc = 1;
     q3_session *s = NULL;
     size_t V = (size_t)q3_model_vocab_size(m);
     float *logits = malloc((size_t)n * V * sizeof(float));
@@ -94,10 +71,15 @@ int cmd_logits(int argc, char **argv)
     if (q3_session_prefill(s, ids, k, logits, 1)) { cli_error("logits", "%s", q3_last_error()); goto done; }
     for (size_t t = k; t < (size_t)n; t++)
         if (q3_session_decode(s, ids[t], logits + t * V)) { cli_error("logits", "%s", q3_last_error()); goto done; }
-    FILE *f = fopen(out_path, "wb");
-    if (!f) { cli_error("logits", "%s: cannot write: %s", out_path, strerror(errno)); goto done; }
-    size_t w = fwrite(logits, sizeof(float), (size_t)n * V, f);
-    if (fclose(f) != 0 || w != (size_t)n * V) { cli_error("logits", "%s: write failed", out_path); goto done; }
+    if (to_stdout) {
+        if (fwrite(logits, sizeof(float), (size_t)n * V, stdout) != (size_t)n * V) {
+            cli_error("logits", "cannot write to standard output");
+            goto done;
+        }
+    } else if (q3_write_file_atomic(out_path, logits, (size_t)n * V * sizeof(float))) {
+        cli_error("logits", "%s", q3_last_error());
+        goto done;
+    }
     rc = 0;
 done:
     q3_session_free(s);

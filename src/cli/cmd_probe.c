@@ -6,16 +6,14 @@
 #include <string.h>
 
 #include "backend/registry.h"
+#include "cli/args.h"
+#include "backend/cpu/cpu_backend.h"
 #include "cli/cli.h"
+#include "cli/opts.h"
 #include "cli/defaults.h"
 #include "plan/policy.h"
 #include "run/executor.h"
 #include "util/error.h"
-
-static const char *usage =
-    "usage: q3 probe [-m MODEL] [--compute-units POLICY] [--chunk 128] [--json] [--no-profile] [--profile-ref]\n"
-    "  POLICY: ref, cpu_only, cpu_and_gpu, all (default: each in turn)\n"
-    "  Without -m, uses the synthetic Qwen3-0.6B (built once in models/).\n";
 
 typedef struct probe_opts {
     int chunk, json, profile, profile_ref;
@@ -201,21 +199,35 @@ int cmd_probe(int argc, char **argv)
 {
     const char *model = NULL, *policy = NULL;
     probe_opts po = {.chunk = 128, .profile = 1};
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) { fputs(usage, stdout); return 0; }
-        if (!strcmp(a, "--json")) { po.json = 1; continue; }
-        if (!strcmp(a, "--no-profile")) { po.profile = 0; continue; }
-        if (!strcmp(a, "--profile-ref")) { po.profile_ref = 1; continue; }
-        if (!v) return cli_error("probe", "option '%s' needs a value\n%s", a, usage);
-        if (!strcmp(a, "-m") || !strcmp(a, "--model")) model = v;
-        else if (!strcmp(a, "--compute-units")) policy = v;
-        else if (!strcmp(a, "--chunk")) po.chunk = atoi(v);
-        else return cli_error("probe", "unknown option '%s'\n%s", a, usage);
-        i++;
+    int threads = 0, no_profile = 0;
+    const cli_opt tab[] = {
+        CLI_OPT("model", 'm', CLI_FILE, &model, "PATH",
+                "the model (default: the synthetic Qwen3-0.6B in the cache folder, as bench)"),
+        CLI_OPT("threads", 't', CLI_INT, &threads, "N",
+                "CPU threads of the profiled run (default: one per physical core, or $Q3_THREADS)", .lo = 1, .hi = 256),
+        CLI_OPT("compute-units", 0, CLI_STR, &policy, "POLICY",
+                "ref, cpu_only, cpu_and_gpu or all (default: each in turn)"),
+        CLI_OPT("chunk", 0, CLI_INT, &po.chunk, "N", "prefill chunk of the graph (default 128)", .lo = 1, .hi = 4096),
+        CLI_OPT("json", 0, CLI_FLAG, &po.json, NULL, "one JSON object (docs/probe.schema.json)"),
+        CLI_OPT("no-profile", 0, CLI_FLAG, &no_profile, NULL, "no profiled run"),
+        CLI_OPT("profile-ref", 0, CLI_FLAG, &po.profile_ref, NULL,
+                "profile even when the matmuls of a big model land on the scalar reference unit"),
+        {0},
+    };
+    cli_spec spec = {"probe", "q3 probe [-m MODEL] [-t N] [--compute-units POLICY] [--chunk N] [--json]",
+                     "Places every op of the prefill and decode graphs under each compute-units policy,\n"
+                     "says which unit refused which op and why, and profiles a short run.\n",
+                     tab, 0, NULL};
+    int rc = cli_parse(&spec, argc, argv, NULL);
+    if (rc) return rc == CLI_HELP_SHOWN ? 0 : rc;
+    po.profile = !no_profile;
+    if (threads) { /* every unit this command opens takes it */
+        char t[16];
+        snprintf(t, sizeof t, "%d", threads);
+        setenv("Q3_THREADS", t, 1);
     }
-    if (po.chunk < 1 || po.chunk > 4096) return cli_error("probe", "--chunk must be 1..4096");
-    if (policy && !q3_policy_find(policy)) return cli_error("probe", "unknown policy '%s'\n%s", policy, usage);
+    if (policy && !q3_policy_find(policy))
+        return cli_usage_error("probe", "unknown policy '%.40s' (ref, cpu_only, cpu_and_gpu, all)", policy);
     if (!model && !(model = cli_default_model("probe"))) return 1;
     q3_model *m;
     if (q3_model_open(model, &m)) return cli_error("probe", "%s", q3_last_error());
@@ -228,7 +240,11 @@ int cmd_probe(int argc, char **argv)
     cJSON_AddStringToObject(root, "schema", "q3.probe/1");
     cJSON_AddStringToObject(root, "model", model);
     cJSON *jus = cJSON_AddArrayToObject(root, "units");
-    if (!po.json) printf("q3 probe: %s\ncompute units in this build:\n", model);
+    cJSON_AddNumberToObject(root, "threads", q3_cpu_default_threads());
+    cJSON_AddStringToObject(root, "cpu_kernels", q3_cpu_default_isa_name());
+    if (!po.json)
+        printf("q3 probe: %s\n%d threads, cpu kernels %s\ncompute units in this build:\n", model,
+               q3_cpu_default_threads(), q3_cpu_default_isa_name());
     for (int i = 0; q3_backends[i]; i++) {
         const q3_backend *b = q3_backends[i];
         int present = !b->present || b->present(b);

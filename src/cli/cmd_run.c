@@ -1,5 +1,5 @@
 /* q3 run: one prompt (chat-templated by default) or a whole conversation in,
- * streamed text out; speeds on stderr. */
+ * streamed text out; timings on stderr. Public API only (include/q3.h). */
 #include <cjson/cJSON.h>
 #include <signal.h>
 #include <stdio.h>
@@ -9,113 +9,147 @@
 
 #include "cli/cli.h"
 #include "cli/gen_common.h"
-#include "text/chat_template.h"
-#include "text/json_write.h"
-#include "util/file.h"
-
-static const char *usage_head =
-    "usage: q3 run -m MODEL -p PROMPT [options]\n"
-    "       q3 run -m MODEL --messages FILE.json [options]\n"
-    "  -p PROMPT              the user's message (or plain text with --raw); '-' or none: stdin\n"
-    "  --raw                  plain completion, no chat template\n"
-    "  --system TEXT          a system message before the prompt\n"
-    "  --messages FILE        a conversation: an OpenAI-style messages array, or an object\n"
-    "                         {messages, tools, enable_thinking} as q3 chat-template reads\n"
-    "  --output-ids           print the generated ids as a JSON array on the last line\n";
 
 static volatile sig_atomic_t interrupted;
 static void on_sigint(int sig) { (void)sig; interrupted = 1; }
 
-/* Builds the text to encode: the rendered conversation or the raw prompt. */
-static int build_prompt(cli_gen *g, const char *prompt, const char *system, const char *messages_path, int raw,
-                        char **out)
+static cJSON *message(const char *role, const char *content)
 {
-    if (raw) {
-        *out = strdup(prompt);
-        return 0;
-    }
-    if (cli_gen_check_template(g)) return 1;
-    cJSON *conv = NULL;
-    if (messages_path) {
-        char *text;
-        if (q3_read_file(messages_path, 64u << 20, &text, NULL)) return cli_error(g->cmd, "%s", q3_last_error());
-        q3_status st = q3_json_parse(text, &conv);
+    cJSON *m = cJSON_CreateObject();
+    cJSON_AddStringToObject(m, "role", role);
+    cJSON_AddStringToObject(m, "content", content);
+    return m;
+}
+
+/* A --messages file as a conversation object (an array is wrapped), checked
+ * strictly by the library first (NUL characters, duplicate keys, its shape).
+ * NULL after printing why. */
+static cJSON *read_conversation(cli_gen *g, const char *path)
+{
+    size_t len;
+    const char *where = strcmp(path, "-") ? path : "stdin";
+    char *text = cli_read_path(g->cmd, path, &len);
+    if (!text) return NULL;
+    if (strlen(text) != len) {
+        cli_error(g->cmd, "%s: the file contains a NUL byte (at offset %zu)", where, strlen(text));
         free(text);
-        if (st) return cli_error(g->cmd, "%s: %s", messages_path, q3_last_error());
-        if (cJSON_IsArray(conv)) {
-            cJSON *obj = cJSON_CreateObject();
-            cJSON_AddItemToObject(obj, "messages", conv);
-            conv = obj;
-        } else if (!cJSON_IsObject(conv)) {
-            cJSON_Delete(conv);
-            return cli_error(g->cmd, "%s: expected a messages array or a conversation object", messages_path);
-        }
-    } else {
-        conv = cJSON_CreateObject();
-        cJSON *msgs = cJSON_AddArrayToObject(conv, "messages");
-        if (system) {
-            cJSON *m = cJSON_CreateObject();
-            cJSON_AddStringToObject(m, "role", "system");
-            cJSON_AddStringToObject(m, "content", system);
-            cJSON_AddItemToArray(msgs, m);
-        }
-        cJSON *m = cJSON_CreateObject();
-        cJSON_AddStringToObject(m, "role", "user");
-        cJSON_AddStringToObject(m, "content", prompt);
-        cJSON_AddItemToArray(msgs, m);
+        return NULL;
     }
-    if (g->no_think) {
-        cJSON_DeleteItemFromObject(conv, "enable_thinking");
-        cJSON_AddBoolToObject(conv, "enable_thinking", 0);
+    char *rendered = NULL;
+    size_t rlen;
+    if (q3_chat_format_json(text, len, &rendered, &rlen)) {
+        cli_error(g->cmd, "%s: %s", where, q3_last_error());
+        free(text);
+        return NULL;
     }
-    if (!cJSON_GetObjectItem(conv, "add_generation_prompt")) cJSON_AddBoolToObject(conv, "add_generation_prompt", 1);
-    q3_status st = q3_chat_render(conv, out);
-    cJSON_Delete(conv);
-    if (st) return cli_error(g->cmd, "%s%s%s", messages_path ? messages_path : "", messages_path ? ": " : "",
-                             q3_last_error());
-    return 0;
+    free(rendered);
+    cJSON *conv = cJSON_ParseWithLength(text, len);
+    free(text);
+    if (cJSON_IsArray(conv)) {
+        cJSON *obj = cJSON_CreateObject();
+        cJSON_AddItemToObject(obj, "messages", conv);
+        conv = obj;
+    } else if (!cJSON_IsObject(conv)) {
+        cJSON_Delete(conv);
+        cli_error(g->cmd, "%s: expected a messages array or a conversation object", where);
+        return NULL;
+    }
+    return conv;
 }
 
 int cmd_run(int argc, char **argv)
 {
     cli_gen g;
     cli_gen_init(&g, "run");
-    const char *prompt = NULL, *system = NULL, *messages = NULL;
+    const char *prompt = NULL, *prompt_file = NULL, *system = NULL, *system_file = NULL, *messages = NULL;
     int raw = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        int r = cli_gen_option(&g, &i, argc, argv);
-        if (r < 0) return 1;
-        if (r) continue;
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            printf("%s%s", usage_head, cli_gen_usage);
-            return 0;
-        }
-        if (!strcmp(a, "--raw")) raw = 1;
-        else if (!strcmp(a, "--output-ids")) g.output_ids = 1;
-        else if ((!strcmp(a, "-p") || !strcmp(a, "--prompt")) && i + 1 < argc) prompt = argv[++i];
-        else if (!strcmp(a, "--system") && i + 1 < argc) system = argv[++i];
-        else if (!strcmp(a, "--messages") && i + 1 < argc) messages = argv[++i];
-        else return cli_error("run", "unknown option '%s' (q3 run --help)", a);
-    }
-    if (messages && (prompt || raw)) return cli_error("run", "--messages goes without -p and --raw");
-    char *stdin_text = NULL;
-    if (!messages && (!prompt || !strcmp(prompt, "-"))) {
-        if (isatty(STDIN_FILENO)) return cli_error("run", "no prompt: -p PROMPT, --messages FILE, or text on stdin");
-        prompt = stdin_text = cli_read_stdin("run", NULL);
-        if (!prompt) return 1;
-    }
-    int rc = 1;
-    char *text = NULL;
+    cli_opt tab[CLI_GEN_N_OPTS + 16] = {
+        CLI_OPT("prompt", 'p', CLI_STR, &prompt, "TEXT", "the user's message (plain text with --raw); '-': stdin"),
+        CLI_OPT("file", 'f', CLI_FILE, &prompt_file, "FILE", "the prompt from a file ('-': stdin)", .flags = CLI_STDIN),
+        CLI_OPT("system", 0, CLI_STR, &system, "TEXT", "a system message before the prompt"),
+        CLI_OPT("system-file", 0, CLI_FILE, &system_file, "FILE", "the system message from a file ('-': stdin)", .flags = CLI_STDIN),
+        CLI_OPT("messages", 0, CLI_FILE, &messages, "FILE", "a conversation ('-': stdin): an OpenAI-style messages array, or an object\n"
+         "{messages, tools, enable_thinking} as q3 chat-template reads", .flags = CLI_STDIN),
+        CLI_OPT("raw", 0, CLI_FLAG, &raw, NULL, "plain completion, no chat template"),
+        CLI_OPT("output-ids", 0, CLI_FLAG, &g.output_ids, NULL, "print the generated ids as a JSON array on the last line"),
+    };
+    int n = 0;
+    while (tab[n].name) n++;
+    cli_gen_add_opts(&g, tab + n);
+    cli_spec spec = {
+        "run", "q3 run -m MODEL [-p PROMPT | -f FILE | --messages FILE] [options]",
+        "Generates from a prompt (chat-templated unless --raw) or a conversation, streaming\n"
+        "the text to stdout; timings and the seed to stderr. No prompt option: stdin.\n",
+        tab, 0, NULL};
+    int rc = cli_parse(&spec, argc, argv, NULL);
+    if (rc) return rc == CLI_HELP_SHOWN ? 0 : rc;
+    int n_prompt_src = !!prompt + !!prompt_file + !!messages;
+    if (n_prompt_src > 1) return cli_usage_error("run", "-p, -f and --messages exclude each other");
+    if (messages && (raw || system || system_file))
+        return cli_usage_error("run", "--messages goes without --raw, --system and --system-file");
+    if (system && system_file) return cli_usage_error("run", "--system and --system-file exclude each other");
+    int n_stdin = (prompt && !strcmp(prompt, "-")) + (prompt_file && !strcmp(prompt_file, "-")) +
+                  (messages && !strcmp(messages, "-")) + (system_file && !strcmp(system_file, "-")) + !n_prompt_src;
+    if (n_stdin > 1) return cli_usage_error("run", "only one input can come from stdin");
+
+    char *prompt_text = NULL, *system_text = NULL;
     int32_t *ids = NULL;
     size_t n_ids = 0;
     q3_gen_result res = {0};
-    if (cli_gen_open(&g)) goto done;
-    if (build_prompt(&g, prompt, system, messages, raw, &text)) goto done;
-    if (q3_tokenizer_encode(g.tok, text, strlen(text), &ids, &n_ids)) {
-        cli_error("run", "prompt: %s", q3_last_error());
-        goto done;
+    cJSON *conv = NULL;
+    rc = 1;
+    if (!messages) {
+        const char *src = prompt_file ? prompt_file : prompt && strcmp(prompt, "-") ? NULL : "-";
+        if (src && !strcmp(src, "-") && isatty(STDIN_FILENO) && !prompt)
+            return cli_usage_error("run", "no prompt: -p PROMPT, -f FILE, --messages FILE, or text on stdin");
+        if (src) {
+            size_t len;
+            if (!(prompt = prompt_text = cli_read_path("run", src, &len))) goto done;
+            if (strlen(prompt) != len) { /* -p cannot carry one either: refuse rather than cut the prompt */
+                cli_error("run", "%s: the prompt contains a NUL byte (at offset %zu): q3 takes text without NUL bytes",
+                          strcmp(src, "-") ? src : "stdin", strlen(prompt));
+                goto done;
+            }
+        }
     }
+    if (system_file) {
+        size_t len;
+        if (!(system = system_text = cli_read_path("run", system_file, &len))) goto done;
+        if (strlen(system) != len) {
+            cli_error("run", "%s: the system message contains a NUL byte", system_file);
+            goto done;
+        }
+    }
+    if (cli_gen_open(&g)) goto done;
+    int thinking = !g.no_think;
+    if (raw) {
+        if (q3_tokenizer_encode(g.tok, prompt, strlen(prompt), Q3_ENCODE_DEFAULT, &ids, &n_ids)) {
+            cli_error("run", "prompt: %s", q3_last_error());
+            goto done;
+        }
+    } else {
+        if (cli_gen_check_template(&g)) goto done;
+        if (messages) {
+            if (!(conv = read_conversation(&g, messages))) goto done;
+            const cJSON *et = cJSON_GetObjectItemCaseSensitive(conv, "enable_thinking");
+            if (cJSON_IsFalse(et)) thinking = 0;
+        } else {
+            conv = cJSON_CreateObject();
+            cJSON *msgs = cJSON_AddArrayToObject(conv, "messages");
+            if (system) cJSON_AddItemToArray(msgs, message("system", system));
+            cJSON_AddItemToArray(msgs, message("user", prompt));
+        }
+        if (g.no_think) {
+            cJSON_DeleteItemFromObjectCaseSensitive(conv, "enable_thinking");
+            cJSON_AddBoolToObject(conv, "enable_thinking", 0);
+        }
+        if (cli_gen_encode_chat(&g, conv, &ids, &n_ids)) {
+            cli_error("run", "%s%s%s", messages ? messages : "", messages ? ": " : "", q3_last_error());
+            goto done;
+        }
+    }
+    if (cli_gen_sampler(&g, thinking)) goto done;
+    cli_gen_print_prompt(&g, ids, n_ids);
     signal(SIGINT, on_sigint);
     q3_gen_opts o = {.max_tokens = g.max_tokens, .stop = g.stops, .n_stop = g.n_stops, .interrupt = &interrupted,
                      .on_text = cli_gen_print, .user = &g};
@@ -123,7 +157,7 @@ int cmd_run(int argc, char **argv)
         cli_error("run", "%s", q3_last_error());
         goto done;
     }
-    cli_gen_print_stats(&g, &res);
+    cli_gen_print_stats(&g, &res, g.load_s);
     if (g.output_ids) {
         printf("\n[");
         for (int i = 0; i < res.n_ids; i++) printf("%s%d", i ? "," : "", res.ids[i]);
@@ -131,10 +165,11 @@ int cmd_run(int argc, char **argv)
     }
     rc = res.stop == Q3_STOP_INTERRUPT ? 130 : 0;
 done:
+    cJSON_Delete(conv);
     free(res.ids);
     free(ids);
-    free(text);
-    free(stdin_text);
+    free(prompt_text);
+    free(system_text);
     cli_gen_close(&g);
     return rc;
 }

@@ -8,36 +8,13 @@
 
 #include "cli/cli.h"
 #include "cli/defaults.h"
+#include "cli/opts.h"
+#include "text/json_write.h"
 #include "text/tokenizer.h"
 #include "text/tokenizer_gguf.h"
 #include "util/file.h"
 
 /* ==== shared: options, the tokenizer, stdin ===================================== */
-
-static void usage_tokenize(FILE *f)
-{
-    fprintf(f,
-            "usage: q3 tokenize [-m MODEL | -t TOKENIZER] [--jsonl] [--special-as-text] [TEXT...]\n"
-            "  Prints the token ids of TEXT (the arguments joined by spaces; stdin if none) as a\n"
-            "  JSON array. The text is taken byte for byte: `echo hi |` includes the newline.\n"
-            "  -m, --model PATH       the model folder (its tokenizer.json), or a .gguf\n"
-            "  -t, --tokenizer PATH   a tokenizer.json, or a folder holding one\n"
-            "                         (neither: the built-in Qwen3 tokenizer, see `make deps`)\n"
-            "  --jsonl                stdin holds one JSON object a line with a \"text\" string; each\n"
-            "                         is printed back with \"ids\" added\n"
-            "  --special-as-text      <|im_start|> and other special tokens in the text are plain text\n");
-}
-
-static void usage_detokenize(FILE *f)
-{
-    fprintf(f,
-            "usage: q3 detokenize [-m MODEL | -t TOKENIZER] [IDS...]\n"
-            "  Prints the text of token ids given as a JSON array (\"[9707, 11]\") or a list\n"
-            "  separated by commas or spaces, from the arguments or, if none, stdin.\n"
-            "  -m, --model PATH       the model folder (its tokenizer.json), or a .gguf\n"
-            "  -t, --tokenizer PATH   a tokenizer.json, or a folder holding one\n"
-            "                         (neither: the built-in Qwen3 tokenizer, see `make deps`)\n");
-}
 
 typedef struct tok_opts {
     const char *model, *tokenizer;
@@ -46,40 +23,46 @@ typedef struct tok_opts {
     int n_args;
 } tok_opts;
 
-/* Returns 0, 1 (error, printed), or 2 (--help printed). */
-static int parse_opts(const char *cmd, int argc, char **argv, int allow_text_flags, tok_opts *o,
-                      void (*usage)(FILE *))
+/* Returns 0, 2 (usage error, printed) or CLI_HELP_SHOWN. */
+static int parse_opts(const char *cmd, int argc, char **argv, int tokenize, tok_opts *o)
 {
     memset(o, 0, sizeof *o);
-    o->args = calloc((size_t)argc + 1, sizeof *o->args);
-    if (!o->args) return cli_error(cmd, "out of memory");
-    int only_args = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (only_args || a[0] != '-' || !a[1]) {
-            o->args[o->n_args++] = argv[i];
-        } else if (!strcmp(a, "--")) {
-            only_args = 1;
-        } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            usage(stdout);
-            return 2;
-        } else if (!strcmp(a, "-m") || !strcmp(a, "--model") || !strcmp(a, "-t") || !strcmp(a, "--tokenizer")) {
-            if (i + 1 >= argc) return cli_error(cmd, "%s needs a path", a);
-            int is_model = !strcmp(a, "-m") || !strcmp(a, "--model");
-            *(is_model ? &o->model : &o->tokenizer) = argv[++i];
-        } else if (allow_text_flags && !strcmp(a, "--jsonl")) {
-            o->jsonl = 1;
-        } else if (allow_text_flags && !strcmp(a, "--special-as-text")) {
-            o->special_as_text = 1;
-        } else {
-            usage(stderr);
-            return cli_error(cmd, "unknown option '%s'", a);
-        }
-    }
-    if (!o->model && !o->tokenizer && !(o->tokenizer = cli_default_tokenizer_dir())) {
-        usage(stderr);
-        return cli_error(cmd, "no tokenizer: pass -m MODEL or -t TOKENIZER.json (or fetch the built-in one: make deps)");
-    }
+    const cli_opt tok_tab[] = {
+        CLI_OPT("model", 'm', CLI_FILE, &o->model, "PATH", "the model folder (its tokenizer.json), or a .gguf"),
+        CLI_OPT("tokenizer", 0, CLI_FILE, &o->tokenizer, "PATH",
+                "a tokenizer.json, or a folder holding one (neither: the built-in\n"
+                "Qwen3 tokenizer, see `make deps`; -t was this option before 0.3)"),
+        CLI_OPT("jsonl", 0, CLI_FLAG, &o->jsonl, NULL,
+                "stdin holds one JSON object a line with a \"text\" string; each\n"
+                "is printed back with \"ids\" added"),
+        CLI_OPT("special-as-text", 0, CLI_FLAG, &o->special_as_text, NULL,
+                "<|im_start|> and other special tokens in the text are plain text"),
+        {0},
+    };
+    const cli_opt detok_tab[] = {
+        tok_tab[0],
+        tok_tab[1],
+        CLI_OPT("jsonl", 0, CLI_FLAG, &o->jsonl, NULL,
+                "stdin holds one JSON line each: an array of ids, or an object with\n"
+                "\"ids\" (what tokenize --jsonl prints); each is printed back as an\n"
+                "object with \"text\" set"),
+        {0},
+    };
+    cli_spec spec_tok = {"tokenize", "q3 tokenize [-m MODEL | --tokenizer PATH] [--jsonl] [--special-as-text] [TEXT...]",
+                         "Prints the token ids of TEXT (the arguments joined by spaces; stdin if none) as a\n"
+                         "JSON array. The text is taken byte for byte: `echo hi |` includes the newline.\n",
+                         tok_tab, -1, NULL};
+    cli_spec spec_detok = {"detokenize", "q3 detokenize [-m MODEL | --tokenizer PATH] [--jsonl] [IDS...]",
+                           "Prints the text of token ids given as a JSON array (\"[9707, 11]\") or a list\n"
+                           "separated by commas or spaces, from the arguments or, if none, stdin; then a newline.\n",
+                           detok_tab, -1, NULL};
+    int rc = cli_parse(tokenize ? &spec_tok : &spec_detok, argc, argv, &o->n_args);
+    if (rc) return rc;
+    o->args = argv + 1;
+    if (o->jsonl && o->n_args) return cli_usage_error(cmd, "--jsonl reads stdin; it takes no arguments");
+    if (o->model && o->tokenizer) return cli_usage_error(cmd, "-m and --tokenizer exclude each other");
+    if (!o->model && !o->tokenizer && !(o->tokenizer = cli_default_tokenizer_dir()))
+        return cli_usage_error(cmd, "no tokenizer: pass -m MODEL or --tokenizer PATH (or fetch the built-in one: make deps)");
     return 0;
 }
 
@@ -147,9 +130,12 @@ static int tokenize_jsonl(const char *cmd, const q3_tokenizer *tok, unsigned fla
         const char *p = line;
         while (p < line + n && (*p == ' ' || *p == '\t')) p++;
         if (p < line + n) { /* blank lines are skipped */
-            cJSON *obj = cJSON_ParseWithLength(line, n);
+            cJSON *obj = q3_json_find_nul(line, n) < n ? NULL : cJSON_ParseWithLength(line, n);
             const cJSON *text = cJSON_GetObjectItemCaseSensitive(obj, "text");
-            if (!cJSON_IsObject(obj) || !cJSON_IsString(text)) {
+            if (obj == NULL && q3_json_find_nul(line, n) < n) {
+                rc = cli_error(cmd, "stdin line %zu: a NUL character (\\u0000 or a raw NUL byte) in the JSON: q3 "
+                               "takes text without NUL characters", line_no);
+            } else if (!cJSON_IsObject(obj) || !cJSON_IsString(text)) {
                 rc = cli_error(cmd, "stdin line %zu: expected a JSON object with a \"text\" string", line_no);
             } else {
                 q3_tokens ids = {0};
@@ -179,13 +165,13 @@ int cmd_tokenize(int argc, char **argv)
 {
     const char *cmd = "tokenize";
     tok_opts o;
-    int rc = parse_opts(cmd, argc, argv, 1, &o, usage_tokenize);
+    int rc = parse_opts(cmd, argc, argv, 1, &o);
+    if (rc) return rc == CLI_HELP_SHOWN ? 0 : rc;
     q3_tokenizer *tok = NULL;
-    if (!rc) rc = open_tokenizer(cmd, &o, &tok);
+    rc = open_tokenizer(cmd, &o, &tok);
     unsigned flags = o.special_as_text ? Q3_ENCODE_SPECIAL_AS_TEXT : Q3_ENCODE_DEFAULT;
     if (!rc && o.jsonl) {
-        if (o.n_args) rc = cli_error(cmd, "--jsonl reads stdin; it takes no text arguments");
-        else rc = tokenize_jsonl(cmd, tok, flags);
+        rc = tokenize_jsonl(cmd, tok, flags);
     } else if (!rc) {
         size_t len;
         char *text = input_text(cmd, &o, &len);
@@ -197,61 +183,101 @@ int cmd_tokenize(int argc, char **argv)
         free(text);
     }
     q3_tokenizer_free(tok);
-    free(o.args);
-    return rc == 2 ? 0 : rc;
+    return rc;
 }
 
 /* ==== q3 detokenize ================================================================ */
 
-/* Parses "[1, 2, 3]", "1,2,3" or "1 2 3" (brackets, commas and white space all
- * separate). Returns 0, or 1 after printing an error. */
-static int parse_ids(const char *cmd, const char *s, q3_tokens *out)
+/* Each stdin line: an array of ids, or an object with "ids"; printed back as
+ * an object with "text" set. */
+static int detokenize_jsonl(const char *cmd, const q3_tokenizer *tok)
 {
-    const char *p = s;
-    for (;;) {
-        p += strspn(p, " \t\r\n,[]");
-        if (!*p) break;
-        char *end;
-        errno = 0;
-        long v = strtol(p, &end, 10);
-        if (end == p || errno || v < INT32_MIN || v > INT32_MAX)
-            return cli_error(cmd, "not a token id at \"%.20s\"", p);
-        if (out->n == out->cap) {
-            size_t cap = out->cap ? out->cap * 2 : 256;
-            int32_t *ids = realloc(out->ids, cap * sizeof *ids);
-            if (!ids) return cli_error(cmd, "out of memory");
-            out->ids = ids;
-            out->cap = cap;
+    size_t len;
+    char *all = cli_read_stdin(cmd, &len);
+    if (!all) return 1;
+    int rc = 0;
+    size_t line_no = 0;
+    char *line = all;
+    while (line < all + len && !rc) {
+        char *nl = memchr(line, '\n', (size_t)(all + len - line));
+        char *end = nl ? nl : all + len;
+        size_t n = (size_t)(end - line);
+        line_no++;
+        if (strspn(line, " \t\r") < n) {
+            cJSON *v = q3_json_find_nul(line, n) < n ? NULL : cJSON_ParseWithLength(line, n);
+            cJSON *obj = v;
+            if (cJSON_IsArray(v)) {
+                obj = cJSON_CreateObject();
+                cJSON_AddItemToObject(obj, "ids", v);
+            }
+            const cJSON *arr = cJSON_GetObjectItemCaseSensitive(obj, "ids");
+            int ok = cJSON_IsObject(obj) && cJSON_IsArray(arr);
+            int nids = ok ? cJSON_GetArraySize(arr) : 0;
+            int32_t *ids = ok ? malloc(((size_t)nids + 1) * sizeof *ids) : NULL;
+            for (int i = 0; ids && i < nids; i++) {
+                const cJSON *x = cJSON_GetArrayItem(arr, i);
+                if (!cJSON_IsNumber(x) || x->valuedouble < 0 || x->valuedouble > INT32_MAX ||
+                    x->valuedouble != (double)(int32_t)x->valuedouble)
+                    ok = 0;
+                else
+                    ids[i] = (int32_t)x->valuedouble;
+            }
+            char *text = NULL;
+            size_t tlen;
+            if (!ok || !ids) {
+                rc = cli_error(cmd, "stdin line %zu: expected an array of token ids or an object with \"ids\"", line_no);
+            } else if (q3_tokenizer_decode(tok, ids, (size_t)nids, &text, &tlen)) {
+                rc = cli_error(cmd, "stdin line %zu: %s", line_no, q3_last_error());
+            } else {
+                cJSON_DeleteItemFromObjectCaseSensitive(obj, "text");
+                cJSON_AddItemToObject(obj, "text", cJSON_CreateString(text));
+                char *out = cJSON_PrintUnformatted(obj);
+                if (out) puts(out);
+                else rc = cli_error(cmd, "out of memory");
+                free(out);
+            }
+            free(text);
+            free(ids);
+            cJSON_Delete(obj);
         }
-        out->ids[out->n++] = (int32_t)v;
-        p = end;
+        line = end + 1;
     }
-    return 0;
+    free(all);
+    return rc;
 }
 
 int cmd_detokenize(int argc, char **argv)
 {
     const char *cmd = "detokenize";
     tok_opts o;
-    int rc = parse_opts(cmd, argc, argv, 0, &o, usage_detokenize);
+    int rc = parse_opts(cmd, argc, argv, 0, &o);
+    if (rc) return rc == CLI_HELP_SHOWN ? 0 : rc;
     q3_tokenizer *tok = NULL;
-    if (!rc) rc = open_tokenizer(cmd, &o, &tok);
-    if (!rc) {
+    rc = open_tokenizer(cmd, &o, &tok);
+    if (!rc && o.jsonl) {
+        rc = detokenize_jsonl(cmd, tok);
+    } else if (!rc) {
         size_t len;
         char *in = input_text(cmd, &o, &len);
-        q3_tokens ids = {0};
+        int32_t *ids = NULL;
+        size_t n = 0;
+        const char *bad = NULL;
         char *text = NULL;
         size_t text_len = 0;
         if (!in) rc = 1; /* said why */
         else if (memchr(in, 0, len)) rc = cli_error(cmd, "the ids contain a NUL byte");
-        else rc = parse_ids(cmd, in, &ids);
-        if (!rc && q3_tokenizer_decode(tok, ids.ids, ids.n, &text, &text_len)) rc = cli_error(cmd, "%s", q3_last_error());
-        if (!rc) fwrite(text, 1, text_len, stdout);
+        else if (cli_parse_ids(in, &ids, &n, &bad))
+            rc = bad ? (o.n_args ? cli_usage_error : cli_error)(cmd, "not a token id at \"%.20s\"", bad)
+                     : cli_error(cmd, "out of memory");
+        if (!rc && q3_tokenizer_decode(tok, ids, n, &text, &text_len)) rc = cli_error(cmd, "%s", q3_last_error());
+        if (!rc) {
+            fwrite(text, 1, text_len, stdout);
+            fputc('\n', stdout);
+        }
         free(text);
-        q3_tokens_free(&ids);
+        free(ids);
         free(in);
     }
     q3_tokenizer_free(tok);
-    free(o.args);
-    return rc == 2 ? 0 : rc;
+    return rc;
 }

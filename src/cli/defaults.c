@@ -20,34 +20,65 @@ static int has_tokenizer(const char *dir)
     return q3_file_exists(p);
 }
 
+const char *cli_cache_dir(void)
+{
+    static char dir[PATH_MAX];
+    const char *env = getenv("Q3_MODELS");
+    if (env && *env) return env;
+    if ((env = getenv("Q3_CACHE_DIR")) && *env) return env;
+    if ((env = getenv("XDG_CACHE_HOME")) && *env == '/') snprintf(dir, sizeof dir, "%s/q3", env);
+    else if ((env = getenv("HOME")) && *env) snprintf(dir, sizeof dir, "%s/.cache/q3", env);
+    else snprintf(dir, sizeof dir, "/tmp/q3-cache-%ld", (long)getuid());
+    return dir;
+}
+
+/* mkdir -p */
+static int make_dirs(const char *path)
+{
+    char p[PATH_MAX];
+    snprintf(p, sizeof p, "%s", path);
+    for (char *s = p + 1; *s; s++)
+        if (*s == '/') {
+            *s = 0;
+            mkdir(p, 0755);
+            *s = '/';
+        }
+    return mkdir(p, 0755) == 0 || q3_is_dir(p) ? 0 : -1;
+}
+
 const char *cli_default_tokenizer_dir(void)
 {
     static char found[PATH_MAX];
     const char *env = getenv("Q3_TOKENIZER");
     if (env && has_tokenizer(env)) return env;
-    if (has_tokenizer("models/qwen3-tokenizer")) return "models/qwen3-tokenizer";
     char exe[PATH_MAX];
     ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    if (n > 0) {
+    if (n > 0) { /* build/q3 beside models/ of the source tree, or PREFIX/bin/q3 beside PREFIX/share/q3 */
         exe[n] = 0;
         char *slash = strrchr(exe, '/');
         if (slash) *slash = 0;
         snprintf(found, sizeof found, "%s/../models/qwen3-tokenizer", exe);
         if (has_tokenizer(found)) return found;
+        snprintf(found, sizeof found, "%s/../share/q3/qwen3-tokenizer", exe);
+        if (has_tokenizer(found)) return found;
     }
+    snprintf(found, sizeof found, "%s/qwen3-tokenizer", cli_cache_dir());
+    if (has_tokenizer(found)) return found;
     return NULL;
 }
 
 const char *cli_default_model(const char *cmd)
 {
     static char dir[PATH_MAX];
-    const char *root = getenv("Q3_MODELS");
-    if (!root) root = "models";
+    const char *root = cli_cache_dir();
     snprintf(dir, sizeof dir, "%s/synth-qwen3-0.6b", root);
     char p[PATH_MAX];
     snprintf(p, sizeof p, "%s/model.safetensors", dir);
     if (q3_file_exists(p)) return dir;
-    mkdir(root, 0755);
+    if (make_dirs(root)) {
+        cli_error(cmd, "cannot create the cache folder %s (set Q3_CACHE_DIR, or pass -m MODEL)", root);
+        return NULL;
+    }
     q3_config cfg;
     q3_synth_preset_qwen3_0_6b(&cfg);
     fprintf(stderr, "q3 %s: no model given: writing the synthetic Qwen3-0.6B (random BF16 weights) to %s ...\n", cmd,

@@ -1,33 +1,24 @@
 #include "cli/gen_common.h"
 
 #include <limits.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
+#include "cli/args.h"
 #include "cli/cli.h"
 #include "cli/defaults.h"
-#include "model/model.h"
-#include "text/chat_template.h"
-#include "text/tokenizer_gguf.h"
-#include "util/file.h"
 
-const char *cli_gen_usage =
-    "model and session:\n"
-    "  -m, --model PATH       a Hugging Face folder (or .gguf)\n"
-    "  --tokenizer PATH       tokenizer.json (or its folder) when the model has none\n"
-    "  --ctx N                context length (default: min(model, 4096))\n"
-    "  --chunk N              prefill chunk (default 128)\n"
-    "  --backend UNIT         compute unit (default: the best present)\n"
-    "  --kv f32|f16|bf16|q8_0 KV cache type\n"
-    "generation:\n"
-    "  -n N                   at most N new tokens (default: until the end of the turn or context)\n"
-    "  --temp T --top-k K --top-p P --min-p P   sampling (defaults: Qwen's, per thinking mode;\n"
-    "                         --temp 0 is greedy)\n"
-    "  --repeat-penalty R --presence-penalty P --seed S\n"
-    "  --stop STR             stop when STR appears (repeatable)\n"
-    "  --no-think             no thinking (an empty think block is added)\n"
-    "  --hide-think           do not print the thinking\n";
+double cli_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
 
 void cli_gen_init(cli_gen *g, const char *cmd)
 {
@@ -39,131 +30,178 @@ void cli_gen_init(cli_gen *g, const char *cmd)
     g->think_open = g->think_close = -2;
 }
 
-int cli_gen_option(cli_gen *g, int *i, int argc, char **argv)
+int cli_gen_add_opts(cli_gen *g, cli_opt *t)
 {
-    const char *a = argv[*i];
-    if (!strcmp(a, "--no-think")) { g->no_think = 1; return 1; }
-    if (!strcmp(a, "--hide-think")) { g->hide_think = 1; return 1; }
-    static const char *valued[] = {"-m", "--model", "--tokenizer", "--ctx", "--chunk", "--backend", "--kv", "-n",
-                                   "--temp", "--top-k", "--top-p", "--min-p", "--repeat-penalty",
-                                   "--presence-penalty", "--seed", "--stop", NULL};
-    int known = 0;
-    for (int k = 0; valued[k]; k++) known |= !strcmp(a, valued[k]);
-    if (!known) return 0;
-    if (*i + 1 >= argc) {
-        cli_error(g->cmd, "option '%s' needs a value", a);
-        return -1;
-    }
-    const char *v = argv[++*i];
-    char *end;
-    double num = strtod(v, &end);
-    int numeric = end != v && *end == 0;
-    if (!strcmp(a, "-m") || !strcmp(a, "--model")) { g->model_path = v; return 1; }
-    if (!strcmp(a, "--tokenizer")) { g->tokenizer_path = v; return 1; }
-    if (!strcmp(a, "--backend")) { g->so.backend = v; return 1; }
-    if (!strcmp(a, "--kv")) { g->so.kv_dtype = v; return 1; }
-    if (!strcmp(a, "--stop")) {
-        if (g->n_stops == CLI_MAX_STOPS) { cli_error(g->cmd, "at most %d --stop strings", CLI_MAX_STOPS); return -1; }
-        g->stops[g->n_stops++] = v;
-        return 1;
-    }
-    if (!numeric) {
-        cli_error(g->cmd, "option '%s' needs a number, got '%s'", a, v);
-        return -1;
-    }
-    if (!strcmp(a, "--ctx")) g->so.n_ctx = (int)num;
-    else if (!strcmp(a, "--chunk")) g->so.chunk = (int)num;
-    else if (!strcmp(a, "-n")) {
-        if (num < 1 || num > 1e7) { cli_error(g->cmd, "-n must be at least 1"); return -1; }
-        g->max_tokens = (int)num;
-    } else if (!strcmp(a, "--temp")) g->temp = (float)num;
-    else if (!strcmp(a, "--top-k")) g->top_k = (int)num;
-    else if (!strcmp(a, "--top-p")) g->top_p = (float)num;
-    else if (!strcmp(a, "--min-p")) g->min_p = (float)num;
-    else if (!strcmp(a, "--repeat-penalty")) g->repeat_penalty = (float)num;
-    else if (!strcmp(a, "--presence-penalty")) g->presence_penalty = (float)num;
-    else if (!strcmp(a, "--seed")) g->seed = (long long)num;
-    return 1;
+    const cli_opt o[] = {
+        CLI_OPT("model", 'm', CLI_FILE, &g->model_path, "PATH", "a Hugging Face folder or a .gguf", .flags = CLI_REQUIRED),
+        CLI_OPT("tokenizer", 0, CLI_FILE, &g->tokenizer_path, "PATH", "tokenizer.json (or its folder) when the model has none"),
+        CLI_OPT("threads", 't', CLI_INT, &g->so.n_threads, "N", "CPU threads (default: one per physical core, or $Q3_THREADS)", .lo = 1, .hi = 256),
+        CLI_OPT("ctx", 'c', CLI_INT, &g->so.n_ctx, "N", "context length (default: min(model, 4096))", .lo = 1, .hi = CLI_MAX_CTX),
+        CLI_OPT("ctx-size", 0, CLI_INT, &g->so.n_ctx, "N", NULL, .lo = 1, .hi = CLI_MAX_CTX, .flags = CLI_HIDDEN),
+        CLI_OPT("chunk", 0, CLI_INT, &g->so.chunk, "N", "prefill chunk in tokens (default 128)", .lo = 1, .hi = 4096),
+        CLI_OPT("backend", 0, CLI_STR, &g->so.backend, "UNIT", "compute unit: cpu or ref (default: the best present)"),
+        CLI_OPT("kv", 0, CLI_STR, &g->so.kv_dtype, "TYPE", "KV cache type: f32, f16, bf16 or q8_0 (default f16 on cpu)"),
+        CLI_OPT("n-predict", 'n', CLI_INT, &g->max_tokens, "N", "at most N new tokens (default: until the end of the turn or context)", .lo = 1, .hi = CLI_MAX_CTX),
+        CLI_OPT("temp", 0, CLI_FLOAT, &g->temp, "T", "temperature; 0 is greedy (defaults: Qwen's, per thinking mode,\n"
+                                                 "under the model's generation_config.json)", .hi = 1e4),
+        CLI_OPT("top-k", 0, CLI_INT, &g->top_k, "K", "keep the K most likely tokens (0: off)", .hi = INT32_MAX),
+        CLI_OPT("top-p", 0, CLI_FLOAT, &g->top_p, "P", "nucleus sampling (1: off)", .hi = 1),
+        CLI_OPT("min-p", 0, CLI_FLOAT, &g->min_p, "P", "drop tokens below P x the top probability (0: off)", .hi = 1),
+        CLI_OPT("repeat-penalty", 0, CLI_FLOAT, &g->repeat_penalty, "R", "penalize the last 64 tokens (1: off)", .lo = 1e-3, .hi = 1e3),
+        CLI_OPT("presence-penalty", 0, CLI_FLOAT, &g->presence_penalty, "P", "subtract P from seen tokens' logits (0: off)", .lo = -1e3, .hi = 1e3),
+        CLI_OPT("seed", 's', CLI_LLONG, &g->seed, "N", "sampling seed (default: random, printed to stderr)", .hi = (double)LLONG_MAX),
+        CLI_OPT("stop", 0, CLI_STRS, g->stops, "STR", "stop when STR appears (repeatable)", .hi = CLI_MAX_STOPS, .count = &g->n_stops),
+        CLI_OPT("no-think", 0, CLI_FLAG, &g->no_think, NULL, "no thinking (an empty think block is added)"),
+        CLI_OPT("hide-think", 0, CLI_FLAG, &g->hide_think, NULL, "do not print the thinking"),
+        CLI_OPT("no-perf", 0, CLI_FLAG, &g->no_perf, NULL, "do not print the timings"),
+        CLI_OPT("parse-special-in-content", 0, CLI_FLAG, &g->parse_special_in_content, NULL, "let message content hold special tokens: \"<|im_end|>\" in a message\n"
+         "becomes the control token (the reference's behaviour; unsafe: by\n"
+         "default content is plain text, only the template's markup is special)"),
+        CLI_OPT("verbose-prompt", 0, CLI_FLAG, &g->verbose_prompt, NULL, "print the prompt's token ids to stderr first"),
+    };
+    size_t n = sizeof o / sizeof o[0];
+    memcpy(t, o, sizeof o);
+    return (int)n;
 }
 
-/* tokenizer.json beside the model, --tokenizer (a file or a folder), or a GGUF's own. */
+/* --tokenizer (a file or a folder), or the model's own (folder or GGUF). */
 static int open_tokenizer(cli_gen *g)
 {
-    char p[PATH_MAX];
-    const char *src = g->tokenizer_path;
-    if (src) {
-        if (q3_is_dir(src)) {
+    if (g->tokenizer_path) {
+        char p[PATH_MAX];
+        const char *src = g->tokenizer_path;
+        struct stat st;
+        if (!stat(src, &st) && S_ISDIR(st.st_mode)) {
             snprintf(p, sizeof p, "%s/tokenizer.json", src);
             src = p;
         }
-    } else if (q3_is_dir(g->model_path)) {
-        snprintf(p, sizeof p, "%s/tokenizer.json", g->model_path);
-        if (!q3_file_exists(p))
-            return cli_error(g->cmd, "%s has no tokenizer.json: pass --tokenizer PATH (the built-in one is %s)",
-                             g->model_path, cli_default_tokenizer_dir() ? cli_default_tokenizer_dir() : "not fetched: make deps");
-        src = p;
-    } else {
-        /* a GGUF carries its own tokenizer */
-        if (!g->model->gguf || q3_tokenizer_load_gguf(g->model->gguf, &g->tok))
-            return cli_error(g->cmd, "%s (pass --tokenizer PATH)", q3_last_error());
+        if (q3_tokenizer_load(src, &g->tok)) return cli_error(g->cmd, "%s", q3_last_error());
         return 0;
     }
-    if (q3_tokenizer_load(src, &g->tok)) return cli_error(g->cmd, "%s", q3_last_error());
+    if (q3_tokenizer_for_model(g->model, &g->tok)) {
+        const char *dflt = cli_default_tokenizer_dir();
+        return cli_error(g->cmd, "%s: pass --tokenizer PATH (the built-in one is %s)", q3_last_error(),
+                         dflt ? dflt : "not fetched: make deps");
+    }
     return 0;
 }
 
 int cli_gen_open(cli_gen *g)
 {
-    if (!g->model_path) return cli_error(g->cmd, "no model given (-m MODEL)");
+    double t0 = cli_now();
     if (q3_model_open(g->model_path, &g->model)) return cli_error(g->cmd, "%s", q3_last_error());
     if (open_tokenizer(g)) return 1;
     if (q3_tokenizer_vocab_size(g->tok) > q3_model_vocab_size(g->model))
         return cli_error(g->cmd, "the tokenizer has %d tokens but the model's vocabulary is %d",
                          q3_tokenizer_vocab_size(g->tok), q3_model_vocab_size(g->model));
     if (q3_session_new(g->model, &g->so, &g->session)) return cli_error(g->cmd, "%s", q3_last_error());
-    q3_sampler_params sp = q3_sampler_defaults(!g->no_think);
+    g->think_open = q3_tokenizer_token_id(g->tok, "<think>", 7);
+    g->think_close = q3_tokenizer_token_id(g->tok, "</think>", 8);
+    g->color = isatty(STDOUT_FILENO) && !getenv("NO_COLOR");
+    g->load_s = cli_now() - t0;
+    return 0;
+}
+
+/* generation_config.json of a model folder over p (the fields q3's sampler
+ * has); a file that is absent or not JSON changes nothing. */
+static void apply_generation_config(const char *model_path, q3_sampler_params *p)
+{
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/generation_config.json", model_path);
+    struct stat st;
+    if (stat(path, &st) || !S_ISREG(st.st_mode) || st.st_size > (1 << 20)) return;
+    FILE *f = fopen(path, "rb");
+    if (!f) return;
+    char buf[1 << 16];
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    cJSON *j = cJSON_ParseWithLength(buf, n);
+    const cJSON *v;
+    if ((v = cJSON_GetObjectItemCaseSensitive(j, "temperature")) && cJSON_IsNumber(v) && v->valuedouble >= 0)
+        p->temperature = (float)v->valuedouble;
+    if ((v = cJSON_GetObjectItemCaseSensitive(j, "top_p")) && cJSON_IsNumber(v) && v->valuedouble >= 0 &&
+        v->valuedouble <= 1)
+        p->top_p = (float)v->valuedouble;
+    if ((v = cJSON_GetObjectItemCaseSensitive(j, "top_k")) && cJSON_IsNumber(v) && v->valuedouble >= 0 &&
+        v->valuedouble <= INT32_MAX)
+        p->top_k = (int)v->valuedouble;
+    if ((v = cJSON_GetObjectItemCaseSensitive(j, "min_p")) && cJSON_IsNumber(v) && v->valuedouble >= 0 &&
+        v->valuedouble <= 1)
+        p->min_p = (float)v->valuedouble;
+    if ((v = cJSON_GetObjectItemCaseSensitive(j, "repetition_penalty")) && cJSON_IsNumber(v) && v->valuedouble > 0)
+        p->repeat_penalty = (float)v->valuedouble;
+    cJSON_Delete(j);
+}
+
+int cli_gen_sampler(cli_gen *g, int thinking)
+{
+    q3_sampler_params sp = q3_sampler_defaults(thinking);
+    struct stat st;
+    if (thinking && !stat(g->model_path, &st) && S_ISDIR(st.st_mode)) apply_generation_config(g->model_path, &sp);
     if (g->temp > -1e29f) sp.temperature = g->temp;
     if (g->top_k >= 0) sp.top_k = g->top_k;
     if (g->top_p > -1e29f) sp.top_p = g->top_p;
     if (g->min_p > -1e29f) sp.min_p = g->min_p;
     if (g->repeat_penalty > -1e29f) sp.repeat_penalty = g->repeat_penalty;
     if (g->presence_penalty > -1e29f) sp.presence_penalty = g->presence_penalty;
-    if (g->seed >= 0) sp.seed = (uint64_t)g->seed;
+    if (g->seed >= 0) {
+        sp.seed = (uint64_t)g->seed;
+    } else {
+        uint64_t r = 0;
+        if (getrandom(&r, sizeof r, GRND_NONBLOCK) != (ssize_t)sizeof r)
+            r = (uint64_t)time(NULL) * 6364136223846793005ull ^ (uint64_t)getpid() ^ (uint64_t)(cli_now() * 1e9);
+        sp.seed = r & (uint64_t)LLONG_MAX; /* what --seed accepts */
+        if (sp.temperature > 0)
+            fprintf(stderr, "q3 %s: seed %llu (--seed %llu repeats this run)\n", g->cmd, (unsigned long long)sp.seed,
+                    (unsigned long long)sp.seed);
+    }
+    g->sp = sp;
+    g->seed_used = sp.seed;
     if (q3_sampler_new(&sp, q3_model_vocab_size(g->model), &g->sampler)) return cli_error(g->cmd, "%s", q3_last_error());
-    g->think_open = q3_tokenizer_token_id(g->tok, "<think>", 7);
-    g->think_close = q3_tokenizer_token_id(g->tok, "</think>", 8);
-    g->color = isatty(STDOUT_FILENO) && !getenv("NO_COLOR");
     return 0;
 }
 
 int cli_gen_check_template(cli_gen *g)
 {
-    if (!q3_is_dir(g->model_path)) { /* a GGUF: its tokenizer.chat_template */
-        q3_gguf_tokenizer_info info;
-        if (!g->model->gguf || q3_gguf_tokenizer_info_read(g->model->gguf, &info))
-            return cli_error(g->cmd, "%s", q3_last_error());
-        if (info.template_kind != Q3_CHAT_TEMPLATE_QWEN3) {
-            if (!info.chat_template) {
-                fprintf(stderr, "q3 %s: %s has no chat template; using Qwen3's\n", g->cmd, g->model_path);
-                return 0;
-            }
-            return cli_error(g->cmd, "%s: its chat template is not one q3 knows (use --raw to skip templating)",
-                             g->model_path);
-        }
-        return 0;
-    }
-    char p[PATH_MAX];
-    snprintf(p, sizeof p, "%s/tokenizer_config.json", g->model_path);
-    char j[PATH_MAX];
-    snprintf(j, sizeof j, "%s/chat_template.jinja", g->model_path);
-    if (!q3_file_exists(p) && !q3_file_exists(j)) {
-        fprintf(stderr, "q3 %s: %s has no chat template; using Qwen3's\n", g->cmd, g->model_path);
-        return 0;
-    }
-    q3_chat_template_kind kind;
-    if (q3_chat_template_load(g->model_path, &kind))
+    int present;
+    if (q3_model_chat_template_check(g->model, &present))
         return cli_error(g->cmd, "%s (use --raw to skip the chat template)", q3_last_error());
+    if (!present) fprintf(stderr, "q3 %s: %s has no chat template; using Qwen3's\n", g->cmd, g->model_path);
     return 0;
+}
+
+q3_status cli_gen_encode_chat(const cli_gen *g, const cJSON *conversation, int32_t **ids, size_t *n)
+{
+    char *text = cJSON_PrintUnformatted(conversation);
+    *ids = NULL;
+    *n = 0;
+    if (!text) return Q3_ERR_NOMEM;
+    q3_status st = q3_chat_tokenize_json(g->tok, text, strlen(text),
+                                         g->parse_special_in_content ? Q3_CHAT_PARSE_SPECIAL_IN_CONTENT : 0, ids, n);
+    free(text);
+    return st;
+}
+
+void cli_gen_print_prompt(const cli_gen *g, const int32_t *ids, size_t n)
+{
+    if (!g->verbose_prompt) return;
+    fprintf(stderr, "prompt: %zu tokens\n", n);
+    for (size_t i = 0; i < n; i++) {
+        char *t = NULL;
+        size_t len = 0;
+        if (q3_tokenizer_decode(g->tok, ids + i, 1, &t, &len)) len = 0;
+        fprintf(stderr, "%6d -> '", (int)ids[i]);
+        for (size_t k = 0; k < len; k++) {
+            unsigned char c = (unsigned char)t[k];
+            if (c == '\n') fputs("\\n", stderr);
+            else if (c == '\\' || c == '\'') fprintf(stderr, "\\%c", c);
+            else if (c < 0x20 || c == 0x7F) fprintf(stderr, "\\x%02X", c);
+            else fputc(c, stderr);
+        }
+        free(t);
+        fputs(q3_tokenizer_is_special(g->tok, ids[i]) ? "' (special)\n" : "'\n", stderr);
+    }
 }
 
 void cli_gen_print(void *user, int32_t id, const char *text, size_t len)
@@ -191,13 +229,30 @@ void cli_gen_print(void *user, int32_t id, const char *text, size_t len)
     fflush(stdout);
 }
 
-void cli_gen_print_stats(const cli_gen *g, const q3_gen_result *r)
+/* "  12.34 ms /    10 tokens (    1.23 ms per token,   810.37 tokens per second)" */
+static void timing_line(const char *what, double s, int n, const char *unit)
+{
+    double ms = 1e3 * s;
+    fprintf(stderr, "q3: %-16s = %10.2f ms / %5d %-6s (%8.2f ms per token, %8.2f tokens per second)\n", what, ms, n,
+            unit, n > 0 ? ms / n : 0.0, s > 0 ? n / s : 0.0);
+}
+
+void cli_gen_print_stats(const cli_gen *g, const q3_gen_result *r, double load_s)
 {
     if (g->in_think && g->color) fputs("\033[0m", stdout);
     fflush(stdout);
-    fprintf(stderr, "\n[prefill: %d tokens in %.2f s = %.1f tok/s; decode: %d tokens in %.2f s = %.1f tok/s; stop: %s]\n",
-            r->n_prompt, r->prefill_s, r->prefill_s > 0 ? r->n_prompt / r->prefill_s : 0.0, r->n_ids, r->decode_s,
-            r->decode_s > 0 ? (r->n_ids > 1 ? r->n_ids - 1 : r->n_ids) / r->decode_s : 0.0, q3_stop_reason_name(r->stop));
+    if (g->no_perf) return;
+    /* the first generated token comes from the prompt's logits; each later
+     * one took a decode run of the token before it */
+    int runs = r->n_ids > 1 ? r->n_ids - 1 : 0;
+    fputc('\n', stderr);
+    if (load_s >= 0) fprintf(stderr, "q3: %-16s = %10.2f ms\n", "load time", 1e3 * load_s);
+    timing_line("prompt eval time", r->prefill_s, r->n_prompt, "tokens");
+    timing_line("eval time", r->decode_s, runs, "runs");
+    double total = (load_s > 0 ? load_s : 0) + r->prefill_s + r->decode_s;
+    fprintf(stderr, "q3: %-16s = %10.2f ms / %5d tokens\n", "total time", 1e3 * total, r->n_prompt + r->n_ids);
+    fprintf(stderr, "q3: generated %d tokens, stop: %s, seed %llu, %s\n", r->n_ids, q3_stop_reason_name(r->stop),
+            (unsigned long long)g->seed_used, g->sp.temperature > 0 ? "sampled" : "greedy");
 }
 
 void cli_gen_close(cli_gen *g)

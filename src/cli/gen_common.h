@@ -1,15 +1,15 @@
 /* What `q3 run` and `q3 chat` share: options for the model, tokenizer,
- * session and sampler; opening them; and printing streamed text with the
- * model's thinking set apart from its answer. */
+ * session and sampler; opening them; printing streamed text with the
+ * model's thinking set apart from its answer; the timings. Uses only the
+ * public API (include/q3.h), so the CLI exercises it every day (issue 12). */
 #ifndef Q3_CLI_GEN_COMMON_H
 #define Q3_CLI_GEN_COMMON_H
 
+#include <cjson/cJSON.h>
 #include <stdio.h>
 
+#include "cli/opts.h"
 #include "q3.h"
-#include "run/generate.h"
-#include "text/sampler.h"
-#include "text/tokenizer.h"
 
 #define CLI_MAX_STOPS 16
 
@@ -23,29 +23,49 @@ typedef struct cli_gen {
     int max_tokens;
     const char *stops[CLI_MAX_STOPS];
     int n_stops;
-    int no_think, hide_think, raw, output_ids;
+    int no_think, hide_think, raw, output_ids, no_perf;
+    int parse_special_in_content; /* message content may hold special tokens (unsafe) */
+    int verbose_prompt;           /* print the prompt's ids to stderr */
     q3_model *model;
     q3_tokenizer *tok;
     q3_session *session;
     q3_sampler *sampler;
+    q3_sampler_params sp; /* what the sampler runs with (after cli_gen_sampler) */
+    uint64_t seed_used;
+    double load_s; /* model + tokenizer + session */
     /* printing state */
     int in_think, color, after_think;
     int32_t think_open, think_close;
 } cli_gen;
 
 void cli_gen_init(cli_gen *g, const char *cmd);
-/* Consumes argv[*i] (and its value) if it is a shared option: 1 consumed,
- * 0 not a shared option, -1 error (printed). */
-int cli_gen_option(cli_gen *g, int *i, int argc, char **argv);
-extern const char *cli_gen_usage;
-/* Opens model, tokenizer (model folder, --tokenizer, or the GGUF), session,
- * sampler. Returns 0 or prints an error and returns 1. */
+/* Appends the shared options (model, session, sampling, printing) to tab;
+ * returns how many. tab must have room for CLI_GEN_N_OPTS more. */
+#define CLI_GEN_N_OPTS 24
+int cli_gen_add_opts(cli_gen *g, cli_opt *tab);
+/* Opens model, tokenizer (model folder, --tokenizer, or the GGUF), session.
+ * Returns 0 or prints an error and returns 1. */
 int cli_gen_open(cli_gen *g);
+/* The sampler: Qwen's defaults for the mode (thinking or not), the model
+ * folder's generation_config.json over them (thinking mode only: that is the
+ * mode it is written for), the command line's flags over both; a random seed
+ * (printed to stderr) unless --seed. Returns 0 or 1 (printed). */
+int cli_gen_sampler(cli_gen *g, int thinking);
 void cli_gen_close(cli_gen *g);
 /* Checks the model's chat template is Qwen3's (prints why not); 0 if usable. */
 int cli_gen_check_template(cli_gen *g);
+/* The ids of a conversation ({messages, ...} as q3_chat_tokenize_json takes
+ * it): the template's markup with special tokens, the content as plain text
+ * (unless --parse-special-in-content). Prints nothing: q3_last_error says why. */
+q3_status cli_gen_encode_chat(const cli_gen *g, const cJSON *conversation, int32_t **ids, size_t *n);
+/* With --verbose-prompt: the prompt's ids and their tokens, to stderr. */
+void cli_gen_print_prompt(const cli_gen *g, const int32_t *ids, size_t n);
 /* on_text callback for q3_generate: prints to stdout, thinking dimmed or hidden. */
 void cli_gen_print(void *user, int32_t id, const char *text, size_t len);
-void cli_gen_print_stats(const cli_gen *g, const q3_gen_result *r);
+/* Ends the streamed text and prints llama.cpp-style timings to stderr (not
+ * with --no-perf): load (load_s >= 0), prompt eval, eval, total. */
+void cli_gen_print_stats(const cli_gen *g, const q3_gen_result *r, double load_s);
+/* Seconds on a monotonic clock. */
+double cli_now(void);
 
 #endif

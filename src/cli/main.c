@@ -4,6 +4,8 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "cli/process.h"
+#include "q3.h"
 #include "util/file.h"
 
 static const struct {
@@ -23,6 +25,7 @@ static const struct {
     {"compare", cmd_compare, "accuracy of quantized weights: KL divergence and top-1 agreement vs the model"},
     {"tokenize", cmd_tokenize, "print the token ids of a text (or of JSONL lines) as JSON"},
     {"detokenize", cmd_detokenize, "print the text of token ids (a JSON array or a comma list)"},
+    /* q3 serve goes here (src/cli/cmd_serve.c) */
 };
 
 int cli_error(const char *cmd, const char *fmt, ...)
@@ -36,6 +39,17 @@ int cli_error(const char *cmd, const char *fmt, ...)
     return 1;
 }
 
+char *cli_read_path(const char *cmd, const char *path, size_t *len)
+{
+    if (!strcmp(path, "-")) return cli_read_stdin(cmd, len);
+    char *text = NULL;
+    if (q3_read_file(path, CLI_MAX_INPUT_BYTES, &text, len) != Q3_OK) {
+        cli_error(cmd, "%s", q3_last_error());
+        return NULL;
+    }
+    return text;
+}
+
 char *cli_read_stdin(const char *cmd, size_t *len)
 {
     char *text = NULL;
@@ -46,22 +60,47 @@ char *cli_read_stdin(const char *cmd, size_t *len)
     return text;
 }
 
+#define N_COMMANDS (sizeof commands / sizeof commands[0])
+
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: q3 COMMAND [options]   (q3 COMMAND --help for a command's options)\n\ncommands:\n");
-    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
-        fprintf(f, "  %-14s %s\n", commands[i].name, commands[i].help);
+    fprintf(f, "usage: q3 COMMAND [options]   (q3 COMMAND --help, or q3 help COMMAND, for its options)\n"
+               "       q3 --version\n\ncommands:\n");
+    for (size_t i = 0; i < N_COMMANDS; i++) fprintf(f, "  %-14s %s\n", commands[i].name, commands[i].help);
+    fprintf(f, "  %-14s %s\n", "help", "this list, or a command's help (q3 help COMMAND)");
+    fprintf(f, "\nEvery command: -h/--help; usage errors exit 2, runtime errors 1. Reference: docs/cli.md.\n");
 }
 
 int main(int argc, char **argv)
 {
-    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
-        usage(argc < 2 ? stderr : stdout);
-        return argc < 2 ? 2 : 0;
+    cli_process_init();
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
     }
-    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
-        if (!strcmp(argv[1], commands[i].name)) return commands[i].fn(argc - 1, argv + 1);
-    fprintf(stderr, "q3: unknown command '%s'\n", argv[1]);
-    usage(stderr);
+    if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || (!strcmp(argv[1], "help") && argc == 2)) {
+        usage(stdout);
+        return cli_finish_stdout(0);
+    }
+    if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "-V") || !strcmp(argv[1], "version")) {
+        printf("q3 %s\n", q3_version());
+        return cli_finish_stdout(0);
+    }
+    if (!strcmp(argv[1], "help")) {
+        if (argc > 3) {
+            fprintf(stderr, "q3 help: one command at most (see q3 --help)\n");
+            return 2;
+        }
+        for (size_t i = 0; i < N_COMMANDS; i++)
+            if (!strcmp(argv[2], commands[i].name)) {
+                char *args[] = {argv[2], "--help", NULL};
+                return cli_finish_stdout(commands[i].fn(2, args));
+            }
+        fprintf(stderr, "q3 help: unknown command '%.60s' (see q3 --help)\n", argv[2]);
+        return 2;
+    }
+    for (size_t i = 0; i < N_COMMANDS; i++)
+        if (!strcmp(argv[1], commands[i].name)) return cli_finish_stdout(commands[i].fn(argc - 1, argv + 1));
+    fprintf(stderr, "q3: unknown command '%.60s' (see q3 --help)\n", argv[1]);
     return 2;
 }

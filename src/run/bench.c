@@ -31,6 +31,9 @@ void q3_stats_compute(const double *ms, int n, q3_stats *s)
     s->max = v[n - 1];
     s->p50 = v[(int)ceil(0.50 * n) - 1];
     s->p99 = v[(int)ceil(0.99 * n) - 1];
+    double ss = 0;
+    for (int i = 0; i < n; i++) ss += (v[i] - s->mean) * (v[i] - s->mean);
+    s->sd = n > 1 ? sqrt(ss / (n - 1)) : 0;
     free(v);
 }
 

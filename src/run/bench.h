@@ -20,6 +20,7 @@ typedef struct q3_bench_opts {
 
 typedef struct q3_stats {
     double p50, p99, mean, min, max; /* milliseconds */
+    double sd;                       /* sample standard deviation (0 for one sample) */
     int n;
 } q3_stats;
 

@@ -31,6 +31,7 @@
 #include "backend/cpu/cpu_features.h"
 #include "backend/cpu/quant_kernels.h"
 #include "backend/cpu/threadpool.h"
+#include "model/rope.h"
 #include "util/error.h"
 
 /* Elementwise ops with fewer values than this run inline on one thread:
@@ -74,6 +75,7 @@ typedef struct cpu_unit {
     grow_buf rope;
     int rope_done, rope_hd;
     float rope_theta;
+    q3_rope_scaling rope_scaling;
     uint64_t ops;
 } cpu_unit;
 
@@ -213,10 +215,12 @@ static const float *norm_weight(cpu_unit *u, const q3_tensor *w, int n)
 static q3_status ensure_rope(cpu_unit *u, const q3_config *c, int end)
 {
     int hd = c->head_dim, half = hd / 2;
-    if (u->rope_hd != hd || u->rope_theta != c->rope_theta) {
+    if (u->rope_hd != hd || u->rope_theta != c->rope_theta ||
+        memcmp(&u->rope_scaling, &c->rope_scaling, sizeof c->rope_scaling)) {
         u->rope_done = 0;
         u->rope_hd = hd;
         u->rope_theta = c->rope_theta;
+        u->rope_scaling = c->rope_scaling;
     }
     if (end <= u->rope_done) return Q3_OK;
     int target = (end + 255) & ~255;
@@ -234,9 +238,9 @@ static q3_status ensure_rope(cpu_unit *u, const q3_config *c, int end)
     float *t = u->rope.p;
     for (int p = u->rope_done; p < target; p++)
         for (int i = 0; i < half; i++) {
-            double freq = pow((double)c->rope_theta, -2.0 * i / hd), ang = (double)p * freq;
-            t[(size_t)p * hd + i] = (float)cos(ang);
-            t[(size_t)p * hd + half + i] = (float)sin(ang);
+            double scale, freq = q3_rope_freq(c, i, &scale), ang = (double)p * freq; /* model/rope.h */
+            t[(size_t)p * hd + i] = (float)(scale * cos(ang));
+            t[(size_t)p * hd + half + i] = (float)(scale * sin(ang));
         }
     u->rope_done = target;
     return Q3_OK;

@@ -222,7 +222,12 @@ Q3_INLINE void prefetch_lines(const char *p, size_t bytes, size_t from, size_t t
  * so it prefetches the next panel, a contiguous 16 rows, in address order,
  * spread over the current panel's block steps (and the first panel of the
  * range up front): ~90% of the bandwidth. */
-Q3_INLINE void gemv_kind(const int q8, const void *w, size_t ws, const q3_qact *qa, float *y, int o0, int o1)
+/* R activation rows (R = qa->rows <= SMALL_ROWS: one tile) against each
+ * panel as it streams in: the GEMV's loop, each transposed block used by all
+ * R rows at once (a decode step of a few sequences reads each weight byte
+ * once, with no packed copy). R = 1 is the GEMV. */
+Q3_INLINE void gemv_kind(const int q8, const int R, const void *w, size_t ws, const q3_qact *qa, float *y, size_t ldy,
+                         int o0, int o1)
 {
     const int nb = qa->k / Q3_QBLOCK;
     const size_t bb = q8 ? 34 : 18, pbytes = (size_t)PANEL * ws;
@@ -233,18 +238,40 @@ Q3_INLINE void gemv_kind(const int q8, const void *w, size_t ws, const q3_qact *
         panel_rows_init(&pr, w, ws, o, o1);
         const char *next = (const char *)w + (size_t)(o + PANEL) * ws;
         const size_t next_bytes = o + PANEL < o1 ? (size_t)(o1 - o - PANEL) * ws : 0;
-        __m512 f = _mm512_setzero_ps();
+        __m512 f[Q3_QACT_TILE];
+#pragma GCC unroll 16
+        for (int r = 0; r < R; r++) f[r] = _mm512_setzero_ps();
         const char *a = qa->base;
-        for (int b = 0; b < nb; b++, a += Q3_QACT_BLOCK_BYTES) {
+        for (int b = 0; b < nb; b++, a += R * Q3_QACT_BLOCK_BYTES) {
             __m512i T[8];
             __m512 dw;
             prefetch_lines(next, next_bytes < pbytes ? next_bytes : pbytes, (size_t)b * per_step, (size_t)(b + 1) * per_step, 0);
             if (q8) panel_q8(&pr, (size_t)b * bb, T, &dw);
             else panel_q4(&pr, (size_t)b * bb, T, &dw);
-            block_dot(1, T, dw, a, &f);
+            block_dot(R, T, dw, a, f);
         }
-        _mm512_mask_storeu_ps(y + o, q3_mask16(o1 - o), f);
+#pragma GCC unroll 16
+        for (int r = 0; r < R; r++) _mm512_mask_storeu_ps(y + (size_t)r * ldy + o, q3_mask16(o1 - o), f[r]);
     }
+}
+
+/* Rows up to which the GEMV's streaming loop serves several rows (beyond, the
+ * GEMM packs each panel once for its 16-row tiles). */
+#define SMALL_ROWS 16
+
+static void gemv_rows(q3_dtype wt, const void *w, size_t ws, const q3_qact *qa, float *y, size_t ldy, int o0, int o1)
+{
+    const int q8 = wt == Q3_Q8_0;
+#define ROWS_CASE(n)                                                                                                 \
+    case n:                                                                                                          \
+        if (q8) gemv_kind(1, n, w, ws, qa, y, ldy, o0, o1);                                                           \
+        else gemv_kind(0, n, w, ws, qa, y, ldy, o0, o1);                                                              \
+        break;
+    switch (qa->rows) {
+        ROWS_CASE(1) ROWS_CASE(2) ROWS_CASE(3) ROWS_CASE(4) ROWS_CASE(5) ROWS_CASE(6) ROWS_CASE(7) ROWS_CASE(8)
+        ROWS_CASE(9) ROWS_CASE(10) ROWS_CASE(11) ROWS_CASE(12) ROWS_CASE(13) ROWS_CASE(14) ROWS_CASE(15) ROWS_CASE(16)
+    }
+#undef ROWS_CASE
 }
 
 /* ---- the GEMM -------------------------------------------------------------------------------- */
@@ -320,7 +347,7 @@ static void gemm(q3_dtype wt, const void *w, size_t ws, const q3_qact *qa, float
 static size_t avx512_scratch(q3_dtype wt, int rows, int k)
 {
     if (q3_is_kquant(wt)) return q3_kquant_scratch_avx512(wt, rows, k);
-    return rows > 1 ? (size_t)(k / Q3_QBLOCK) * PANEL_BLOCK_BYTES : 0;
+    return rows > SMALL_ROWS ? (size_t)(k / Q3_QBLOCK) * PANEL_BLOCK_BYTES : 0;
 }
 
 static void avx512_matmul(q3_dtype wt, const void *w, size_t ws, const q3_qact *qa, float *y, size_t ldy, int o0, int o1,
@@ -328,9 +355,8 @@ static void avx512_matmul(q3_dtype wt, const void *w, size_t ws, const q3_qact *
 {
     if (o1 <= o0) return;
     if (q3_is_kquant(wt)) q3_kquant_matmul_avx512(wt, w, ws, qa, y, ldy, o0, o1, scratch);
-    else if (qa->rows > 1) gemm(wt, w, ws, qa, y, ldy, o0, o1, scratch);
-    else if (wt == Q3_Q8_0) gemv_kind(1, w, ws, qa, y, o0, o1);
-    else gemv_kind(0, w, ws, qa, y, o0, o1);
+    else if (qa->rows > SMALL_ROWS) gemm(wt, w, ws, qa, y, ldy, o0, o1, scratch);
+    else gemv_rows(wt, w, ws, qa, y, ldy, o0, o1);
 }
 
 const q3_quant_kernels q3_quant_avx512 = {
