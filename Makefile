@@ -6,7 +6,7 @@ OPT     ?= -O2
 CFLAGS  ?=
 WARN    := -Wall -Wextra -Wno-unused-parameter -Wno-format-truncation $(if $(WERROR),-Werror)
 BASE    := -std=c17 -g $(OPT) -MMD -MP -Iinclude -Isrc -D_GNU_SOURCE -fno-math-errno
-LDLIBS  := -lcjson -lpcre2-8 -lutf8proc -lm -lpthread
+LDLIBS  := -lmicrohttpd -lcjson -lpcre2-8 -lutf8proc -lm -lpthread
 
 ifeq ($(SAN),1)
 BUILD   := build-san

@@ -13,6 +13,7 @@ static const struct {
 } commands[] = {
     {"run", cmd_run, "generate from a prompt or a conversation, streaming the text"},
     {"chat", cmd_chat, "talk with a model, turn by turn"},
+    {"serve", cmd_serve, "an OpenAI-compatible HTTP server with continuous batching"},
     {"info", cmd_info, "print a model's config, parameters, bytes and KV-cache size"},
     {"logits", cmd_logits, "write the logits of a token sequence (float32 [n][vocab])"},
     {"bench", cmd_bench, "the split-phase table: prefill ms/chunk, decode ms/token, tok/s, RTFx per unit"},
