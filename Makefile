@@ -75,6 +75,7 @@ valgrind: all
 deps:
 	sh scripts/install-deps.sh
 	sh scripts/fetch-tokenizer.sh
+	cd tests/openai && npm ci --no-audit --no-fund --loglevel=error
 
 clean:
 	rm -rf build build-san

@@ -23,7 +23,7 @@ typedef struct test_server {
     FILE *err;    /* the server's stderr */
 } test_server;
 
-static double ts_now(void)
+static inline double ts_now(void)
 {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
@@ -32,11 +32,12 @@ static double ts_now(void)
 
 /* Starts $BUILD/q3 serve with extra args (NULL-terminated), port 0, and reads
  * the port from its first stderr line. 0 on success. */
-static int ts_start(test_server *s, const char *const *extra)
+static inline int ts_start(test_server *s, const char *const *extra)
 {
     const char *build = getenv("BUILD") ? getenv("BUILD") : "build";
     char exe[256];
     snprintf(exe, sizeof exe, "%s/q3", build);
+    memset(s, 0, sizeof *s);
     int p[2];
     if (pipe(p)) return -1;
     const char *argv[64];
@@ -69,7 +70,7 @@ static int ts_start(test_server *s, const char *const *extra)
 }
 
 /* Reads the server's stderr until a line containing `what` (or EOF). */
-static int ts_wait_line(test_server *s, const char *what)
+static inline int ts_wait_line(test_server *s, const char *what)
 {
     char line[512];
     while (fgets(line, sizeof line, s->err))
@@ -78,7 +79,7 @@ static int ts_wait_line(test_server *s, const char *what)
 }
 
 /* Sends SIGTERM and waits; returns the exit status (or -1). */
-static int ts_stop(test_server *s)
+static inline int ts_stop(test_server *s)
 {
     if (s->pid <= 0) return -1;
     kill(s->pid, SIGTERM);
@@ -99,7 +100,7 @@ static int ts_stop(test_server *s)
     return -1;
 }
 
-static int ts_connect(int port)
+static inline int ts_connect(int port)
 {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     if (fd < 0) return -1;
@@ -111,7 +112,7 @@ static int ts_connect(int port)
     return fd;
 }
 
-static int ts_send_all(int fd, const char *buf, size_t n)
+static inline int ts_send_all(int fd, const char *buf, size_t n)
 {
     while (n) {
         ssize_t w = send(fd, buf, n, MSG_NOSIGNAL);
@@ -123,7 +124,7 @@ static int ts_send_all(int fd, const char *buf, size_t n)
 }
 
 /* Sends a request (Connection: close). extra_headers: "" or lines ending in \r\n. */
-static int ts_send_request(int fd, const char *method, const char *path, const char *extra_headers, const char *body)
+static inline int ts_send_request(int fd, const char *method, const char *path, const char *extra_headers, const char *body)
 {
     size_t bl = body ? strlen(body) : 0;
     size_t hl = strlen(extra_headers) + 256 + strlen(path);
@@ -143,10 +144,10 @@ typedef struct ts_resp {
     size_t len;
 } ts_resp;
 
-static void ts_resp_free(ts_resp *r) { free(r->head); free(r->body); memset(r, 0, sizeof *r); }
+static inline void ts_resp_free(ts_resp *r) { free(r->head); free(r->body); memset(r, 0, sizeof *r); }
 
 /* Reads a whole response until the server closes. */
-static int ts_read_response(int fd, ts_resp *r)
+static inline int ts_read_response(int fd, ts_resp *r)
 {
     memset(r, 0, sizeof *r);
     size_t cap = 1 << 16, len = 0;
@@ -190,7 +191,7 @@ static int ts_read_response(int fd, ts_resp *r)
     return 0;
 }
 
-static int ts_request(int port, const char *method, const char *path, const char *headers, const char *body, ts_resp *r)
+static inline int ts_request(int port, const char *method, const char *path, const char *headers, const char *body, ts_resp *r)
 {
     int fd = ts_connect(port);
     if (fd < 0) { memset(r, 0, sizeof *r); return -1; }

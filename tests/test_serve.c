@@ -295,7 +295,7 @@ int main(void)
 {
     test_splitter();
 
-    test_server srv;
+    test_server srv = {0};
     const char *args[] = {"-m", MODEL, "-t", "1", "--parallel", "4", "--ctx", "256", "--max-body", "65536", NULL};
     CHECK(ts_start(&srv, args) == 0, "server started");
     if (!srv.port) TEST_DONE();

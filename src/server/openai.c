@@ -303,7 +303,7 @@ static int render_chat(const srv_api *a, const cJSON *messages, const cJSON *too
             texts[n_texts++] = text;
             cJSON_AddStringToObject(copy, "content", SENTINEL);
         } else {
-            if (text) cJSON_AddStringToObject(copy, "content", text);
+            cJSON_AddStringToObject(copy, "content", text ? text : ""); /* null beside tool_calls */
             free(text);
             static const char *const keep[] = {"reasoning_content", "tool_calls", NULL};
             for (int k = 0; keep[k]; k++) {
