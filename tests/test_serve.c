@@ -586,10 +586,25 @@ int main(void)
         const char *longq = "{\"prompt\":\"hi\",\"max_tokens\":3000,\"stream\":true}";
         int f1 = ts_connect(port), f2 = ts_connect(port);
         ts_send_request(f1, "POST", "/v1/completions", "Authorization: Bearer sekrit\r\n", longq);
-        char buf[64];
-        CHECK(recv(f1, buf, sizeof buf, 0) > 0, "first stream started");
+        char buf[4096];
+        size_t got = 0;
+        while (got < sizeof buf - 1) { /* until a token arrived: the first request runs */
+            ssize_t n = recv(f1, buf + got, sizeof buf - 1 - got, 0);
+            if (n <= 0) break;
+            got += (size_t)n;
+            buf[got] = 0;
+            if (strstr(buf, "data: {")) break;
+        }
+        CHECK(strstr(buf, "data: {") != NULL, "first stream started");
         ts_send_request(f2, "POST", "/v1/completions", "Authorization: Bearer sekrit\r\n", longq);
-        usleep(300000);
+        double waiting = -1;
+        for (int i = 0; i < 200 && waiting != 1; i++) { /* until the second waits in the queue */
+            ts_request(port, "GET", "/metrics", NULL, NULL, &r);
+            waiting = metric(r.body, "vllm:num_requests_waiting");
+            ts_resp_free(&r);
+            if (waiting != 1) usleep(20000);
+        }
+        CHECK(waiting == 1, "one request waits: %g", waiting);
         ts_request(port, "POST", "/v1/completions", "Authorization: Bearer sekrit\r\n", q, &r);
         CHECK(r.status == 429 && strstr(r.body, "\"error\""), "queue full: %d", r.status);
         ts_resp_free(&r);

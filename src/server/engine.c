@@ -123,7 +123,7 @@ static void finish(srv_engine *e, slot *s, const char *reason)
     pthread_mutex_lock(&j->mu);
     j->n_completion = s->n_gen;
     j->t_done = now;
-    if (reason) srv_out_finish(&s->out, j, reason);
+    if (reason && !j->err_status) srv_out_finish(&s->out, j, reason);
     if (s->text.oom || j->sse.oom || j->content.oom || j->reasoning.oom) {
         j->err_status = 500;
         snprintf(j->err_msg, sizeof j->err_msg, "out of memory while writing the answer");
@@ -132,7 +132,7 @@ static void finish(srv_engine *e, slot *s, const char *reason)
     srv_job_wake(j);
     const char *fr = j->finish_reason;
     pthread_mutex_unlock(&j->mu);
-    int code = !reason ? SRV_FINISH_ABORT : !strcmp(fr, "length") ? SRV_FINISH_LENGTH
+    int code = !reason || !fr ? SRV_FINISH_ABORT : !strcmp(fr, "length") ? SRV_FINISH_LENGTH
              : !strcmp(fr, "tool_calls") ? SRV_FINISH_TOOLS : SRV_FINISH_STOP;
     double ttft = j->t_first > 0 ? j->t_first - j->t_submit : -1;
     double tpot = s->n_gen > 1 && j->t_first > 0 ? (now - j->t_first) / (s->n_gen - 1) : -1;
