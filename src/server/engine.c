@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "server/openai.h"
 #include "util/error.h"
@@ -350,8 +351,9 @@ static void *engine_main(void *arg)
             st.n_prefill = n_pre;
             st.prefill_logits = n_pre == left ? pre->logits : NULL;
         }
-        if (st.n_decode == 0 && !pre) {
+        if (st.n_decode == 0 && !pre) { /* only jobs that cannot start yet: do not spin */
             publish(e, waiting);
+            usleep(1000);
             continue;
         }
         if (q3_ctx_step(e->ctx, &st)) {
