@@ -428,6 +428,40 @@ int main(void)
     CHECK(st == 200 && jstr(j, "choices.0.finish_reason"), "enable_thinking false + tools: %d", st);
     cJSON_Delete(j);
 
+    /* logprobs: greedy picks the top alternative; one entry per token; streams carry them too */
+    j = post_json("/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],\"max_tokens\":5,"
+                  "\"temperature\":0,\"logprobs\":true,\"top_logprobs\":3}", &st);
+    {
+        const cJSON *content = cJSON_GetObjectItem(cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0), "logprobs"), "content");
+        int n = cJSON_GetArraySize(content), good = n == 5;
+        for (const cJSON *e = content ? content->child : NULL; e; e = e->next) {
+            const cJSON *top = cJSON_GetObjectItem(e, "top_logprobs");
+            double lp = jnum(e, "logprob");
+            good &= cJSON_GetArraySize(top) == 3 && lp <= 0 && lp == jnum(e, "top_logprobs.0.logprob") &&
+                    !strcmp(jstr(e, "token"), jstr(e, "top_logprobs.0.token")) && jnum(e, "top_logprobs.1.logprob") <= lp &&
+                    cJSON_IsArray(cJSON_GetObjectItem(e, "bytes"));
+        }
+        CHECK(st == 200 && good, "chat logprobs: %d entries", n);
+    }
+    cJSON_Delete(j);
+    {
+        ts_request(port, "POST", "/v1/chat/completions", NULL, "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],"
+                   "\"max_tokens\":5,\"temperature\":0,\"logprobs\":true,\"stream\":true}", &r);
+        int entries = 0;
+        for (const char *p = r.body; (p = strstr(p, "\"logprob\":")); p++) entries++;
+        CHECK(r.status == 200 && entries == 5, "stream logprobs: %d entries", entries);
+        ts_resp_free(&r);
+    }
+    j = post_json("/v1/completions", "{\"prompt\":\"Once upon a time\",\"max_tokens\":4,\"temperature\":0,\"logprobs\":2}", &st);
+    {
+        const cJSON *lp = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0), "logprobs");
+        const cJSON *tl = cJSON_GetObjectItem(lp, "top_logprobs");
+        CHECK(st == 200 && cJSON_GetArraySize(cJSON_GetObjectItem(lp, "tokens")) == 4 &&
+              cJSON_GetArraySize(cJSON_GetObjectItem(lp, "token_logprobs")) == 4 && cJSON_GetArraySize(tl) == 4 &&
+              cJSON_GetArraySize(cJSON_GetArrayItem(tl, 0)) >= 1 && jnum(lp, "text_offset.0") == 0, "completion logprobs");
+    }
+    cJSON_Delete(j);
+
     /* errors: status and envelope */
     check_error("invalid JSON", "/v1/chat/completions", "{\"messages\": [", 400);
     check_error("not an object", "/v1/chat/completions", "[1,2]", 400);
@@ -440,7 +474,8 @@ int main(void)
     check_error("mistyped content", "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":5}]}", 400);
     check_error("image part", "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\",\"image_url\":{}}]}]}", 400);
     check_error("stream_options without stream", "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"stream_options\":{\"include_usage\":true}}", 400);
-    check_error("logprobs", "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":true}", 400);
+    check_error("top_logprobs past 20", "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":true,\"top_logprobs\":21}", 400);
+    check_error("top_logprobs without logprobs", "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"top_logprobs\":2}", 400);
     check_error("tool_choice required", "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tool_choice\":\"required\"}", 400);
     check_error("wrong model", "/v1/chat/completions", "{\"model\":\"gpt-9\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}", 404);
     check_error("token id out of range", "/v1/completions", "{\"prompt\":[1,2,99999999]}", 400);

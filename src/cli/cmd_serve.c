@@ -165,6 +165,7 @@ int cmd_serve(int argc, char **argv)
 
     int sig = 0;
     sigwait(&sigs, &sig);
+    srv_server_refuse(srv);
     fprintf(stderr, "q3 serve: %s: draining\n", sig == SIGTERM ? "SIGTERM" : "SIGINT");
     int left = srv_server_drain(srv, (double)drain);
     if (left) fprintf(stderr, "q3 serve: %d requests still in flight after %lld s: ending them\n", left, drain);

@@ -1,6 +1,7 @@
 /* The engine thread and its scheduler loop (see engine.h). */
 #include "server/engine.h"
 
+#include <math.h>
 #include <poll.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -27,6 +28,7 @@ typedef struct slot {
     q3_sampler *smp;
     int32_t *counts;       /* [vocab] generated-token counts, for presence/frequency penalties (lazily) */
     int32_t *gen;          /* [max_tokens] generated ids, to reset counts */
+    float *raw;            /* [vocab] the row before penalties (logprobs requests) */
     q3_detok detok;
     q3_strbuf text;        /* generated text; [0, emitted) went out */
     size_t emitted, hold;  /* hold: longest stop string - 1 */
@@ -95,6 +97,7 @@ static void release_slot(srv_engine *e, slot *s)
     q3_sampler_free(s->smp);
     free(s->counts);
     free(s->gen);
+    free(s->raw);
     q3_detok_free(&s->detok);
     free(s->text.data);
     srv_out_free(&s->out);
@@ -153,9 +156,46 @@ static void fail_job(srv_job *j, int status, const char *msg)
     srv_job_unref(j);
 }
 
+/* The raw distribution's log-probabilities: the sampled token's and the top
+ * alternatives', before penalties touch the row (raw: [vocab] copy of it). */
+static void record_logprob(srv_engine *e, slot *s, const float *raw, int32_t id)
+{
+    srv_job *j = s->job;
+    int V = e->vocab, K = j->top_logprobs;
+    float max = raw[0];
+    for (int i = 1; i < V; i++) if (raw[i] > max) max = raw[i];
+    double sum = 0;
+    for (int i = 0; i < V; i++) sum += exp((double)raw[i] - max);
+    float lse = max + (float)log(sum);
+    srv_logprob l = {.id = id, .logprob = raw[id] - lse};
+    /* top K by insertion into a sorted array (K <= 20), lower id first on ties */
+    for (int i = 0; i < V && K > 0; i++) {
+        float x = raw[i];
+        if (l.n_top == K && x <= l.top_lp[K - 1]) continue;
+        int p = l.n_top < K ? l.n_top++ : K - 1;
+        while (p > 0 && l.top_lp[p - 1] < x) {
+            l.top_lp[p] = l.top_lp[p - 1];
+            l.top_id[p] = l.top_id[p - 1];
+            p--;
+        }
+        l.top_lp[p] = x;
+        l.top_id[p] = i;
+    }
+    for (int k = 0; k < l.n_top; k++) l.top_lp[k] -= lse;
+    pthread_mutex_lock(&j->mu);
+    if (j->n_lp == j->cap_lp) {
+        int cap = j->cap_lp ? 2 * j->cap_lp : 16;
+        srv_logprob *p = realloc(j->lp, (size_t)cap * sizeof *p);
+        if (p) { j->lp = p; j->cap_lp = cap; }
+    }
+    if (j->n_lp < j->cap_lp) j->lp[j->n_lp++] = l;
+    pthread_mutex_unlock(&j->mu);
+}
+
 static int32_t sample(srv_engine *e, slot *s)
 {
     srv_job *j = s->job;
+    if (j->logprobs && s->raw) memcpy(s->raw, s->logits, (size_t)e->vocab * sizeof *s->raw);
     if (s->counts && s->n_gen) {
         for (int i = 0; i < s->n_gen; i++) {
             int32_t id = s->gen[i], c = s->counts[id];
@@ -166,7 +206,9 @@ static int32_t sample(srv_engine *e, slot *s)
         }
         for (int i = 0; i < s->n_gen; i++) if (s->counts[s->gen[i]] < 0) s->counts[s->gen[i]] = -s->counts[s->gen[i]];
     }
-    return q3_sampler_sample(s->smp, s->logits);
+    int32_t id = q3_sampler_sample(s->smp, s->logits);
+    if (j->logprobs && s->raw) record_logprob(e, s, s->raw, id);
+    return id;
 }
 
 /* A sampled token: record, stream, and decide whether the job ends. */
@@ -206,6 +248,13 @@ static int admit(srv_engine *e, slot *s, srv_job *j)
     s->gen = malloc((size_t)j->max_tokens * sizeof *s->gen);
     if (j->presence_penalty != 0 || j->frequency_penalty != 0) s->counts = calloc((size_t)e->vocab, sizeof *s->counts);
     if (!s->gen || ((j->presence_penalty != 0 || j->frequency_penalty != 0) && !s->counts)) {
+        q3_sampler_free(s->smp);
+        free(s->gen);
+        free(s->counts);
+        q3_seq_drop(e->ctx, s->seq);
+        return -1;
+    }
+    if (j->logprobs && !(s->raw = malloc((size_t)e->vocab * sizeof *s->raw))) {
         q3_sampler_free(s->smp);
         free(s->gen);
         free(s->counts);

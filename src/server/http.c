@@ -342,6 +342,8 @@ void srv_server_ready(srv_server *s, const q3_tokenizer *tok, const char *model_
     __atomic_store_n(&s->ready, 1, __ATOMIC_RELEASE);
 }
 
+void srv_server_refuse(srv_server *s) { __atomic_store_n(&s->draining, 1, __ATOMIC_RELEASE); }
+
 int srv_server_drain(srv_server *s, double timeout_s)
 {
     __atomic_store_n(&s->draining, 1, __ATOMIC_RELEASE);

@@ -33,6 +33,7 @@ void srv_job_unref(srv_job *j)
         free(j->tool_calls[i].name);
         free(j->tool_calls[i].arguments);
     }
+    free(j->lp);
     free(j->sse.data);
     free(j->content.data);
     free(j->reasoning.data);

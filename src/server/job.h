@@ -18,6 +18,19 @@ struct MHD_Connection;
 
 #define SRV_MAX_STOP 8
 #define SRV_MAX_TOOL_CALLS 16
+#define SRV_MAX_TOP_LOGPROBS 20
+
+/* One generated token's log-probability (of the model's raw distribution,
+ * before penalties and temperature) and the most likely alternatives. */
+typedef struct srv_logprob {
+    int32_t id;
+    float logprob;
+    int n_top;
+    int32_t top_id[SRV_MAX_TOP_LOGPROBS];
+    float top_lp[SRV_MAX_TOP_LOGPROBS];
+} srv_logprob;
+
+struct q3_tokenizer;
 
 typedef enum srv_kind { SRV_CHAT, SRV_COMPLETION } srv_kind;
 
@@ -39,6 +52,8 @@ typedef struct srv_job {
     int n_stop;
     int parse_tools;                /* split <tool_call>{...}</tool_call> into tool_calls */
     int parse_reasoning;            /* split <think>...</think> into reasoning_content */
+    int logprobs, top_logprobs;     /* return logprobs (and this many alternatives, <= 20) */
+    const struct q3_tokenizer *tok; /* token texts for logprobs; outlives the job */
     char id[64];                    /* chatcmpl-... / cmpl-... */
     long long created;              /* unix seconds */
     const char *model_name;         /* the server's, outlives the job */
@@ -63,6 +78,9 @@ typedef struct srv_job {
     q3_strbuf content, reasoning;   /* non-stream: the whole answer */
     srv_tool_call tool_calls[SRV_MAX_TOOL_CALLS];
     int n_tool_calls;
+    srv_logprob *lp;                /* [n_lp] one per generated token (logprobs requests) */
+    int n_lp, cap_lp;
+    int lp_sent;                    /* stream: entries [0, lp_sent) went out in a chunk */
     int err_status;                 /* != 0: the job failed with this HTTP status */
     char err_msg[256];
     double t_first, t_done;

@@ -10,6 +10,7 @@
 #include <time.h>
 
 #include "text/chat_template.h"
+#include "text/utf8.h"
 
 int srv_err_set(srv_err *e, int status, const char *type, const char *code, const char *param, const char *fmt, ...)
 {
@@ -166,13 +167,19 @@ static int parse_common(const srv_api *a, const cJSON *root, srv_job *j, int thi
         if (check_fields(v, so_known, e)) return e->status;
         if (get_bool(v, "include_usage", &j->include_usage, e)) return e->status;
     }
-    int lp = 0;
-    if (get_bool(root, "logprobs", &lp, e)) return e->status;
-    v = cJSON_GetObjectItemCaseSensitive(root, "logprobs");
-    if (lp || (v && cJSON_IsNumber(v))) return bad(e, "logprobs", "logprobs are not supported by q3 serve yet");
-    v = cJSON_GetObjectItemCaseSensitive(root, "top_logprobs");
-    if (v && !cJSON_IsNull(v) && !(cJSON_IsNumber(v) && v->valuedouble == 0))
-        return bad(e, "top_logprobs", "logprobs are not supported by q3 serve yet");
+    j->tok = a->tok;
+    if (j->kind == SRV_CHAT) { /* logprobs: bool, top_logprobs: 0..20 */
+        if (get_bool(root, "logprobs", &j->logprobs, e)) return e->status;
+        long long top = 0;
+        if (get_int(root, "top_logprobs", 0, SRV_MAX_TOP_LOGPROBS, &top, e)) return e->status;
+        if (top > 0 && !j->logprobs) return bad(e, "top_logprobs", "'top_logprobs' needs \"logprobs\": true");
+        j->top_logprobs = (int)top;
+    } else { /* legacy completions: logprobs is the number of alternatives */
+        long long top = -1;
+        if (get_int(root, "logprobs", 0, SRV_MAX_TOP_LOGPROBS, &top, e)) return e->status;
+        j->logprobs = top >= 0;
+        j->top_logprobs = top > 0 ? (int)top : 0;
+    }
     v = cJSON_GetObjectItemCaseSensitive(root, "logit_bias");
     if (v && !cJSON_IsNull(v) && !(cJSON_IsObject(v) && !v->child))
         return bad(e, "logit_bias", "logit_bias is not supported by q3 serve");
@@ -616,9 +623,99 @@ static cJSON *chunk_choice(const srv_job *j, cJSON **choice, const char *finish)
     return c;
 }
 
+/* A token's text as valid UTF-8 (a byte that is not part of a whole character
+ * becomes U+FFFD), and its raw bytes. */
+static void token_text(const q3_tokenizer *tok, int32_t id, q3_strbuf *text, cJSON **bytes)
+{
+    size_t n = 0;
+    const char *b = tok ? q3_tokenizer_token_bytes(tok, id, &n) : NULL;
+    if (bytes) *bytes = cJSON_CreateArray();
+    for (size_t i = 0; i < n;) {
+        uint32_t cp;
+        int k = q3_utf8_next((const unsigned char *)b + i, n - i, &cp);
+        if (k > 0) {
+            q3_strbuf_put(text, b + i, (size_t)k);
+            i += (size_t)k;
+        } else {
+            q3_strbuf_puts(text, Q3_UTF8_REPLACEMENT);
+            i += k < 0 ? (size_t)-k : n - i;
+        }
+    }
+    for (size_t i = 0; bytes && i < n; i++) cJSON_AddItemToArray(*bytes, cJSON_CreateNumber((unsigned char)b[i]));
+}
+
+static cJSON *lp_item(const q3_tokenizer *tok, int32_t id, float lp)
+{
+    cJSON *o = cJSON_CreateObject(), *bytes;
+    q3_strbuf t = {0};
+    token_text(tok, id, &t, &bytes);
+    cJSON_AddStringToObject(o, "token", t.data ? t.data : "");
+    cJSON_AddNumberToObject(o, "logprob", lp);
+    cJSON_AddItemToObject(o, "bytes", bytes);
+    free(t.data);
+    return o;
+}
+
+/* The logprobs object for entries [from, to): chat {"content": [...]}, or the
+ * completions form {"tokens", "token_logprobs", "top_logprobs", "text_offset"}. */
+static cJSON *logprobs_json(const srv_job *j, int from, int to)
+{
+    cJSON *o = cJSON_CreateObject();
+    if (j->kind == SRV_CHAT) {
+        cJSON *arr = cJSON_AddArrayToObject(o, "content");
+        for (int i = from; i < to; i++) {
+            const srv_logprob *l = &j->lp[i];
+            cJSON *it = lp_item(j->tok, l->id, l->logprob), *top = cJSON_AddArrayToObject(it, "top_logprobs");
+            for (int k = 0; k < l->n_top; k++) cJSON_AddItemToArray(top, lp_item(j->tok, l->top_id[k], l->top_lp[k]));
+            cJSON_AddItemToArray(arr, it);
+        }
+        return o;
+    }
+    cJSON *toks = cJSON_AddArrayToObject(o, "tokens"), *lps = cJSON_AddArrayToObject(o, "token_logprobs");
+    cJSON *tops = cJSON_AddArrayToObject(o, "top_logprobs"), *offs = cJSON_AddArrayToObject(o, "text_offset");
+    size_t off = 0;
+    for (int i = 0; i < from; i++) {
+        size_t n = 0;
+        if (j->tok) q3_tokenizer_token_bytes(j->tok, j->lp[i].id, &n);
+        off += n;
+    }
+    for (int i = from; i < to; i++) {
+        const srv_logprob *l = &j->lp[i];
+        q3_strbuf t = {0};
+        token_text(j->tok, l->id, &t, NULL);
+        cJSON_AddItemToArray(toks, cJSON_CreateString(t.data ? t.data : ""));
+        cJSON_AddItemToArray(lps, cJSON_CreateNumber(l->logprob));
+        cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)off));
+        size_t n = 0;
+        if (j->tok) q3_tokenizer_token_bytes(j->tok, l->id, &n);
+        off += n;
+        free(t.data);
+        cJSON *top = cJSON_CreateObject();
+        for (int k = 0; k < l->n_top; k++) {
+            q3_strbuf tt = {0};
+            token_text(j->tok, l->top_id[k], &tt, NULL);
+            if (!cJSON_GetObjectItemCaseSensitive(top, tt.data ? tt.data : ""))
+                cJSON_AddNumberToObject(top, tt.data ? tt.data : "", l->top_lp[k]);
+            free(tt.data);
+        }
+        cJSON_AddItemToArray(tops, top);
+    }
+    return o;
+}
+
+/* Stream chunks carry the entries not yet sent (j->mu held by the caller). */
+static void choice_logprobs(srv_job *j, cJSON *choice)
+{
+    if (!j->logprobs) {
+        cJSON_AddNullToObject(choice, "logprobs");
+        return;
+    }
+    cJSON_AddItemToObject(choice, "logprobs", logprobs_json(j, j->lp_sent, j->n_lp));
+    j->lp_sent = j->n_lp;
+}
+
 static void choice_tail(cJSON *choice, const char *finish)
 {
-    cJSON_AddNullToObject(choice, "logprobs");
     if (finish) cJSON_AddStringToObject(choice, "finish_reason", finish);
     else cJSON_AddNullToObject(choice, "finish_reason");
 }
@@ -630,6 +727,7 @@ void srv_stream_begin(srv_job *j)
     cJSON *d = cJSON_AddObjectToObject(choice, "delta");
     cJSON_AddStringToObject(d, "role", "assistant");
     cJSON_AddStringToObject(d, "content", "");
+    cJSON_AddNullToObject(choice, "logprobs");
     choice_tail(choice, NULL);
     sse_put(j, c);
 }
@@ -651,6 +749,7 @@ static void emit(srv_out *o, srv_job *j, int kind, const char *s, size_t n)
     } else {
         cJSON_AddStringToObject(choice, "text", t);
     }
+    choice_logprobs(j, choice);
     choice_tail(choice, NULL);
     sse_put(j, c);
     free(t);
@@ -739,6 +838,7 @@ static void tool_call_done(srv_out *o, srv_job *j)
             cJSON *f = cJSON_AddObjectToObject(tc, "function");
             cJSON_AddStringToObject(f, "name", name);
             cJSON_AddStringToObject(f, "arguments", args);
+            choice_logprobs(j, choice);
             choice_tail(choice, NULL);
             sse_put(j, c);
         }
@@ -824,6 +924,7 @@ void srv_out_finish(srv_out *o, srv_job *j, const char *finish_reason)
     cJSON *choice, *c = chunk_choice(j, &choice, NULL);
     if (j->kind == SRV_CHAT) cJSON_AddObjectToObject(choice, "delta");
     else cJSON_AddStringToObject(choice, "text", "");
+    choice_logprobs(j, choice);
     choice_tail(choice, finish_reason);
     sse_put(j, c);
     if (j->include_usage) {
@@ -876,6 +977,8 @@ void srv_response_json(const srv_job *j, q3_strbuf *out)
     } else {
         cJSON_AddStringToObject(choice, "text", content);
     }
+    if (j->logprobs) cJSON_AddItemToObject(choice, "logprobs", logprobs_json(j, 0, j->n_lp));
+    else cJSON_AddNullToObject(choice, "logprobs");
     choice_tail(choice, j->finish_reason ? j->finish_reason : "stop");
     cJSON_AddItemToObject(r, "usage", usage_json(j));
     put_json(out, r);

@@ -35,6 +35,8 @@ srv_metrics *srv_server_metrics(srv_server *s);
  * tok and model_name must outlive the server. */
 void srv_server_ready(srv_server *s, const q3_tokenizer *tok, const char *model_name, int n_ctx, int vocab,
                       srv_engine *eng);
+/* From now on new requests (and /health) get 503. */
+void srv_server_refuse(srv_server *s);
 /* Refuses new requests (503), waits until every request in flight is answered
  * or timeout_s passes. Returns the requests still in flight (0: drained). */
 int srv_server_drain(srv_server *s, double timeout_s);
