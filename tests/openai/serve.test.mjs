@@ -73,6 +73,17 @@ test('a conversation with an earlier tool call and its result', async () => {
   assert.equal(r.choices[0].message.role, 'assistant');
 });
 
+test('logprobs with top_logprobs', async () => {
+  const r = await client.chat.completions.create({ model, messages: msgs, max_tokens: 4, temperature: 0, logprobs: true, top_logprobs: 2 });
+  const c = r.choices[0].logprobs.content;
+  assert.equal(c.length, 4);
+  for (const e of c) {
+    assert.equal(e.top_logprobs.length, 2);
+    assert.equal(e.token, e.top_logprobs[0].token);
+    assert.ok(e.logprob <= 0);
+  }
+});
+
 test('completions.create with a string prompt', async () => {
   const r = await client.completions.create({ model, prompt: 'Once upon a time', max_tokens: 5, temperature: 0 });
   assert.equal(r.object, 'text_completion');
