@@ -1,59 +1,107 @@
-# q3 — plain Makefile. `make` builds build/q3; `make test` runs the suite;
-# `make SAN=1 test` builds into build-san/ with AddressSanitizer + UBSan.
+# q3 — plain Makefile. `make` builds build/q3, build/libq3.a and build/libq3.so;
+# `make test` runs the suite; `make SAN=1 test` builds into build-san/ with
+# AddressSanitizer + UBSan (and float-cast-overflow, which UBSan leaves out: a
+# float cast to an int it does not fit); `make install [PREFIX=/usr/local]
+# [DESTDIR=]` installs the binary, both libraries, include/q3.h and q3.pc.
 CC      ?= cc
 BUILD   ?= build
 OPT     ?= -O2
 CFLAGS  ?=
 WARN    := -Wall -Wextra -Wno-unused-parameter -Wno-format-truncation $(if $(WERROR),-Werror)
-BASE    := -std=c17 -g $(OPT) -MMD -MP -Iinclude -Isrc -D_GNU_SOURCE -fno-math-errno
-LDLIBS  := -lmicrohttpd -lcjson -lpcre2-8 -lutf8proc -lm -lpthread
+# Position-independent everywhere (libq3.a can go into a shared object too);
+# hidden visibility, so libq3.so exports only what include/q3.h marks Q3_API.
+BASE    := -std=c17 -g $(OPT) -MMD -MP -Iinclude -Isrc -D_GNU_SOURCE -fno-math-errno -fPIC -fvisibility=hidden
+LDLIBS  := -lcjson -lpcre2-8 -lutf8proc -lm -lpthread
 
 ifeq ($(SAN),1)
 BUILD   := build-san
-BASE    += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
-LDFLAGS += -fsanitize=address,undefined
+BASE    += -fsanitize=address,undefined,float-cast-overflow -fno-omit-frame-pointer -fno-sanitize-recover=undefined,float-cast-overflow
+LDFLAGS += -fsanitize=address,undefined,float-cast-overflow
 endif
 
 # Per-ISA kernel files are compiled for their ISA only; the rest stays portable.
 AVX512_FLAGS := -mavx512f -mavx512bw -mavx512dq -mavx512vl -mavx512bf16 -mavx512vnni -mfma -mf16c
 AVX2_FLAGS   := -mavx2 -mfma -mf16c
 
-LIB_SRC  := $(shell find src -name '*.c' ! -path 'src/cli/*' | sort)
+# src/server (q3 serve) is an application on top of the library, like the CLI:
+# it links into q3 and the tests, never into libq3, which so needs no libmicrohttpd.
+LIB_SRC  := $(shell find src -name '*.c' ! -path 'src/cli/*' ! -path 'src/server/*' | sort)
+SERVER_SRC := $(sort $(wildcard src/server/*.c))
+SERVER_LIBS := -lmicrohttpd
 CLI_SRC  := $(sort $(wildcard src/cli/*.c))
 TEST_SRC := $(sort $(wildcard tests/test_*.c))
 BENCH_SRC:= $(sort $(wildcard bench/*.c))
 
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o)
 CLI_OBJ  := $(CLI_SRC:%.c=$(BUILD)/%.o)
+SERVER_OBJ := $(SERVER_SRC:%.c=$(BUILD)/%.o)
 TEST_BIN := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 BENCH_BIN:= $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
 
-all: $(BUILD)/q3 $(TEST_BIN) $(BENCH_BIN)
+VERSION  := $(shell sed -n 's/^\#define Q3_VERSION_STRING "\(.*\)"/\1/p' include/q3.h)
+SOMAJOR  := $(firstword $(subst ., ,$(VERSION)))
+PREFIX   ?= /usr/local
+LIBDIR   ?= $(PREFIX)/lib
+INCDIR   ?= $(PREFIX)/include
+BINDIR   ?= $(PREFIX)/bin
+PCDIR    ?= $(LIBDIR)/pkgconfig
+
+all: $(BUILD)/q3 $(BUILD)/libq3.so $(TEST_BIN) $(BENCH_BIN)
 
 $(BUILD)/libq3.a: $(LIB_OBJ)
 	@mkdir -p $(@D)
+	@rm -f $@
 	ar rcs $@ $^
 
-$(BUILD)/q3: $(CLI_OBJ) $(BUILD)/libq3.a
-	$(CC) $(LDFLAGS) -o $@ $(CLI_OBJ) $(BUILD)/libq3.a $(LDLIBS)
-
-$(BUILD)/tests/%: tests/%.c $(BUILD)/libq3.a tests/test.h
+# libq3.so.MAJOR.MINOR.PATCH with the soname libq3.so.MAJOR, and the two links.
+$(BUILD)/libq3.so: $(LIB_OBJ)
 	@mkdir -p $(@D)
-	$(CC) $(BASE) $(WARN) $(CFLAGS) $(LDFLAGS) -Itests -o $@ $< $(BUILD)/libq3.a $(LDLIBS)
+	$(CC) -shared $(LDFLAGS) -Wl,-soname,libq3.so.$(SOMAJOR) -Wl,--no-undefined -o $@.$(VERSION) $^ $(LDLIBS)
+	ln -sf libq3.so.$(VERSION) $@.$(SOMAJOR)
+	ln -sf libq3.so.$(VERSION) $@
+
+$(BUILD)/q3.pc: Makefile include/q3.h
+	@mkdir -p $(@D)
+	printf '%s\n' 'prefix=$(PREFIX)' 'libdir=$(LIBDIR)' 'includedir=$(INCDIR)' '' \
+	  'Name: q3' 'Description: a Qwen3 inference engine in C' 'Version: $(VERSION)' \
+	  'Libs: -L$${libdir} -lq3' 'Libs.private: $(LDLIBS)' 'Cflags: -I$${includedir}' > $@
+
+install: $(BUILD)/q3 $(BUILD)/libq3.a $(BUILD)/libq3.so $(BUILD)/q3.pc
+	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(LIBDIR) $(DESTDIR)$(INCDIR) $(DESTDIR)$(PCDIR)
+	install -m 755 $(BUILD)/q3 $(DESTDIR)$(BINDIR)/q3
+	install -m 644 $(BUILD)/libq3.a $(DESTDIR)$(LIBDIR)/libq3.a
+	install -m 755 $(BUILD)/libq3.so.$(VERSION) $(DESTDIR)$(LIBDIR)/libq3.so.$(VERSION)
+	ln -sf libq3.so.$(VERSION) $(DESTDIR)$(LIBDIR)/libq3.so.$(SOMAJOR)
+	ln -sf libq3.so.$(VERSION) $(DESTDIR)$(LIBDIR)/libq3.so
+	install -m 644 include/q3.h $(DESTDIR)$(INCDIR)/q3.h
+	install -m 644 $(BUILD)/q3.pc $(DESTDIR)$(PCDIR)/q3.pc
+
+uninstall:
+	rm -f $(DESTDIR)$(BINDIR)/q3 $(DESTDIR)$(LIBDIR)/libq3.a $(DESTDIR)$(LIBDIR)/libq3.so \
+	  $(DESTDIR)$(LIBDIR)/libq3.so.$(SOMAJOR) $(DESTDIR)$(LIBDIR)/libq3.so.$(VERSION) \
+	  $(DESTDIR)$(INCDIR)/q3.h $(DESTDIR)$(PCDIR)/q3.pc
+
+$(BUILD)/q3: $(CLI_OBJ) $(SERVER_OBJ) $(BUILD)/libq3.a
+	$(CC) $(LDFLAGS) -o $@ $(CLI_OBJ) $(SERVER_OBJ) $(BUILD)/libq3.a $(SERVER_LIBS) $(LDLIBS)
+
+$(BUILD)/tests/%: tests/%.c $(BUILD)/libq3.a $(SERVER_OBJ) tests/test.h
+	@mkdir -p $(@D)
+	$(CC) $(BASE) $(WARN) $(CFLAGS) $(LDFLAGS) -Itests -o $@ $< $(SERVER_OBJ) $(BUILD)/libq3.a $(SERVER_LIBS) $(LDLIBS)
 
 $(BUILD)/bench/%: bench/%.c $(BUILD)/libq3.a
 	@mkdir -p $(@D)
 	$(CC) $(BASE) $(WARN) $(CFLAGS) $(LDFLAGS) -o $@ $< $(BUILD)/libq3.a $(LDLIBS)
 
-$(BUILD)/%_avx512.o: %_avx512.c
+$(BUILD)/%_avx512.o: %_avx512.c Makefile
 	@mkdir -p $(@D)
 	$(CC) $(BASE) $(WARN) $(CFLAGS) $(AVX512_FLAGS) -c -o $@ $<
 
-$(BUILD)/%_avx2.o: %_avx2.c
+$(BUILD)/%_avx2.o: %_avx2.c Makefile
 	@mkdir -p $(@D)
 	$(CC) $(BASE) $(WARN) $(CFLAGS) $(AVX2_FLAGS) -c -o $@ $<
 
-$(BUILD)/%.o: %.c
+# Objects depend on the Makefile too: a change of flags rebuilds them.
+$(BUILD)/%.o: %.c Makefile
 	@mkdir -p $(@D)
 	$(CC) $(BASE) $(WARN) $(CFLAGS) -c -o $@ $<
 
@@ -80,7 +128,7 @@ deps:
 clean:
 	rm -rf build build-san
 
-.PHONY: all test valgrind deps clean
+.PHONY: all test valgrind deps clean install uninstall
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
 
 # ---- fuzzing ----

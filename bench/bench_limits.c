@@ -32,8 +32,13 @@ int main(int argc, char **argv)
            f->physical_cores, q3_cpu_has_amx_path(f) ? "yes" : "no", q3_cpu_has_avx512_path(f) ? "yes" : "no",
            q3_cpu_has_avx2_path(f) ? "yes" : "no", threads);
     printf("%-28s %12s %12s\n", "limit", "1 thread", "all threads");
-    double bw1 = q3_limit_read_gbs(1, mib << 20, 3), bwn = q3_limit_read_gbs(threads, mib << 20, 3);
-    printf("%-28s %12.1f %12.1f   (GB/s, %zu MiB buffer)\n", "memory read", bw1, bwn, mib);
+    /* read bandwidth per thread count, with the read kernel that won */
+    for (int n = 1; n <= threads; n++) {
+        char desc[64];
+        double bw = q3_limit_read_gbs_desc(n, mib << 20, 3, desc, sizeof desc);
+        printf("memory read, %2d thread%s     %12.1f GB/s   (%zu MiB buffer; best kernel: %s)\n", n, n > 1 ? "s" : " ",
+               bw, mib, desc);
+    }
     for (int k = 0; k < Q3_LIMIT_KIND_COUNT; k++) {
         const char *isa;
         double p1 = q3_limit_peak((q3_limit_kind)k, 1, seconds, &isa);

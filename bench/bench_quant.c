@@ -1,4 +1,4 @@
-/* Benchmark of the Q8_0 / Q4_0 matmul kernels (backend/cpu/quant_kernels.h)
+/* Benchmark of the Q8_0 / Q4_0 / Q4_K / Q5_K / Q6_K matmul kernels (backend/cpu/quant_kernels.h)
  * at Qwen3-0.6B's shapes, against the machine's limits measured in the same
  * run (backend/cpu/limits.h):
  *  - decode GEMV: GB/s of weight bytes streamed, per shape, over distinct
@@ -16,7 +16,7 @@
  * CPU time (the limits stay wall-clock: compare with care).
  *
  *   build/bench/bench_quant [--reps N] [--threads T] [--isa avx512|avx2] [--only decode|token|prefill]
- *                           [--dtype q8_0|q4_0] [--arena MIB] [--bw GBS --peak GOPS] [--cpu-time]
+ *                           [--dtype q8_0|q4_0|q4_k|q5_k|q6_k] [--arena MIB] [--bw GBS --peak GOPS] [--cpu-time]
  */
 #include <math.h>
 #include <stdio.h>
@@ -82,11 +82,15 @@ static void arena_fill(q3_dtype t)
 {
     if (arena_dtype == t) return;
     size_t bb = q3_dtype_block_bytes(t);
+    /* the f16 scales: d (and Q4_K/Q5_K's dmin after it) first; Q6_K's d last */
+    size_t at = t == Q3_Q6_K ? 208 : 0, n_f16 = t == Q3_Q4_K || t == Q3_Q5_K ? 2 : 1;
     for (size_t i = 0; i + bb <= arena_bytes; i += bb) {
-        float d = (0.001f + 0.009f * (float)((rnd64() >> 40) & 0xffff) / 65536.0f) * ((rnd64() & 1) ? 1.0f : -1.0f);
-        uint16_t h = q3_f32_to_f16(d);
-        arena[i] = (uint8_t)h;
-        arena[i + 1] = (uint8_t)(h >> 8);
+        for (size_t j = 0; j < n_f16; j++) {
+            float d = (0.001f + 0.009f * (float)((rnd64() >> 40) & 0xffff) / 65536.0f) * ((rnd64() & 1) ? 1.0f : -1.0f);
+            uint16_t h = q3_f32_to_f16(d);
+            arena[i + at + 2 * j] = (uint8_t)h;
+            arena[i + at + 2 * j + 1] = (uint8_t)(h >> 8);
+        }
     }
     arena_dtype = t;
 }
@@ -336,7 +340,7 @@ int main(int argc, char **argv)
         else {
             fprintf(stderr,
                     "usage: %s [--reps N] [--threads T] [--isa avx512|avx2] [--only decode|token|prefill] "
-                    "[--dtype q8_0|q4_0] [--arena MIB] [--bw GBS --peak GOPS] [--cpu-time]\n",
+                    "[--dtype q8_0|q4_0|q4_k|q5_k|q6_k] [--arena MIB] [--bw GBS --peak GOPS] [--cpu-time]\n",
                     argv[0]);
             return 2;
         }
@@ -372,8 +376,8 @@ int main(int argc, char **argv)
     for (size_t i = 0; i < (size_t)128 * 3072; i++) xbuf[i] = frand() * (i % 97 == 0 ? 8.0f : 1.0f);
     memset(ybuf, 0, (size_t)128 * 151936 * sizeof(float));
 
-    static const q3_dtype dtypes[] = {Q3_Q8_0, Q3_Q4_0};
-    for (size_t d = 0; d < 2; d++) {
+    static const q3_dtype dtypes[] = {Q3_Q8_0, Q3_Q4_0, Q3_Q4_K, Q3_Q5_K, Q3_Q6_K};
+    for (size_t d = 0; d < sizeof dtypes / sizeof dtypes[0]; d++) {
         q3_dtype t = dtypes[d];
         if (only_dtype && q3_dtype_from_name(only_dtype) != (int)t) continue;
         arena_fill(t);

@@ -6,12 +6,32 @@
 #ifndef Q3_H
 #define Q3_H
 
+#include <signal.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/* ---- version and symbols ------------------------------------------------ */
+
+#define Q3_VERSION_MAJOR 0
+#define Q3_VERSION_MINOR 2
+#define Q3_VERSION_PATCH 0
+#define Q3_VERSION_STRING "0.2.0"
+
+/* Only what this header declares leaves libq3.so (the library is built with
+ * hidden visibility; Q3_API marks the exceptions). */
+#if defined(__GNUC__) || defined(__clang__)
+#define Q3_API __attribute__((visibility("default")))
+#else
+#define Q3_API
+#endif
+
+/* The library's version ("0.2.0"): compare with Q3_VERSION_STRING to catch a
+ * program built against one header and run with another library. */
+Q3_API const char *q3_version(void);
 
 typedef enum q3_status {
     Q3_OK = 0,
@@ -24,8 +44,8 @@ typedef enum q3_status {
 } q3_status;
 
 /* The message of the last failure on this thread ("" if none). */
-const char *q3_last_error(void);
-const char *q3_status_name(q3_status st);
+Q3_API const char *q3_last_error(void);
+Q3_API const char *q3_status_name(q3_status st);
 
 /* ---- model ------------------------------------------------------------ */
 
@@ -33,11 +53,11 @@ typedef struct q3_model q3_model;
 
 /* Opens a Hugging Face folder (config.json + model.safetensors or shards).
  * Weights are mmapped read-only, validated against the config. */
-q3_status q3_model_open(const char *path, q3_model **out);
-void q3_model_close(q3_model *m);
+Q3_API q3_status q3_model_open(const char *path, q3_model **out);
+Q3_API void q3_model_close(q3_model *m);
 
-int q3_model_vocab_size(const q3_model *m);
-int q3_model_max_context(const q3_model *m);
+Q3_API int q3_model_vocab_size(const q3_model *m);
+Q3_API int q3_model_max_context(const q3_model *m);
 
 /* ---- context: many sequences, one step at a time ----------------------- */
 
@@ -59,24 +79,24 @@ typedef struct q3_ctx_opts {
     const char *kv_dtype; /* "f32", "f16", "bf16" (NULL: the decode unit's default) */
 } q3_ctx_opts;
 
-q3_status q3_ctx_new(q3_model *m, const q3_ctx_opts *opts, q3_ctx **out);
-void q3_ctx_free(q3_ctx *c);
+Q3_API q3_status q3_ctx_new(q3_model *m, const q3_ctx_opts *opts, q3_ctx **out);
+Q3_API void q3_ctx_free(q3_ctx *c);
 
 /* Sequences are small integers in [0, max_seqs). A new one is empty. */
-q3_status q3_seq_new(q3_ctx *c, int *seq);
+Q3_API q3_status q3_seq_new(q3_ctx *c, int *seq);
 /* Frees the sequence's KV blocks (full prompt blocks stay cached for reuse). */
-void q3_seq_drop(q3_ctx *c, int seq);
+Q3_API void q3_seq_drop(q3_ctx *c, int seq);
 /* Keeps the first pos positions. */
-q3_status q3_seq_truncate(q3_ctx *c, int seq, int pos);
+Q3_API q3_status q3_seq_truncate(q3_ctx *c, int seq, int pos);
 /* A new sequence holding seq's positions (full KV blocks shared, not copied). */
-q3_status q3_seq_fork(q3_ctx *c, int seq, int *child);
+Q3_API q3_status q3_seq_fork(q3_ctx *c, int seq, int *child);
 /* Positions held (-1 if seq is not a live sequence). */
-int q3_seq_pos(const q3_ctx *c, int seq);
+Q3_API int q3_seq_pos(const q3_ctx *c, int seq);
 /* An empty sequence takes the K/V of the longest cached prefix of tokens
  * (whole KV blocks of earlier prompts, never the last token, so a prefill of
  * the rest still yields logits). Returns the positions taken; prefill
  * tokens[returned..n) next. */
-int q3_seq_reuse_prefix(q3_ctx *c, int seq, const int32_t *tokens, size_t n);
+Q3_API int q3_seq_reuse_prefix(q3_ctx *c, int seq, const int32_t *tokens, size_t n);
 
 /* One row of a decode step: the sequence's next token; logits (may be NULL)
  * receives [vocab] for the position after it. */
@@ -104,13 +124,13 @@ typedef struct q3_step {
     int prefill_all_rows;
 } q3_step;
 
-q3_status q3_ctx_step(q3_ctx *c, const q3_step *s);
+Q3_API q3_status q3_ctx_step(q3_ctx *c, const q3_step *s);
 
-int q3_ctx_n_ctx(const q3_ctx *c);
-int q3_ctx_max_seqs(const q3_ctx *c);
-int q3_ctx_chunk(const q3_ctx *c);
+Q3_API int q3_ctx_n_ctx(const q3_ctx *c);
+Q3_API int q3_ctx_max_seqs(const q3_ctx *c);
+Q3_API int q3_ctx_chunk(const q3_ctx *c);
 /* KV pool: blocks held by sequences, cached for prefix reuse, in all; tokens per block. */
-void q3_ctx_kv_usage(const q3_ctx *c, int *used, int *cached, int *total, int *block_tokens);
+Q3_API void q3_ctx_kv_usage(const q3_ctx *c, int *used, int *cached, int *total, int *block_tokens);
 
 /* ---- session: one sequence ---------------------------------------------- */
 
@@ -126,23 +146,256 @@ typedef struct q3_session_opts {
     const char *kv_dtype; /* "f32", "f16", "bf16" (NULL: the backend's default) */
 } q3_session_opts;
 
-q3_status q3_session_new(q3_model *m, const q3_session_opts *opts, q3_session **out);
-void q3_session_free(q3_session *s);
+Q3_API q3_status q3_session_new(q3_model *m, const q3_session_opts *opts, q3_session **out);
+Q3_API void q3_session_free(q3_session *s);
 
 /* Runs n tokens through the prefill graph (in chunks of S) and appends their
  * K/V to the session. If logits is non-NULL: with all_rows, logits receives
  * [n][vocab] (row t = after tokens[0..t]); otherwise [vocab] for the last token. */
-q3_status q3_session_prefill(q3_session *s, const int32_t *tokens, size_t n,
+Q3_API q3_status q3_session_prefill(q3_session *s, const int32_t *tokens, size_t n,
                              float *logits, int all_rows);
 
 /* Runs one token through the decode graph; logits (may be NULL) gets [vocab]. */
-q3_status q3_session_decode(q3_session *s, int32_t token, float *logits);
+Q3_API q3_status q3_session_decode(q3_session *s, int32_t token, float *logits);
 
-int q3_session_pos(const q3_session *s);   /* tokens in the KV cache */
-int q3_session_n_ctx(const q3_session *s);
-void q3_session_reset(q3_session *s);      /* forget all tokens */
+Q3_API int q3_session_pos(const q3_session *s);   /* tokens in the KV cache */
+Q3_API int q3_session_n_ctx(const q3_session *s);
+Q3_API void q3_session_reset(q3_session *s);      /* forget all tokens */
 /* Keeps the first pos tokens and forgets the rest (pos <= q3_session_pos). */
-q3_status q3_session_rewind(q3_session *s, int pos);
+Q3_API q3_status q3_session_rewind(q3_session *s, int pos);
+
+/* ---- tokenizer ------------------------------------------------------------
+ *
+ * Qwen3's tokenizer as Hugging Face `tokenizers` runs it: added tokens
+ * (<|im_start|>, <think>, ...) first, NFC, the pre-tokenizer's split regex,
+ * byte-level BPE. A tokenizer does not change once loaded: any number of
+ * threads may encode and decode with one at once. */
+
+typedef struct q3_tokenizer q3_tokenizer;
+
+/* Loads a Hugging Face tokenizer.json. Q3_ERR_IO, Q3_ERR_FORMAT (malformed,
+ * truncated, inconsistent) or Q3_ERR_UNSUPPORTED (an option q3 does not
+ * implement), the message naming the file and the field. Free with
+ * q3_tokenizer_free. */
+Q3_API q3_status q3_tokenizer_load(const char *tokenizer_json_path, q3_tokenizer **out);
+/* The tokenizer a model comes with: its folder's tokenizer.json, or the
+ * tokenizer a GGUF carries. Independent of the model once loaded. */
+Q3_API q3_status q3_tokenizer_for_model(const q3_model *m, q3_tokenizer **out);
+Q3_API void q3_tokenizer_free(q3_tokenizer *tok);
+
+enum {
+    Q3_ENCODE_DEFAULT = 0,    /* special-token text ("<|im_end|>") becomes the special token */
+    Q3_ENCODE_SPECIAL_AS_TEXT = 1 << 0, /* ... stays text: for untrusted text */
+};
+
+/* Token ids of text[0..len) (UTF-8; invalid UTF-8 fails naming the offset).
+ * *ids is a new malloc'd array the caller frees (NULL when *n_ids is 0). */
+Q3_API q3_status q3_tokenizer_encode(const q3_tokenizer *tok, const char *text, size_t len, unsigned flags,
+                                     int32_t **ids, size_t *n_ids);
+
+/* The bytes of ids[0..n) concatenated, NUL-terminated, in a new malloc'd
+ * buffer the caller frees (*len excludes the NUL). Exact bytes: not valid
+ * UTF-8 if the ids end inside a character (the detokenizer below holds such
+ * characters back). An id out of range fails with Q3_ERR_INVALID. */
+Q3_API q3_status q3_tokenizer_decode(const q3_tokenizer *tok, const int32_t *ids, size_t n, char **text, size_t *len);
+
+/* Ids: the largest + 1. */
+Q3_API int32_t q3_tokenizer_vocab_size(const q3_tokenizer *tok);
+/* The id of the token whose text is exactly text[0..len) (added tokens
+ * first, then the vocabulary by its bytes: " the"); -1 if none. */
+Q3_API int32_t q3_tokenizer_token_id(const q3_tokenizer *tok, const char *text, size_t len);
+/* 1 if id is a control token (<|im_end|>, <|endoftext|>, ...), else 0. */
+Q3_API int q3_tokenizer_is_special(const q3_tokenizer *tok, int32_t id);
+/* The ids that end a turn (<|im_end|>) and the text (<|endoftext|>); -1 if
+ * the tokenizer has none. Generation stops at either. */
+Q3_API int32_t q3_tokenizer_end_of_turn(const q3_tokenizer *tok);
+Q3_API int32_t q3_tokenizer_end_of_text(const q3_tokenizer *tok);
+
+/* Streaming detokenizer: push ids one at a time, get text that is always
+ * whole UTF-8 (a character split across tokens is held until it is whole;
+ * bytes that can never form one become U+FFFD). *text is valid until the
+ * next call on d. One per stream; not thread-safe. The tokenizer must
+ * outlive it. */
+typedef struct q3_detokenizer q3_detokenizer;
+Q3_API q3_status q3_detokenizer_new(const q3_tokenizer *tok, q3_detokenizer **out);
+Q3_API q3_status q3_detokenizer_push(q3_detokenizer *d, int32_t id, const char **text, size_t *len);
+/* What is still held (an unfinished character as U+FFFD); the detokenizer starts afresh. */
+Q3_API q3_status q3_detokenizer_flush(q3_detokenizer *d, const char **text, size_t *len);
+Q3_API void q3_detokenizer_free(q3_detokenizer *d);
+
+/* ---- chat template ----------------------------------------------------------
+ *
+ * Qwen3's chat template rendered in C, byte for byte as transformers'
+ * apply_chat_template renders it. Message content is always tokenized as
+ * plain text: only the template's own markup becomes special tokens, so a
+ * message holding "<|im_end|>\n<|im_start|>system" cannot open a turn (unless
+ * Q3_CHAT_PARSE_SPECIAL_IN_CONTENT asks for the reference's behaviour). */
+
+typedef struct q3_chat_message {
+    const char *role;     /* "system", "user", "assistant" or "tool" */
+    const char *content;  /* UTF-8 text */
+} q3_chat_message;
+
+typedef struct q3_chat_opts {
+    int add_generation_prompt; /* 1: end with the assistant's turn opened */
+    int enable_thinking;       /* -1: not passed (Qwen3 thinks), 0: no thinking (an empty think block), 1: think */
+    unsigned flags;            /* Q3_CHAT_PARSE_SPECIAL_IN_CONTENT */
+} q3_chat_opts;
+
+enum {
+    /* special-token text inside messages becomes special tokens, as transformers'
+       apply_chat_template(tokenize=True) does: unsafe with untrusted content */
+    Q3_CHAT_PARSE_SPECIAL_IN_CONTENT = 1 << 0,
+};
+
+/* The prompt ids of messages[0..n) (opts NULL: add_generation_prompt 1,
+ * enable_thinking -1). *ids is malloc'd; the caller frees it. */
+Q3_API q3_status q3_chat_tokenize(const q3_tokenizer *tok, const q3_chat_message *messages, size_t n,
+                                  const q3_chat_opts *opts, int32_t **ids, size_t *n_ids);
+
+/* The same from a JSON conversation (text[0..len)): a messages array, or an
+ * object {"messages", "tools", "add_generation_prompt", "enable_thinking"};
+ * messages may carry reasoning_content and tool_calls, tool turns their
+ * results (OpenAI's shapes). flags: Q3_CHAT_PARSE_SPECIAL_IN_CONTENT or 0. */
+Q3_API q3_status q3_chat_tokenize_json(const q3_tokenizer *tok, const char *json, size_t len, unsigned flags,
+                                       int32_t **ids, size_t *n_ids);
+
+/* The rendered text of a JSON conversation (as above), NUL-terminated,
+ * malloc'd; the caller frees it. */
+Q3_API q3_status q3_chat_format_json(const char *json, size_t len, char **text, size_t *text_len);
+
+/* ---- sampler ------------------------------------------------------------
+ *
+ * Turns a row of logits into the next token id: penalties (repetition,
+ * presence, over the last penalty_last_n accepted tokens), temperature,
+ * top-k, softmax, top-p, min-p, then a draw from the sampler's own seeded
+ * generator (src/text/sampler.h has the details). A sampler is not
+ * thread-safe: one per generation stream; different samplers may run on
+ * different threads at once. */
+
+typedef struct q3_sampler_params {
+    float temperature;      /* <= 0: greedy argmax */
+    int top_k;              /* 0: off; >= vocab behaves as off */
+    float top_p;            /* in [0, 1]; 1: off */
+    float min_p;            /* in [0, 1]; 0: off */
+    float repeat_penalty;   /* > 0; 1: off */
+    float presence_penalty; /* subtracted from seen tokens' logits; 0: off */
+    int penalty_last_n;     /* how many recent accepted tokens the penalties see; 0: none */
+    uint64_t seed;          /* same seed + same inputs -> same draws */
+} q3_sampler_params;
+
+/* Qwen's recommended settings. thinking: T 0.6, top-p 0.95, top-k 20, min-p 0;
+ * otherwise T 0.7, top-p 0.8, top-k 20, min-p 0. No penalties, seed 0. */
+Q3_API q3_sampler_params q3_sampler_defaults(int thinking);
+
+/* Checks every field's range; Q3_ERR_INVALID with a message naming the field. */
+Q3_API q3_status q3_sampler_params_check(const q3_sampler_params *p);
+
+typedef struct q3_sampler q3_sampler;
+
+/* Creates a sampler for logits rows of n_vocab floats. Allocates all scratch
+ * (a few bytes times n_vocab) now. The caller frees it with q3_sampler_free. */
+Q3_API q3_status q3_sampler_new(const q3_sampler_params *p, int n_vocab, q3_sampler **out);
+Q3_API void q3_sampler_free(q3_sampler *s);
+
+/* Forgets the token history and restarts the PRNG from the seed. */
+Q3_API void q3_sampler_reset(q3_sampler *s);
+
+/* Records a token (prompt or generated) in the penalty window. Ids outside
+ * [0, n_vocab) are ignored. */
+Q3_API void q3_sampler_accept(q3_sampler *s, int32_t id);
+
+/* Applies the penalties to a caller's row of n_vocab logits, in place: each
+ * distinct id in the window is penalized once, all others are untouched. */
+Q3_API void q3_sampler_apply_penalties(q3_sampler *s, float *logits);
+
+/* Picks the next token from logits[n_vocab] (not modified). Does not accept
+ * the token: call q3_sampler_accept with it if it should count for penalties. */
+Q3_API int32_t q3_sampler_sample(q3_sampler *s, const float *logits);
+
+/* Runs stages 1-6 and returns the number of kept candidates; *ids and *probs
+ * (renormalized, summing to 1) point into the sampler's scratch, valid until
+ * the next call on s. Ordered by descending probability, ties by lower id.
+ * Does not advance the PRNG. Meant for tests and inspection, not the hot path
+ * (it may sort the whole kept set). */
+Q3_API size_t q3_sampler_candidates(q3_sampler *s, const float *logits,
+                             const int32_t **ids, const float **probs);
+
+
+/* ---- generation ---------------------------------------------------------- */
+
+typedef enum q3_stop_reason {
+    Q3_STOP_END_OF_TURN,  /* <|im_end|> or <|endoftext|> */
+    Q3_STOP_STRING,       /* a user stop string appeared (it is not emitted) */
+    Q3_STOP_LENGTH,       /* max_tokens generated */
+    Q3_STOP_INTERRUPT,    /* *interrupt became non-zero */
+    Q3_STOP_CONTEXT,      /* the session's context is full */
+} q3_stop_reason;
+
+typedef struct q3_gen_opts {
+    int max_tokens;                      /* 0: until the context is full */
+    const char *const *stop;             /* user stop strings */
+    int n_stop;
+    volatile sig_atomic_t *interrupt;    /* NULL or a flag a signal handler sets */
+    /* text as it is made (id: the token that completed it; text is valid UTF-8) */
+    void (*on_text)(void *user, int32_t id, const char *text, size_t len);
+    void *user;
+} q3_gen_opts;
+
+typedef struct q3_gen_result {
+    int32_t *ids;        /* generated ids, the end-of-turn token included if one ended it (q3_generate: caller frees) */
+    int n_ids;
+    int n_prompt;
+    double prefill_s, decode_s;
+    q3_stop_reason stop;
+} q3_gen_result;
+
+/* Runs prompt[0..n) through the session (which may already hold earlier
+ * turns), then generates. A prompt that does not fit fails with
+ * Q3_ERR_CONTEXT and changes nothing; a context that fills while generating
+ * ends the answer with Q3_STOP_CONTEXT. The loop of q3_gen_step over one
+ * generator. */
+Q3_API q3_status q3_generate(q3_session *s, q3_sampler *smp, const q3_tokenizer *tok, const int32_t *prompt, size_t n,
+                      const q3_gen_opts *o, q3_gen_result *r);
+
+/* ---- step by step, many sequences at once ------------------------------------------ */
+
+/* One sequence being generated: its prompt still to prefill, its sampler,
+ * its streaming detokenizer and stop strings. Generators of one context
+ * advance together, one q3_ctx_step at a time (q3_gen_step): each step
+ * carries the decode row of every generator that is generating and the
+ * next prefill chunk of the first one still prefilling. */
+typedef struct q3_gen q3_gen;
+
+/* A generator for sequence seq of c (which may already hold earlier turns).
+ * smp, tok and the strings of o are borrowed: they must outlive it. */
+Q3_API q3_status q3_gen_new(q3_ctx *c, int seq, q3_sampler *smp, const q3_tokenizer *tok, const q3_gen_opts *o,
+                     q3_gen **out);
+Q3_API void q3_gen_free(q3_gen *g);
+
+/* Queues the prompt (copied): the next steps prefill it, then generation
+ * starts. Q3_ERR_CONTEXT when it does not fit beside what the sequence
+ * holds (at least one position must stay free to generate). */
+Q3_API q3_status q3_gen_prompt(q3_gen *g, const int32_t *prompt, size_t n);
+
+/* One step for the generators gens[0..n) (all of one context; finished ones
+ * are skipped). on_text callbacks run before it returns. A failed step
+ * (Q3_ERR_NOMEM: the KV pool is full) changes no sequence; the caller may
+ * finish a generator (q3_gen_cancel) and step again. */
+Q3_API q3_status q3_gen_step(q3_gen *const *gens, int n);
+
+/* Ends a generator now with the given reason (text not yet emitted is dropped). */
+Q3_API void q3_gen_cancel(q3_gen *g, q3_stop_reason why);
+
+/* 1 once the generator has stopped (its result is final). */
+Q3_API int q3_gen_done(const q3_gen *g);
+/* 1 while the prompt is still being prefilled. */
+Q3_API int q3_gen_prefilling(const q3_gen *g);
+/* The result so far (ids: owned by the generator, valid until it is freed). */
+Q3_API const q3_gen_result *q3_gen_result_get(const q3_gen *g);
+
+Q3_API const char *q3_stop_reason_name(q3_stop_reason r);
+
 
 #ifdef __cplusplus
 }

@@ -14,6 +14,9 @@
 
 #include "golden.h"
 #include "q3.h"
+#include "run/generate.h"
+#include "text/sampler.h"
+#include "text/tokenizer.h"
 #include "test.h"
 
 static uint64_t rng = 0x2545f4914f6cdd1dull;
@@ -389,6 +392,130 @@ static void bad_steps(void)
     q3_model_close(m);
 }
 
+/* Generators (q3_gen_step) of many sequences in one context: the real
+ * vocabulary's e2e cases, greedy, four at a time with chunks of 8 (prefill
+ * chunks of newcomers share steps with the others' decode rows): every case
+ * gives the reference's ids, and the same text as q3_generate alone. */
+typedef struct text_sink {
+    char buf[4096];
+    size_t len;
+} text_sink;
+
+static void sink(void *user, int32_t id, const char *text, size_t len)
+{
+    text_sink *t = user;
+    if (t->len + len < sizeof t->buf) {
+        memcpy(t->buf + t->len, text, len);
+        t->len += len;
+    }
+}
+
+static void generators(void)
+{
+    const char *dir = TEST_DATA "/golden/e2e";
+    q3_model *m;
+    q3_tokenizer *tok;
+    if (q3_model_open(dir, &m)) {
+        CHECK(0, "open e2e: %s", q3_last_error());
+        return;
+    }
+    if (q3_tokenizer_load(TEST_DATA "/golden/e2e/tokenizer.json", &tok)) {
+        CHECK(0, "tokenizer: %s", q3_last_error());
+        q3_model_close(m);
+        return;
+    }
+    char *text = golden_slurp(TEST_DATA "/golden/e2e/cases.json", NULL);
+    cJSON *cases = text ? cJSON_Parse(text) : NULL;
+    free(text);
+    int n = cJSON_GetArraySize(cases);
+    CHECK(n >= 4, "e2e cases: %d", n);
+    enum { MAXC = 16, SLOTS = 4 };
+    if (n > MAXC) n = MAXC;
+    int32_t prompt[MAXC][512], want[MAXC][64];
+    int n_prompt[MAXC], n_want[MAXC];
+    text_sink alone[MAXC], batched[MAXC];
+    memset(alone, 0, sizeof alone);
+    memset(batched, 0, sizeof batched);
+    for (int i = 0; i < n; i++) {
+        cJSON *c = cJSON_GetArrayItem(cases, i), *p = cJSON_GetObjectItem(c, "prompt_ids"), *g = cJSON_GetObjectItem(c, "generated_ids");
+        n_prompt[i] = cJSON_GetArraySize(p) < 512 ? cJSON_GetArraySize(p) : 512;
+        n_want[i] = cJSON_GetArraySize(g) < 64 ? cJSON_GetArraySize(g) : 64;
+        for (int k = 0; k < n_prompt[i]; k++) prompt[i][k] = cJSON_GetArrayItem(p, k)->valueint;
+        for (int k = 0; k < n_want[i]; k++) want[i][k] = cJSON_GetArrayItem(g, k)->valueint;
+    }
+    q3_sampler_params greedy = q3_sampler_defaults(0);
+    greedy.temperature = 0;
+    /* alone, through q3_generate */
+    for (int i = 0; i < n; i++) {
+        q3_session_opts so = {.n_ctx = 512, .backend = "cpu"};
+        q3_session *s;
+        q3_sampler *smp;
+        CHECK(q3_session_new(m, &so, &s) == Q3_OK && q3_sampler_new(&greedy, q3_model_vocab_size(m), &smp) == Q3_OK,
+              "session: %s", q3_last_error());
+        q3_gen_opts o = {.max_tokens = n_want[i], .on_text = sink, .user = &alone[i]};
+        q3_gen_result r;
+        CHECK(q3_generate(s, smp, tok, prompt[i], (size_t)n_prompt[i], &o, &r) == Q3_OK, "generate: %s", q3_last_error());
+        free(r.ids);
+        q3_sampler_free(smp);
+        q3_session_free(s);
+    }
+    /* batched: SLOTS generators at a time, a finished one's slot goes to the next case */
+    q3_ctx_opts co = {.n_ctx = 512, .chunk = 8, .max_seqs = SLOTS, .backend = "cpu"};
+    q3_ctx *ctx;
+    CHECK(q3_ctx_new(m, &co, &ctx) == Q3_OK, "ctx: %s", q3_last_error());
+    q3_gen *gens[SLOTS] = {0};
+    q3_sampler *smps[SLOTS] = {0};
+    int case_of[SLOTS], seq_of[SLOTS], next = 0, live = 0, wrong = 0, steps = 0, mixed = 0;
+    for (;;) {
+        for (int k = 0; k < SLOTS; k++) {
+            if (gens[k] || next >= n) continue;
+            int seq;
+            q3_seq_new(ctx, &seq);
+            q3_sampler_new(&greedy, q3_model_vocab_size(m), &smps[k]);
+            q3_gen_opts o = {.max_tokens = n_want[next], .on_text = sink, .user = &batched[next]};
+            CHECK(q3_gen_new(ctx, seq, smps[k], tok, &o, &gens[k]) == Q3_OK, "gen: %s", q3_last_error());
+            CHECK(q3_gen_prompt(gens[k], prompt[next], (size_t)n_prompt[next]) == Q3_OK, "prompt: %s", q3_last_error());
+            case_of[k] = next++;
+            seq_of[k] = seq;
+            live++;
+        }
+        if (!live) break;
+        int decoding = 0, prefilling = 0;
+        for (int k = 0; k < SLOTS; k++)
+            if (gens[k] && !q3_gen_done(gens[k])) q3_gen_prefilling(gens[k]) ? prefilling++ : decoding++;
+        mixed += decoding > 1 && prefilling > 0;
+        q3_gen *active[SLOTS];
+        int na = 0;
+        for (int k = 0; k < SLOTS; k++)
+            if (gens[k]) active[na++] = gens[k];
+        if (q3_gen_step(active, na) != Q3_OK) {
+            CHECK(0, "gen step: %s", q3_last_error());
+            break;
+        }
+        steps++;
+        for (int k = 0; k < SLOTS; k++) {
+            if (!gens[k] || !q3_gen_done(gens[k])) continue;
+            const q3_gen_result *r = q3_gen_result_get(gens[k]);
+            int i = case_of[k];
+            wrong += r->n_ids != n_want[i] || memcmp(r->ids, want[i], (size_t)n_want[i] * sizeof(int32_t)) != 0;
+            q3_seq_drop(ctx, seq_of[k]);
+            q3_gen_free(gens[k]);
+            q3_sampler_free(smps[k]);
+            gens[k] = NULL;
+            live--;
+        }
+    }
+    CHECK(wrong == 0, "%d of %d cases generated other ids than the reference when batched", wrong, n);
+    CHECK(mixed > 0, "no step mixed decode rows with a prefill chunk (%d steps)", steps);
+    int same_text = 0;
+    for (int i = 0; i < n; i++) same_text += alone[i].len == batched[i].len && !memcmp(alone[i].buf, batched[i].buf, alone[i].len);
+    CHECK(same_text == n, "text batched equals text alone for %d of %d cases", same_text, n);
+    q3_ctx_free(ctx);
+    cJSON_Delete(cases);
+    q3_tokenizer_free(tok);
+    q3_model_close(m);
+}
+
 int main(void)
 {
     batch_model("tiny", NULL, "ref", "f32");
@@ -401,5 +528,6 @@ int main(void)
     fork_truncate("cpu");
     fork_truncate("ref");
     bad_steps();
+    generators();
     TEST_DONE();
 }

@@ -614,10 +614,26 @@ static void test_refuses(void)
     w.dtype = Q3_Q4_0;
     why = q3_backend_cpu.refuses(&q3_backend_cpu, &R.g, &R.op);
     CHECK(why == NULL, "cpu refuses Q4_0 matmuls: %s", why);
+    /* K-quants on their kernels too (kquant_*.c), when rows are whole super-blocks */
     w.dtype = Q3_Q4_K;
     why = q3_backend_cpu.refuses(&q3_backend_cpu, &R.g, &R.op);
-    CHECK(why != NULL, "cpu admits Q4_K matmuls");
+    CHECK(why != NULL, "cpu admits Q4_K matmuls of 64-value rows");
     if (why) CHECK_CONTAINS(why, "Q4_K");
+    w.shape[1] = 512;
+    static const q3_dtype kq[] = {Q3_Q4_K, Q3_Q5_K, Q3_Q6_K};
+    for (int i = 0; i < 3; i++) {
+        w.dtype = kq[i];
+        why = q3_backend_cpu.refuses(&q3_backend_cpu, &R.g, &R.op);
+        CHECK(why == NULL, "cpu refuses %s matmuls: %s", q3_dtype_name(kq[i]), why);
+        R.op.kind = Q3_OP_EMBED;
+        why = q3_backend_cpu.refuses(&q3_backend_cpu, &R.g, &R.op);
+        CHECK(why == NULL, "cpu refuses %s embeddings: %s", q3_dtype_name(kq[i]), why);
+        R.op.kind = Q3_OP_RMSNORM;
+        CHECK(q3_backend_cpu.refuses(&q3_backend_cpu, &R.g, &R.op) != NULL, "cpu admits %s norm weights",
+              q3_dtype_name(kq[i]));
+        R.op.kind = Q3_OP_MATMUL;
+    }
+    w.shape[1] = 64;
     w.dtype = Q3_BF16;
     CHECK(q3_backend_cpu.refuses(&q3_backend_cpu, &R.g, &R.op) == NULL, "cpu refuses BF16 matmuls");
     w.dtype = Q3_Q8_0;

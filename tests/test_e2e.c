@@ -102,7 +102,7 @@ int main(void)
             }
             int32_t *ids = NULL;
             size_t n = 0;
-            CHECK(text && q3_tokenizer_encode(tok, text, strlen(text), &ids, &n) == Q3_OK, "%s: encode", name);
+            CHECK(text && q3_tokenizer_encode(tok, text, strlen(text), Q3_ENCODE_DEFAULT, &ids, &n) == Q3_OK, "%s: encode", name);
             CHECK((int)n == n_want_prompt && !memcmp(ids, want_prompt, n * sizeof *ids), "%s: prompt ids", name);
             free(text);
             /* greedy generation, 24 tokens */

@@ -161,7 +161,7 @@ static void test_tokenizer_no_added(void)
     if (tok) {
         int32_t *ids = NULL;
         size_t n_ids = 0;
-        st = q3_tokenizer_encode(tok, "<|im_end|> ok", 13, &ids, &n_ids);
+        st = q3_tokenizer_encode(tok, "<|im_end|> ok", 13, Q3_ENCODE_DEFAULT, &ids, &n_ids);
         CHECK(st == Q3_OK && n_ids > 0, "encode with no added tokens: %s", q3_last_error());
         free(ids);
         q3_tokenizer_free(tok);

@@ -49,6 +49,9 @@ static void *xalloc(size_t n)
 }
 
 /* The kernel tables this CPU can run, reference first. */
+static const q3_dtype qtypes[] = {Q3_Q8_0, Q3_Q4_0, Q3_Q4_K, Q3_Q5_K, Q3_Q6_K};
+#define N_QTYPES (int)(sizeof qtypes / sizeof qtypes[0])
+
 static const q3_quant_kernels *tables[3];
 static const q3_cpu_mm_kernels *mm_tables[3];
 static int n_tables;
@@ -101,6 +104,20 @@ static void *random_w(q3_dtype t, int n, int k, size_t *row_bytes)
        and a sanitizer build then sees any read past the end */
     uint8_t *w = (uint8_t *)malloc(*row_bytes * (size_t)n + 1) + 1;
     size_t bb = q3_dtype_block_bytes(t);
+    if (q3_is_kquant(t)) { /* random bytes, then finite f16 scales (d, dmin; Q6_K: d at the end) */
+        for (size_t i = 0; i < *row_bytes * (size_t)n; i++) w[i] = (uint8_t)rnd();
+        for (size_t b = 0; b < (size_t)n * (k / 256); b++) {
+            uint8_t *blk = w + b * bb;
+            for (int f = 0; f < (t == Q3_Q6_K ? 1 : 2); f++) {
+                uint16_t h = q3_f32_to_f16(frand(-0.02f, 0.02f));
+                if (rnd() % 50 == 0) h = q3_f32_to_f16(frand(-1e-6f, 1e-6f));
+                size_t at = t == Q3_Q6_K ? 208 : 2 * (size_t)f;
+                blk[at] = (uint8_t)h;
+                blk[at + 1] = (uint8_t)(h >> 8);
+            }
+        }
+        return w;
+    }
     for (size_t b = 0; b < (size_t)n * (k / 32); b++) {
         uint8_t *blk = w + b * bb;
         uint16_t h = q3_f32_to_f16(frand(-0.02f, 0.02f));
@@ -122,7 +139,8 @@ static void test_quantize(void)
         size_t ldx = (size_t)k + 5;
         float *x = xalloc(rows * ldx * sizeof(float));
         random_x(x, rows, (int)ldx); /* ldx, not k: block boundaries shifted against the rows */
-        for (int wt = Q3_Q8_0; wt <= Q3_Q4_0; wt++) {
+        for (int ti = 0; ti < N_QTYPES; ti++) {
+            const q3_dtype wt = qtypes[ti];
             size_t bytes = q3_qact_bytes(rows, k);
             char *ref = xalloc(bytes), *got = xalloc(bytes);
             memset(ref, 0x5a, bytes);
@@ -132,8 +150,8 @@ static void test_quantize(void)
                 memset(got, 0x5a, bytes);
                 q3_qact qg = q3_qact_carve(got, rows, k);
                 /* in two row ranges, as two threads would */
-                tables[t]->quantize((q3_dtype)wt, x, ldx, &qg, 0, rows / 2);
-                tables[t]->quantize((q3_dtype)wt, x, ldx, &qg, rows / 2, rows);
+                tables[t]->quantize(wt, x, ldx, &qg, 0, rows / 2);
+                tables[t]->quantize(wt, x, ldx, &qg, rows / 2, rows);
                 CHECK(memcmp(ref, got, bytes) == 0, "%s quantize %s rows %d k %d differs from ref", tables[t]->name,
                       q3_dtype_name((q3_dtype)wt), rows, k);
             }
@@ -145,15 +163,19 @@ static void test_quantize(void)
                     float amax = 0;
                     for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(xb[i]));
                     const int8_t *q = q3_qact_q(&qr, r, b);
-                    int sum = 0;
+                    int sum = 0, half[2] = {0, 0};
                     for (int i = 0; i < 32; i++) {
                         int want = amax > 0x1p-100f ? (int)nearbyintf(xb[i] * (127.0f / amax)) : 0;
                         if (q[i] != want) bad++;
                         sum += q[i];
+                        half[i / 16] += q[i];
                     }
                     float d = amax > 0x1p-100f ? amax / 127.0f : 0.0f;
                     if (*q3_qact_d(&qr, r, b) != d) bad++;
-                    if (*q3_qact_c(&qr, r, b) != -(wt == Q3_Q8_0 ? 128 : 8) * sum) bad++;
+                    int32_t c = *q3_qact_c(&qr, r, b);
+                    if (q3_is_kquant(wt) ? (int16_t)(c & 0xffff) != half[0] || c >> 16 != half[1]
+                                         : c != -(wt == Q3_Q8_0 ? 128 : 8) * sum)
+                        bad++;
                 }
             CHECK(bad == 0, "reference quantize %s rows %d k %d: %d values off the formula", q3_dtype_name((q3_dtype)wt),
                   rows, k, bad);
@@ -256,16 +278,77 @@ static void test_matmul(void)
             check_shape((q3_dtype)wt, rows, n, k);
         }
     }
+    /* K-quants: k in whole super-blocks */
+    static const int kfixed[][3] = {
+        {1, 1, 256},  {1, 17, 512},  {1, 33, 1280}, {1, 200, 768}, {2, 16, 256}, {7, 31, 512},
+        {8, 48, 256}, {9, 5, 1024},  {16, 40, 512}, {17, 3, 256},  {33, 70, 768}, {40, 37, 1024},
+    };
+    for (int ti = 2; ti < N_QTYPES; ti++) {
+        for (size_t s = 0; s < sizeof kfixed / sizeof *kfixed; s++) check_shape(qtypes[ti], kfixed[s][0], kfixed[s][1], kfixed[s][2]);
+        for (int s = 0; s < 8; s++) {
+            int rows = s % 3 == 0 ? 1 : 1 + (int)(rnd() % 40);
+            int n = 1 + (int)(rnd() % 90), k = 256 * (1 + (int)(rnd() % 6));
+            check_shape(qtypes[ti], rows, n, k);
+        }
+    }
+}
+
+/* The K-quant reference against the dtype's scalar dequantizer
+ * (model/dtype.c, separate code): y must equal sum_i w[o][i] * dx * q[i] in
+ * double, with w the dequantized weights, to float rounding (the fold
+ * rounds once per block; 1e-5 of sum |w x| is far above that and far below
+ * any wrong scale, sign or bit). */
+static void test_kquant_numerics(void)
+{
+    for (int ti = 2; ti < N_QTYPES; ti++) {
+        const q3_dtype wt = qtypes[ti];
+        const int rows = 3, n = 29, k = 768;
+        size_t ws;
+        uint8_t *w = random_w(wt, n, k, &ws);
+        float *x = xalloc((size_t)rows * k * sizeof(float)), *y = xalloc((size_t)rows * n * sizeof(float));
+        float *wf = xalloc((size_t)k * sizeof(float));
+        random_x(x, rows, k);
+        char *qbuf = xalloc(q3_qact_bytes(rows, k));
+        q3_qact qa = q3_qact_carve(qbuf, rows, k);
+        q3_quant_ref.quantize(wt, x, (size_t)k, &qa, 0, rows);
+        q3_quant_ref.matmul(wt, w, ws, &qa, y, (size_t)n, 0, n, NULL);
+        int bad = 0, nonzero = 0;
+        double worst = 0;
+        for (int o = 0; o < n; o++) {
+            q3_row_to_f32(wt, w + (size_t)o * ws, wf, (size_t)k);
+            for (int r = 0; r < rows; r++) {
+                double sum = 0, mag = 0;
+                for (int i = 0; i < k; i++) {
+                    double xv = (double)*q3_qact_d(&qa, r, i / 32) * q3_qact_q(&qa, r, i / 32)[i % 32];
+                    sum += (double)wf[i] * xv;
+                    mag += fabs((double)wf[i] * xv);
+                }
+                double e = fabs(y[(size_t)r * n + o] - sum) / (mag + 1e-30);
+                if (e > worst) worst = e;
+                bad += e > 1e-5;
+                nonzero += y[(size_t)r * n + o] != 0;
+            }
+        }
+        CHECK(bad == 0 && nonzero > rows * n / 2, "%s reference vs dequantized weights: %d off (worst %.3g), %d nonzero",
+              q3_dtype_name(wt), bad, worst, nonzero);
+        printf("  %s reference vs dequantized weights: worst %.2e of sum|w x|\n", q3_dtype_name(wt), worst);
+        free(w - 1);
+        free(x);
+        free(y);
+        free(wf);
+        free(qbuf);
+    }
 }
 
 /* Through the unit's MATMUL interface: prepare on two "threads" (two
  * scratches), ranges on granule multiples, against the reference. */
 static void test_mm_interface(void)
 {
-    for (int wt = Q3_Q8_0; wt <= Q3_Q4_0; wt++) {
+    for (int ti = 0; ti < N_QTYPES; ti++) {
+        const int wt = qtypes[ti];
         static const int shapes[][3] = {{1, 100, 320}, {21, 45, 224}};
         for (int s = 0; s < 2; s++) {
-            int m = shapes[s][0], n = shapes[s][1], k = shapes[s][2];
+            int m = shapes[s][0], n = shapes[s][1], k = q3_is_kquant((q3_dtype)wt) ? 256 * (s + 2) : shapes[s][2];
             size_t ws;
             void *w = random_w((q3_dtype)wt, n, k, &ws);
             size_t ldx = (size_t)k + 7, ldy = (size_t)n + 1;
@@ -401,6 +484,7 @@ int main(void)
     find_tables();
     test_quantize();
     test_matmul();
+    test_kquant_numerics();
     test_mm_interface();
     test_golden();
     TEST_DONE();

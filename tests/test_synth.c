@@ -2,6 +2,7 @@
  * (names, shapes, dtypes, contiguous offsets), config.json, determinism,
  * weight statistics, tokenizer copy, and failures. */
 #include "test.h"
+#include "temps.h"
 #include "model/safetensors.h"
 #include "model/safetensors_write.h"
 #include "model/synth.h"
@@ -241,7 +242,7 @@ static void test_small_bf16(void)
     CHECK(st == Q3_OK, "synth a: %s", q3_last_error());
     check_file("tied bf16", "a", &c, Q3_BF16);
     check_config_json("tied bf16", "a", &c, Q3_BF16);
-    CHECK(!q3_file_exists(path_in("a", "model.safetensors.tmp")), "no temporary file left");
+    CHECK(temps_beside(path_in("a", "model.safetensors")) == 0, "no temporary file left");
     CHECK(!q3_file_exists(path_in("a", "tokenizer.json")), "no tokenizer without a tokenizer folder");
 
     /* Determinism: same seed, same bytes; another seed, other bytes. */
@@ -360,7 +361,7 @@ static void test_failures(void)
     CHECK(q3_st_writer_write(w, 0, 16, row, 16) == Q3_OK, "write a row");
     CHECK(q3_st_writer_commit(w) == Q3_ERR_INVALID, "incomplete tensor refused at commit");
     CHECK_CONTAINS(q3_last_error(), "16 of its 64 bytes");
-    CHECK(!q3_file_exists(p) && !q3_file_exists(path_in("a", "partial.safetensors.tmp")),
+    CHECK(!q3_file_exists(p) && temps_beside(p) == 0,
           "nothing left behind");
 }
 

@@ -140,7 +140,7 @@ static int encodes_to_n(const q3_tokenizer *tok, const char *text, size_t len, c
 {
     int32_t *ids;
     size_t n;
-    q3_status st = q3_tokenizer_encode(tok, text, len, &ids, &n);
+    q3_status st = q3_tokenizer_encode(tok, text, len, Q3_ENCODE_DEFAULT, &ids, &n);
     if (st != Q3_OK) {
         fprintf(stderr, "  encode failed: %s\n", q3_last_error());
         return 0;
@@ -202,7 +202,7 @@ static void test_golden(const q3_tokenizer *tok)
         size_t n, n_got;
         int32_t *want = ids_of(e.rows[i], "ids", &n), *got;
         const char *text = str_of(e.rows[i], "text");
-        if (q3_tokenizer_encode(tok, text, strlen(text), &got, &n_got) == Q3_OK) {
+        if (q3_tokenizer_encode(tok, text, strlen(text), Q3_ENCODE_DEFAULT, &got, &n_got) == Q3_OK) {
             int good = same_ids(got, n_got, want, n);
             ok += good;
             if (!good) printf("  unicode edge %zu differs: %s\n", i + 1, str_of(e.rows[i], "note"));
@@ -226,7 +226,7 @@ static void test_roundtrip(const q3_tokenizer *tok)
         int32_t *ids;
         size_t n, len;
         char *back;
-        CHECK(q3_tokenizer_encode(tok, text, strlen(text), &ids, &n) == Q3_OK, "encode");
+        CHECK(q3_tokenizer_encode(tok, text, strlen(text), Q3_ENCODE_DEFAULT, &ids, &n) == Q3_OK, "encode");
         CHECK(q3_tokenizer_decode(tok, ids, n, &back, &len) == Q3_OK, "decode");
         char *nfc = (char *)utf8proc_NFC((const utf8proc_uint8_t *)text);
         CHECK(len == strlen(nfc) && memcmp(back, nfc, len) == 0, "round trip of line %zu: %.60s", i + 1, text);
@@ -249,9 +249,9 @@ static void test_spot_checks(const q3_tokenizer *tok)
 
     int32_t *ids;
     size_t n;
-    CHECK(q3_tokenizer_encode(tok, "", 0, &ids, &n) == Q3_OK && n == 0 && ids == NULL, "empty gives NULL");
+    CHECK(q3_tokenizer_encode(tok, "", 0, Q3_ENCODE_DEFAULT, &ids, &n) == Q3_OK && n == 0 && ids == NULL, "empty gives NULL");
     /* Text containing NUL bytes is text like any other. */
-    CHECK(q3_tokenizer_encode(tok, "a\0b", 3, &ids, &n) == Q3_OK && n == 3, "NUL inside: %zu ids", n);
+    CHECK(q3_tokenizer_encode(tok, "a\0b", 3, Q3_ENCODE_DEFAULT, &ids, &n) == Q3_OK && n == 3, "NUL inside: %zu ids", n);
     free(ids);
 
     /* Special tokens as plain text when asked. */
@@ -478,7 +478,7 @@ static void test_streaming(const q3_tokenizer *tok)
     for (size_t i = 0; i < sizeof texts / sizeof texts[0]; i++) {
         int32_t *ids;
         size_t n;
-        CHECK(q3_tokenizer_encode(tok, texts[i], strlen(texts[i]), &ids, &n) == Q3_OK, "encode");
+        CHECK(q3_tokenizer_encode(tok, texts[i], strlen(texts[i]), Q3_ENCODE_DEFAULT, &ids, &n) == Q3_OK, "encode");
         check_stream(tok, ids, n, texts[i], &split_chars);
         free(ids);
     }
@@ -768,8 +768,8 @@ static void test_qwen_from_parts(const q3_tokenizer *loaded)
             const char *text = str_of(g.rows[k], "text");
             int32_t *a, *b;
             size_t na, nb;
-            q3_tokenizer_encode(tok, text, strlen(text), &a, &na);
-            q3_tokenizer_encode(loaded, text, strlen(text), &b, &nb);
+            q3_tokenizer_encode(tok, text, strlen(text), Q3_ENCODE_DEFAULT, &a, &na);
+            q3_tokenizer_encode(loaded, text, strlen(text), Q3_ENCODE_DEFAULT, &b, &nb);
             same += same_ids(a, na, b, nb);
             free(a);
             free(b);
@@ -810,7 +810,7 @@ static void *encode_corpus(void *arg)
         for (size_t i = 0; i < c->n; i++) {
             int32_t *ids;
             size_t n;
-            if (q3_tokenizer_encode(job->tok, c->text[i], c->len[i], &ids, &n) != Q3_OK) {
+            if (q3_tokenizer_encode(job->tok, c->text[i], c->len[i], Q3_ENCODE_DEFAULT, &ids, &n) != Q3_OK) {
                 job->wrong++;
                 continue;
             }

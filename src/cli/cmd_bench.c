@@ -11,6 +11,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/limits.h"
 #include "backend/registry.h"
+#include "cli/args.h"
 #include "cli/cli.h"
 #include "cli/defaults.h"
 #include "model/model.h"
@@ -18,6 +19,7 @@
 #include "run/executor.h"
 #include "text/tokenizer.h"
 #include "util/file.h"
+#include "util/outfile.h"
 
 static const char *usage =
     "usage: q3 bench [-m MODEL] [--compute-units U1,U2|all] [--chunk 128] [--gen 64] [--drain 15]\n"
@@ -54,11 +56,41 @@ static cJSON *stats_json(const q3_stats *s)
     return o;
 }
 
+/* 0 if `name` is a compute unit present here; else prints why and returns 1,
+ * before anything of the results is printed. */
+static int check_unit(const char *name)
+{
+    const q3_backend *b = q3_backend_find(name);
+    if (b && (!b->present || b->present(b))) return 0;
+    char known[256] = "";
+    for (int i = 0; q3_backends[i]; i++)
+        snprintf(known + strlen(known), sizeof known - strlen(known), "%s%s", i ? ", " : "", q3_backends[i]->name);
+    if (b) return cli_error("bench", "compute unit '%s' is not present on this machine", name);
+    return cli_error("bench", "unknown compute unit '%.40s' (q3 has: %s, or 'all')", name, known);
+}
+
+/* Writes s as SVG text content: &, <, >, " and ' escaped. */
+static void svg_text(FILE *f, const char *s)
+{
+    for (; *s; s++) {
+        switch (*s) {
+        case '&': fputs("&amp;", f); break;
+        case '<': fputs("&lt;", f); break;
+        case '>': fputs("&gt;", f); break;
+        case '"': fputs("&quot;", f); break;
+        case '\'': fputs("&apos;", f); break;
+        default: fputc(*s, f);
+        }
+    }
+}
+
 static void svg_bar(FILE *f, double y, const char *label, double value, double vmax, const char *color,
                     const char *unit_text)
 {
     double w = vmax > 0 ? 420.0 * value / vmax : 0;
-    fprintf(f, "<text x=\"240\" y=\"%.0f\" text-anchor=\"end\" font-size=\"12\">%s</text>\n", y + 13, label);
+    fprintf(f, "<text x=\"240\" y=\"%.0f\" text-anchor=\"end\" font-size=\"12\">", y + 13);
+    svg_text(f, label);
+    fputs("</text>\n", f);
     fprintf(f, "<rect x=\"250\" y=\"%.0f\" width=\"%.1f\" height=\"18\" fill=\"%s\"/>\n", y, w, color);
     fprintf(f, "<text x=\"%.1f\" y=\"%.0f\" font-size=\"12\">%.1f %s</text>\n", 256 + w, y + 13, value, unit_text);
 }
@@ -66,13 +98,17 @@ static void svg_bar(FILE *f, double y, const char *label, double value, double v
 /* Two panels: prefill ms per chunk (lower is better) and decode tok/s with the drain line. */
 static int write_svg(const char *path, const run *runs, int n, int chunk, double drain, const char *model)
 {
-    FILE *f = fopen(path, "w");
+    char *doc = NULL;
+    size_t doc_len = 0;
+    FILE *f = open_memstream(&doc, &doc_len); /* the file itself: complete or absent (util/outfile.h) */
     if (!f) return -1;
     int rows1 = n + 3, rows2 = n + 1;
     double h = 90 + 26.0 * rows1 + 60 + 26.0 * rows2 + 30;
     fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"780\" height=\"%.0f\" font-family=\"sans-serif\">\n", h);
     fprintf(f, "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n");
-    fprintf(f, "<text x=\"10\" y=\"22\" font-size=\"15\" font-weight=\"bold\">q3 bench: %s</text>\n", model);
+    fputs("<text x=\"10\" y=\"22\" font-size=\"15\" font-weight=\"bold\">q3 bench: ", f);
+    svg_text(f, model);
+    fputs("</text>\n", f);
     fprintf(f, "<text x=\"10\" y=\"52\" font-size=\"13\">Prefill: ms per %d-token chunk (lower is better)</text>\n", chunk);
     double vmax = 0;
     for (int i = 0; i < n; i++) vmax = runs[i].r.prefill_ms.p50 > vmax ? runs[i].r.prefill_ms.p50 : vmax;
@@ -107,7 +143,9 @@ static int write_svg(const char *path, const run *runs, int n, int chunk, double
     fprintf(f, "<line x1=\"%.1f\" y1=\"%.0f\" x2=\"%.1f\" y2=\"%.0f\" stroke=\"red\" stroke-dasharray=\"4\"/>\n", xd, y0 - 4,
             xd, y);
     fprintf(f, "</svg>\n");
-    return fclose(f);
+    int rc = fclose(f) != 0 ? -1 : q3_write_file_atomic(path, doc, doc_len) != Q3_OK ? -1 : 0;
+    free(doc);
+    return rc;
 }
 
 /* Greedy text of a run, for a look at what the model makes (random weights: noise). */
@@ -231,6 +269,7 @@ int cmd_bench(int argc, char **argv)
     double drain = 15;
     int json = 0, limits = 1;
     const char *batch_arg = NULL;
+    long long n;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { fputs(usage, stdout); return 0; }
@@ -239,12 +278,12 @@ int cmd_bench(int argc, char **argv)
         if (!v) return cli_error("bench", "option '%s' needs a value\n%s", a, usage);
         if (!strcmp(a, "-m") || !strcmp(a, "--model")) model = v;
         else if (!strcmp(a, "--compute-units") || !strcmp(a, "--backend")) units_arg = v;
-        else if (!strcmp(a, "--chunk")) o.chunk = atoi(v);
-        else if (!strcmp(a, "--gen")) o.gen = atoi(v);
-        else if (!strcmp(a, "--repeats")) o.repeats = atoi(v);
-        else if (!strcmp(a, "--depth")) o.depth = atoi(v);
-        else if (!strcmp(a, "--prompt")) o.prompt_len = atoi(v);
-        else if (!strcmp(a, "--drain")) drain = atof(v);
+        else if (!strcmp(a, "--chunk")) { if (cli_parse_int("bench", a, v, 1, 4096, &n)) return 1; o.chunk = (int)n; }
+        else if (!strcmp(a, "--gen")) { if (cli_parse_int("bench", a, v, 1, 100000, &n)) return 1; o.gen = (int)n; }
+        else if (!strcmp(a, "--repeats")) { if (cli_parse_int("bench", a, v, 1, 10000, &n)) return 1; o.repeats = (int)n; }
+        else if (!strcmp(a, "--depth")) { if (cli_parse_int("bench", a, v, 0, CLI_MAX_CTX, &n)) return 1; o.depth = (int)n; }
+        else if (!strcmp(a, "--prompt")) { if (cli_parse_int("bench", a, v, 0, CLI_MAX_CTX, &n)) return 1; o.prompt_len = (int)n; }
+        else if (!strcmp(a, "--drain")) { if (cli_parse_double("bench", a, v, 1e-3, 1e6, &drain)) return 1; }
         else if (!strcmp(a, "--kv")) o.kv_dtype = v;
         else if (!strcmp(a, "--svg")) svg = v;
         else if (!strcmp(a, "--prefill-on")) prefill_on = v;
@@ -253,9 +292,6 @@ int cmd_bench(int argc, char **argv)
         else return cli_error("bench", "unknown option '%s'\n%s", a, usage);
         i++;
     }
-    if (o.chunk < 1 || o.chunk > 4096 || o.gen < 1 || o.gen > 100000 || o.repeats < 1 || o.repeats > 10000 ||
-        !(drain > 0) || o.depth < 0 || o.prompt_len < 0)
-        return cli_error("bench", "--chunk must be 1..4096, --gen and --repeats positive, --drain > 0");
     if (!!prefill_on != !!decode_on) return cli_error("bench", "--prefill-on and --decode-on go together");
     if (batch_arg) {
         int batches[32], nb = 0;
@@ -279,6 +315,7 @@ int cmd_bench(int argc, char **argv)
     run runs[16];
     int n_runs = 0;
     if (prefill_on) {
+        if (check_unit(prefill_on) || check_unit(decode_on)) return 1;
         snprintf(runs[0].prefill_unit, 16, "%s", prefill_on);
         snprintf(runs[0].decode_unit, 16, "%s", decode_on);
         n_runs = 1;
@@ -286,6 +323,7 @@ int cmd_bench(int argc, char **argv)
         char list[256];
         snprintf(list, sizeof list, "%s", units_arg);
         for (char *t = strtok(list, ","); t && n_runs < 16; t = strtok(NULL, ",")) {
+            if (check_unit(t)) return 1;
             snprintf(runs[n_runs].prefill_unit, 16, "%s", t);
             snprintf(runs[n_runs].decode_unit, 16, "%s", t);
             n_runs++;
@@ -333,10 +371,14 @@ int cmd_bench(int argc, char **argv)
         o.prefill_unit = runs[i].prefill_unit;
         o.decode_unit = runs[i].decode_unit;
         if (!json) fprintf(stderr, "  measuring %s -> %s ...\n", o.prefill_unit, o.decode_unit);
-        if (q3_bench_run(m, &o, &runs[i].r)) {
-            rc = cli_error("bench", "%s -> %s: %s", o.prefill_unit, o.decode_unit, q3_last_error());
-            n_runs = i;
-            break;
+        if (q3_bench_run(m, &o, &runs[i].r)) { /* no table of what was not measured */
+            cli_error("bench", "%s -> %s: %s", o.prefill_unit, o.decode_unit, q3_last_error());
+            for (int k = 0; k < i; k++) {
+                free(runs[k].r.generated);
+                free(runs[k].sample);
+            }
+            q3_model_close(m);
+            return 1;
         }
         runs[i].sample = sample_text(model, m->cfg.vocab_size, runs[i].r.generated, runs[i].r.n_generated);
     }
@@ -470,7 +512,7 @@ int cmd_bench(int argc, char **argv)
     }
     if (svg && n_runs > 0) {
         if (write_svg(svg, runs, n_runs, o.chunk, drain, model))
-            rc = cli_error("bench", "%s: cannot write the chart", svg);
+            rc = cli_error("bench", "%s: cannot write the chart: %s", svg, q3_last_error());
         else if (!json)
             printf("\nchart: %s\n", svg);
     }

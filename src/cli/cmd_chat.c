@@ -40,6 +40,37 @@ static void add_message(cJSON *msgs, const char *role, const char *content)
     cJSON_AddItemToArray(msgs, m);
 }
 
+/* The answer as the history keeps it: whole characters only. An answer cut
+ * inside a character (-n, Ctrl-C, a full context) ends with a partial UTF-8
+ * sequence that the next render could not encode; the streaming detokenizer
+ * holds such a tail back (and turns bytes that never form a character into
+ * U+FFFD, as the user saw them), so pushing every id without the final flush
+ * keeps exactly the whole characters. NULL when out of memory. */
+static char *history_text(const q3_tokenizer *tok, const int32_t *ids, int n)
+{
+    q3_detok d;
+    q3_detok_init(&d, tok);
+    char *out = calloc(1, 1);
+    size_t len = 0;
+    for (int i = 0; out && i < n; i++) {
+        const char *piece;
+        size_t plen;
+        if (q3_detok_push(&d, ids[i], &piece, &plen)) continue;
+        char *grown = plen ? realloc(out, len + plen + 1) : out;
+        if (!grown) {
+            free(out);
+            out = NULL;
+            break;
+        }
+        out = grown;
+        memcpy(out + len, piece, plen);
+        len += plen;
+        out[len] = 0;
+    }
+    q3_detok_free(&d);
+    return out;
+}
+
 int cmd_chat(int argc, char **argv)
 {
     cli_gen g;
@@ -88,6 +119,10 @@ int cmd_chat(int argc, char **argv)
         }
         while (len && (line[len - 1] == '\n' || line[len - 1] == '\r')) line[--len] = 0;
         if (!len) continue;
+        if (strlen(line) != (size_t)len) {
+            fprintf(stderr, "q3 chat: the line contains a NUL byte (at offset %zu); it was not sent\n", strlen(line));
+            continue;
+        }
         if (!strcmp(line, "/quit") || !strcmp(line, "/exit")) break;
         if (!strcmp(line, "/reset")) {
             cJSON_Delete(history);
@@ -106,19 +141,18 @@ int cmd_chat(int argc, char **argv)
         cJSON_AddItemReferenceToObject(conv, "messages", history);
         cJSON_AddBoolToObject(conv, "add_generation_prompt", 1);
         if (g.no_think) cJSON_AddBoolToObject(conv, "enable_thinking", 0);
-        char *text = NULL;
-        q3_status st = q3_chat_render(conv, &text);
+        q3_tokens toks = {0};
+        q3_status st = cli_gen_encode_chat(&g, conv, &toks);
         cJSON_Delete(conv);
-        int32_t *ids = NULL;
-        size_t n = 0;
-        if (!st) st = q3_tokenizer_encode(g.tok, text, strlen(text), &ids, &n);
-        free(text);
+        int32_t *ids = toks.ids;
+        size_t n = toks.n;
         if (st) {
             fprintf(stderr, "q3 chat: %s\n", q3_last_error());
             cJSON_DeleteItemFromArray(history, cJSON_GetArraySize(history) - 1);
             free(ids);
             continue;
         }
+        cli_gen_print_prompt(&g, ids, n);
         /* reuse the cached prefix; feed only what is new */
         size_t common = 0;
         while (common < n_cached && common < n && cached[common] == ids[common]) common++;
@@ -160,10 +194,8 @@ int cmd_chat(int argc, char **argv)
         }
         int n_text = res.n_ids;
         if (res.stop == Q3_STOP_END_OF_TURN) n_text--;
-        char *answer = NULL;
-        size_t alen;
-        if (q3_tokenizer_decode(g.tok, res.ids, (size_t)(n_text > 0 ? n_text : 0), &answer, &alen)) answer = strdup("");
-        add_message(history, "assistant", answer);
+        char *answer = history_text(g.tok, res.ids, n_text);
+        add_message(history, "assistant", answer ? answer : "");
         free(answer);
         free(res.ids);
         free(ids);

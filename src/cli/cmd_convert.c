@@ -7,6 +7,7 @@
 
 #include "cli/cli.h"
 #include "model/convert.h"
+#include "util/outfile.h"
 
 static void convert_usage(FILE *f)
 {
@@ -17,7 +18,7 @@ static void convert_usage(FILE *f)
             "Writes a GGUF (architecture qwen3, llama.cpp's tensor names and metadata) from MODEL,\n"
             "a Hugging Face folder (config.json, safetensors, tokenizer.json) or a .gguf.\n"
             "\n"
-            "  -o OUT.gguf       output file (written as OUT.gguf.tmp, renamed when complete)\n"
+            "  -o OUT.gguf       output file (written under a unique temporary name, renamed when complete)\n"
             "  --type T          type of the 2-D weights; norms stay F32, and with q8_0/q4_0 a\n"
             "                    matrix whose rows are not whole 32-value blocks stays F16\n"
             "                    (default: the model's own type when it is f32, f16 or bf16)\n"
@@ -96,6 +97,7 @@ int cmd_convert(int argc, char **argv)
     }
     if (o.no_tokenizer && o.tokenizer_dir) return cli_error("convert", "--no-tokenizer and --tokenizer contradict");
 
+    if (q3_outfile_check(out)) return cli_error("convert", "-o: %s", q3_last_error());
     q3_model *m;
     if (q3_model_open(model, &m)) return cli_error("convert", "%s", q3_last_error());
     if (type_name) {

@@ -36,6 +36,9 @@ int cmd_info(int argc, char **argv)
     printf("vocab            %d\n", c->vocab_size);
     printf("max context      %d\n", c->max_seq_len);
     printf("rope theta       %g\n", c->rope_theta);
+    if (c->rope_scaling.type == Q3_ROPE_YARN)
+        printf("rope scaling     yarn, factor %g, original context %d\n", (double)c->rope_scaling.factor,
+               c->rope_scaling.orig_ctx);
     printf("rms eps          %g\n", c->rms_eps);
     printf("tied embeddings  %s\n", c->tied_embeddings ? "yes" : "no");
     printf("torch_dtype      %s\n", c->torch_dtype[0] ? c->torch_dtype : "(not given)");

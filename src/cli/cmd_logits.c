@@ -4,8 +4,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli/args.h"
 #include "cli/cli.h"
 #include "q3.h"
+#include "util/outfile.h"
 
 static const char *usage =
     "usage: q3 logits -m MODEL --tokens 1,2,3 [--decode-from K] [--chunk S] [--backend NAME]\n"
@@ -54,6 +56,7 @@ int cmd_logits(int argc, char **argv)
     const char *model = NULL, *tokens = NULL, *out_path = NULL;
     q3_session_opts o = {0};
     long decode_from = -1;
+    long long num;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -64,11 +67,11 @@ int cmd_logits(int argc, char **argv)
         if (!strcmp(a, "-m") || !strcmp(a, "--model")) model = v;
         else if (!strcmp(a, "--tokens")) tokens = v;
         else if (!strcmp(a, "-o")) out_path = v;
-        else if (!strcmp(a, "--decode-from")) decode_from = strtol(v, NULL, 10);
-        else if (!strcmp(a, "--chunk")) o.chunk = atoi(v);
+        else if (!strcmp(a, "--decode-from")) { if (cli_parse_int("logits", a, v, 1, CLI_MAX_CTX, &num)) return 1; decode_from = (long)num; }
+        else if (!strcmp(a, "--chunk")) { if (cli_parse_int("logits", a, v, 1, 4096, &num)) return 1; o.chunk = (int)num; }
         else if (!strcmp(a, "--backend")) o.backend = v;
         else if (!strcmp(a, "--kv")) o.kv_dtype = v;
-        else if (!strcmp(a, "--ctx")) o.n_ctx = atoi(v);
+        else if (!strcmp(a, "--ctx")) { if (cli_parse_int("logits", a, v, 1, CLI_MAX_CTX, &num)) return 1; o.n_ctx = (int)num; }
         else return cli_error("logits", "unknown option '%s'\n%s", a, usage);
         i++;
     }
@@ -81,6 +84,7 @@ int cmd_logits(int argc, char **argv)
         free(ids);
         return cli_error("logits", "--decode-from %ld must be in 1..%ld", decode_from, n);
     }
+    if (q3_outfile_check(out_path)) { free(ids); return cli_error("logits", "-o: %s", q3_last_error()); }
     q3_model *m;
     if (q3_model_open(model, &m)) { free(ids); return cli_error("logits", "%s", q3_last_error()); }
     int rc = 1;
@@ -94,10 +98,10 @@ int cmd_logits(int argc, char **argv)
     if (q3_session_prefill(s, ids, k, logits, 1)) { cli_error("logits", "%s", q3_last_error()); goto done; }
     for (size_t t = k; t < (size_t)n; t++)
         if (q3_session_decode(s, ids[t], logits + t * V)) { cli_error("logits", "%s", q3_last_error()); goto done; }
-    FILE *f = fopen(out_path, "wb");
-    if (!f) { cli_error("logits", "%s: cannot write: %s", out_path, strerror(errno)); goto done; }
-    size_t w = fwrite(logits, sizeof(float), (size_t)n * V, f);
-    if (fclose(f) != 0 || w != (size_t)n * V) { cli_error("logits", "%s: write failed", out_path); goto done; }
+    if (q3_write_file_atomic(out_path, logits, (size_t)n * V * sizeof(float))) {
+        cli_error("logits", "%s", q3_last_error());
+        goto done;
+    }
     rc = 0;
 done:
     q3_session_free(s);

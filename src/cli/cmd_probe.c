@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "backend/registry.h"
+#include "cli/args.h"
 #include "cli/cli.h"
 #include "cli/defaults.h"
 #include "plan/policy.h"
@@ -210,11 +211,14 @@ int cmd_probe(int argc, char **argv)
         if (!v) return cli_error("probe", "option '%s' needs a value\n%s", a, usage);
         if (!strcmp(a, "-m") || !strcmp(a, "--model")) model = v;
         else if (!strcmp(a, "--compute-units")) policy = v;
-        else if (!strcmp(a, "--chunk")) po.chunk = atoi(v);
+        else if (!strcmp(a, "--chunk")) {
+            long long n;
+            if (cli_parse_int("probe", a, v, 1, 4096, &n)) return 1;
+            po.chunk = (int)n;
+        }
         else return cli_error("probe", "unknown option '%s'\n%s", a, usage);
         i++;
     }
-    if (po.chunk < 1 || po.chunk > 4096) return cli_error("probe", "--chunk must be 1..4096");
     if (policy && !q3_policy_find(policy)) return cli_error("probe", "unknown policy '%s'\n%s", policy, usage);
     if (!model && !(model = cli_default_model("probe"))) return 1;
     q3_model *m;

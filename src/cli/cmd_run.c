@@ -26,19 +26,27 @@ static const char *usage_head =
 static volatile sig_atomic_t interrupted;
 static void on_sigint(int sig) { (void)sig; interrupted = 1; }
 
-/* Builds the text to encode: the rendered conversation or the raw prompt. */
+/* The prompt's ids: the raw prompt (special tokens parsed), or the rendered
+ * conversation (its content as plain text unless --parse-special-in-content). */
 static int build_prompt(cli_gen *g, const char *prompt, const char *system, const char *messages_path, int raw,
-                        char **out)
+                        q3_tokens *out)
 {
     if (raw) {
-        *out = strdup(prompt);
+        if (q3_tokenizer_encode_append(g->tok, prompt, strlen(prompt), Q3_ENCODE_DEFAULT, out))
+            return cli_error(g->cmd, "prompt: %s", q3_last_error());
         return 0;
     }
     if (cli_gen_check_template(g)) return 1;
     cJSON *conv = NULL;
     if (messages_path) {
         char *text;
-        if (q3_read_file(messages_path, 64u << 20, &text, NULL)) return cli_error(g->cmd, "%s", q3_last_error());
+        size_t len;
+        if (q3_read_file(messages_path, 64u << 20, &text, &len)) return cli_error(g->cmd, "%s", q3_last_error());
+        size_t nul = strlen(text);
+        if (nul != len) {
+            free(text);
+            return cli_error(g->cmd, "%s: the file contains a NUL byte (at offset %zu)", messages_path, nul);
+        }
         q3_status st = q3_json_parse(text, &conv);
         free(text);
         if (st) return cli_error(g->cmd, "%s: %s", messages_path, q3_last_error());
@@ -69,7 +77,7 @@ static int build_prompt(cli_gen *g, const char *prompt, const char *system, cons
         cJSON_AddBoolToObject(conv, "enable_thinking", 0);
     }
     if (!cJSON_GetObjectItem(conv, "add_generation_prompt")) cJSON_AddBoolToObject(conv, "add_generation_prompt", 1);
-    q3_status st = q3_chat_render(conv, out);
+    q3_status st = cli_gen_encode_chat(g, conv, out);
     cJSON_Delete(conv);
     if (st) return cli_error(g->cmd, "%s%s%s", messages_path ? messages_path : "", messages_path ? ": " : "",
                              q3_last_error());
@@ -102,24 +110,26 @@ int cmd_run(int argc, char **argv)
     char *stdin_text = NULL;
     if (!messages && (!prompt || !strcmp(prompt, "-"))) {
         if (isatty(STDIN_FILENO)) return cli_error("run", "no prompt: -p PROMPT, --messages FILE, or text on stdin");
-        prompt = stdin_text = cli_read_stdin("run", NULL);
+        size_t len;
+        prompt = stdin_text = cli_read_stdin("run", &len);
         if (!prompt) return 1;
+        if (strlen(prompt) != len) { /* -p cannot carry one either: refuse rather than cut the prompt */
+            cli_error("run", "stdin: the prompt contains a NUL byte (at offset %zu): q3 takes text without NUL bytes",
+                      strlen(prompt));
+            free(stdin_text);
+            return 1;
+        }
     }
     int rc = 1;
-    char *text = NULL;
-    int32_t *ids = NULL;
-    size_t n_ids = 0;
+    q3_tokens prompt_ids = {0};
     q3_gen_result res = {0};
     if (cli_gen_open(&g)) goto done;
-    if (build_prompt(&g, prompt, system, messages, raw, &text)) goto done;
-    if (q3_tokenizer_encode(g.tok, text, strlen(text), &ids, &n_ids)) {
-        cli_error("run", "prompt: %s", q3_last_error());
-        goto done;
-    }
+    if (build_prompt(&g, prompt, system, messages, raw, &prompt_ids)) goto done;
+    cli_gen_print_prompt(&g, prompt_ids.ids, prompt_ids.n);
     signal(SIGINT, on_sigint);
     q3_gen_opts o = {.max_tokens = g.max_tokens, .stop = g.stops, .n_stop = g.n_stops, .interrupt = &interrupted,
                      .on_text = cli_gen_print, .user = &g};
-    if (q3_generate(g.session, g.sampler, g.tok, ids, n_ids, &o, &res)) {
+    if (q3_generate(g.session, g.sampler, g.tok, prompt_ids.ids, prompt_ids.n, &o, &res)) {
         cli_error("run", "%s", q3_last_error());
         goto done;
     }
@@ -132,8 +142,7 @@ int cmd_run(int argc, char **argv)
     rc = res.stop == Q3_STOP_INTERRUPT ? 130 : 0;
 done:
     free(res.ids);
-    free(ids);
-    free(text);
+    q3_tokens_free(&prompt_ids);
     free(stdin_text);
     cli_gen_close(&g);
     return rc;

@@ -1,11 +1,12 @@
 /* q3 synth: writes a Qwen3 checkpoint folder with deterministic random
  * weights (Qwen3-0.6B's shapes by default). */
-#include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include "cli/args.h"
 #include "cli/cli.h"
 #include "model/synth.h"
 
@@ -53,11 +54,9 @@ int cmd_synth(int argc, char **argv)
         if (!strcmp(a, "-o") || !strcmp(a, "--output")) {
             out_dir = v;
         } else if (!strcmp(a, "--seed")) {
-            char *end;
-            errno = 0;
-            seed = strtoull(v, &end, 0);
-            if (errno || end == v || *end || v[0] == '-')
-                return cli_error("synth", "--seed wants a non-negative integer, not \"%s\"", v);
+            long long n;
+            if (cli_parse_int("synth", a, v, 0, LLONG_MAX, &n)) return 1;
+            seed = (unsigned long long)n;
         } else if (!strcmp(a, "--dtype")) {
             dtype_name = v;
         } else if (!strcmp(a, "--preset")) {

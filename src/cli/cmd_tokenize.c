@@ -8,6 +8,7 @@
 
 #include "cli/cli.h"
 #include "cli/defaults.h"
+#include "text/json_write.h"
 #include "text/tokenizer.h"
 #include "text/tokenizer_gguf.h"
 #include "util/file.h"
@@ -147,9 +148,12 @@ static int tokenize_jsonl(const char *cmd, const q3_tokenizer *tok, unsigned fla
         const char *p = line;
         while (p < line + n && (*p == ' ' || *p == '\t')) p++;
         if (p < line + n) { /* blank lines are skipped */
-            cJSON *obj = cJSON_ParseWithLength(line, n);
+            cJSON *obj = q3_json_find_nul(line, n) < n ? NULL : cJSON_ParseWithLength(line, n);
             const cJSON *text = cJSON_GetObjectItemCaseSensitive(obj, "text");
-            if (!cJSON_IsObject(obj) || !cJSON_IsString(text)) {
+            if (obj == NULL && q3_json_find_nul(line, n) < n) {
+                rc = cli_error(cmd, "stdin line %zu: a NUL character (\\u0000 or a raw NUL byte) in the JSON: q3 "
+                               "takes text without NUL characters", line_no);
+            } else if (!cJSON_IsObject(obj) || !cJSON_IsString(text)) {
                 rc = cli_error(cmd, "stdin line %zu: expected a JSON object with a \"text\" string", line_no);
             } else {
                 q3_tokens ids = {0};

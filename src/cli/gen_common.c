@@ -1,10 +1,12 @@
 #include "cli/gen_common.h"
 
 #include <limits.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "cli/args.h"
 #include "cli/cli.h"
 #include "cli/defaults.h"
 #include "model/model.h"
@@ -27,7 +29,11 @@ const char *cli_gen_usage =
     "  --repeat-penalty R --presence-penalty P --seed S\n"
     "  --stop STR             stop when STR appears (repeatable)\n"
     "  --no-think             no thinking (an empty think block is added)\n"
-    "  --hide-think           do not print the thinking\n";
+    "  --hide-think           do not print the thinking\n"
+    "  --parse-special-in-content   let message content hold special tokens: \"<|im_end|>\" in a\n"
+    "                         message becomes the control token (the reference's behaviour; unsafe:\n"
+    "                         by default content is plain text, only the template's markup is special)\n"
+    "  --verbose-prompt       print the prompt's token ids to stderr before generating\n";
 
 void cli_gen_init(cli_gen *g, const char *cmd)
 {
@@ -44,6 +50,8 @@ int cli_gen_option(cli_gen *g, int *i, int argc, char **argv)
     const char *a = argv[*i];
     if (!strcmp(a, "--no-think")) { g->no_think = 1; return 1; }
     if (!strcmp(a, "--hide-think")) { g->hide_think = 1; return 1; }
+    if (!strcmp(a, "--parse-special-in-content")) { g->parse_special_in_content = 1; return 1; }
+    if (!strcmp(a, "--verbose-prompt")) { g->verbose_prompt = 1; return 1; }
     static const char *valued[] = {"-m", "--model", "--tokenizer", "--ctx", "--chunk", "--backend", "--kv", "-n",
                                    "--temp", "--top-k", "--top-p", "--min-p", "--repeat-penalty",
                                    "--presence-penalty", "--seed", "--stop", NULL};
@@ -55,9 +63,6 @@ int cli_gen_option(cli_gen *g, int *i, int argc, char **argv)
         return -1;
     }
     const char *v = argv[++*i];
-    char *end;
-    double num = strtod(v, &end);
-    int numeric = end != v && *end == 0;
     if (!strcmp(a, "-m") || !strcmp(a, "--model")) { g->model_path = v; return 1; }
     if (!strcmp(a, "--tokenizer")) { g->tokenizer_path = v; return 1; }
     if (!strcmp(a, "--backend")) { g->so.backend = v; return 1; }
@@ -67,23 +72,23 @@ int cli_gen_option(cli_gen *g, int *i, int argc, char **argv)
         g->stops[g->n_stops++] = v;
         return 1;
     }
-    if (!numeric) {
-        cli_error(g->cmd, "option '%s' needs a number, got '%s'", a, v);
-        return -1;
-    }
-    if (!strcmp(a, "--ctx")) g->so.n_ctx = (int)num;
-    else if (!strcmp(a, "--chunk")) g->so.chunk = (int)num;
-    else if (!strcmp(a, "-n")) {
-        if (num < 1 || num > 1e7) { cli_error(g->cmd, "-n must be at least 1"); return -1; }
-        g->max_tokens = (int)num;
-    } else if (!strcmp(a, "--temp")) g->temp = (float)num;
-    else if (!strcmp(a, "--top-k")) g->top_k = (int)num;
-    else if (!strcmp(a, "--top-p")) g->top_p = (float)num;
-    else if (!strcmp(a, "--min-p")) g->min_p = (float)num;
-    else if (!strcmp(a, "--repeat-penalty")) g->repeat_penalty = (float)num;
-    else if (!strcmp(a, "--presence-penalty")) g->presence_penalty = (float)num;
-    else if (!strcmp(a, "--seed")) g->seed = (long long)num;
-    return 1;
+    /* numbers: strictly, in the ranges the session and the sampler accept */
+    long long n = 0;
+    double x = 0;
+    int bad;
+    if (!strcmp(a, "--ctx")) bad = cli_parse_int(g->cmd, a, v, 1, CLI_MAX_CTX, &n), g->so.n_ctx = (int)n;
+    else if (!strcmp(a, "--chunk")) bad = cli_parse_int(g->cmd, a, v, 1, 4096, &n), g->so.chunk = (int)n;
+    else if (!strcmp(a, "-n")) bad = cli_parse_int(g->cmd, a, v, 1, CLI_MAX_CTX, &n), g->max_tokens = (int)n;
+    else if (!strcmp(a, "--top-k")) bad = cli_parse_int(g->cmd, a, v, 0, INT32_MAX, &n), g->top_k = (int)n;
+    else if (!strcmp(a, "--seed")) bad = cli_parse_int(g->cmd, a, v, 0, LLONG_MAX, &n), g->seed = n;
+    else if (!strcmp(a, "--temp")) bad = cli_parse_double(g->cmd, a, v, 0, 1e4, &x), g->temp = (float)x;
+    else if (!strcmp(a, "--top-p")) bad = cli_parse_double(g->cmd, a, v, 0, 1, &x), g->top_p = (float)x;
+    else if (!strcmp(a, "--min-p")) bad = cli_parse_double(g->cmd, a, v, 0, 1, &x), g->min_p = (float)x;
+    else if (!strcmp(a, "--repeat-penalty"))
+        bad = cli_parse_double(g->cmd, a, v, 1e-3, 1e3, &x), g->repeat_penalty = (float)x;
+    else /* --presence-penalty */
+        bad = cli_parse_double(g->cmd, a, v, -1e3, 1e3, &x), g->presence_penalty = (float)x;
+    return bad ? -1 : 1;
 }
 
 /* tokenizer.json beside the model, --tokenizer (a file or a folder), or a GGUF's own. */
@@ -98,7 +103,9 @@ static int open_tokenizer(cli_gen *g)
         }
     } else if (q3_is_dir(g->model_path)) {
         snprintf(p, sizeof p, "%s/tokenizer.json", g->model_path);
-        if (!q3_file_exists(p))
+        int present;
+        if (q3_regular_or_absent(p, &present)) return cli_error(g->cmd, "%s", q3_last_error());
+        if (!present)
             return cli_error(g->cmd, "%s has no tokenizer.json: pass --tokenizer PATH (the built-in one is %s)",
                              g->model_path, cli_default_tokenizer_dir() ? cli_default_tokenizer_dir() : "not fetched: make deps");
         src = p;
@@ -156,7 +163,10 @@ int cli_gen_check_template(cli_gen *g)
     snprintf(p, sizeof p, "%s/tokenizer_config.json", g->model_path);
     char j[PATH_MAX];
     snprintf(j, sizeof j, "%s/chat_template.jinja", g->model_path);
-    if (!q3_file_exists(p) && !q3_file_exists(j)) {
+    int has_config, has_jinja; /* a FIFO or a device there is an error, not "no template" */
+    if (q3_regular_or_absent(p, &has_config) || q3_regular_or_absent(j, &has_jinja))
+        return cli_error(g->cmd, "%s", q3_last_error());
+    if (!has_config && !has_jinja) {
         fprintf(stderr, "q3 %s: %s has no chat template; using Qwen3's\n", g->cmd, g->model_path);
         return 0;
     }
@@ -164,6 +174,30 @@ int cli_gen_check_template(cli_gen *g)
     if (q3_chat_template_load(g->model_path, &kind))
         return cli_error(g->cmd, "%s (use --raw to skip the chat template)", q3_last_error());
     return 0;
+}
+
+q3_status cli_gen_encode_chat(const cli_gen *g, const cJSON *conversation, q3_tokens *out)
+{
+    return q3_chat_encode(g->tok, conversation, g->parse_special_in_content ? Q3_CHAT_PARSE_SPECIAL_IN_CONTENT : 0,
+                          out);
+}
+
+void cli_gen_print_prompt(const cli_gen *g, const int32_t *ids, size_t n)
+{
+    if (!g->verbose_prompt) return;
+    fprintf(stderr, "prompt: %zu tokens\n", n);
+    for (size_t i = 0; i < n; i++) {
+        size_t len;
+        const unsigned char *t = (const unsigned char *)q3_tokenizer_token_bytes(g->tok, ids[i], &len);
+        fprintf(stderr, "%6d -> '", (int)ids[i]);
+        for (size_t k = 0; k < len; k++) {
+            if (t[k] == '\n') fputs("\\n", stderr);
+            else if (t[k] == '\\' || t[k] == '\'') fprintf(stderr, "\\%c", t[k]);
+            else if (t[k] < 0x20 || t[k] == 0x7F) fprintf(stderr, "\\x%02X", t[k]);
+            else fputc(t[k], stderr);
+        }
+        fputs(q3_tokenizer_is_special(g->tok, ids[i]) ? "' (special)\n" : "'\n", stderr);
+    }
 }
 
 void cli_gen_print(void *user, int32_t id, const char *text, size_t len)

@@ -4,6 +4,7 @@
 #ifndef Q3_CLI_GEN_COMMON_H
 #define Q3_CLI_GEN_COMMON_H
 
+#include <cjson/cJSON.h>
 #include <stdio.h>
 
 #include "q3.h"
@@ -24,6 +25,8 @@ typedef struct cli_gen {
     const char *stops[CLI_MAX_STOPS];
     int n_stops;
     int no_think, hide_think, raw, output_ids;
+    int parse_special_in_content; /* message content may hold special tokens (unsafe) */
+    int verbose_prompt;           /* print the prompt's ids to stderr */
     q3_model *model;
     q3_tokenizer *tok;
     q3_session *session;
@@ -44,6 +47,12 @@ int cli_gen_open(cli_gen *g);
 void cli_gen_close(cli_gen *g);
 /* Checks the model's chat template is Qwen3's (prints why not); 0 if usable. */
 int cli_gen_check_template(cli_gen *g);
+/* The ids of a conversation ({messages, ...} as q3_chat_render takes it): the
+ * template's markup with special tokens, the content as plain text (unless
+ * --parse-special-in-content). Prints nothing: the status and q3_last_error say why. */
+q3_status cli_gen_encode_chat(const cli_gen *g, const cJSON *conversation, q3_tokens *out);
+/* With --verbose-prompt: the prompt's ids and their tokens, to stderr. */
+void cli_gen_print_prompt(const cli_gen *g, const int32_t *ids, size_t n);
 /* on_text callback for q3_generate: prints to stdout, thinking dimmed or hidden. */
 void cli_gen_print(void *user, int32_t id, const char *text, size_t len);
 void cli_gen_print_stats(const cli_gen *g, const q3_gen_result *r);

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "cli/process.h"
 #include "util/file.h"
 
 static const struct {
@@ -56,12 +57,13 @@ static void usage(FILE *f)
 
 int main(int argc, char **argv)
 {
+    cli_process_init();
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
         usage(argc < 2 ? stderr : stdout);
-        return argc < 2 ? 2 : 0;
+        return cli_finish_stdout(argc < 2 ? 2 : 0);
     }
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
-        if (!strcmp(argv[1], commands[i].name)) return commands[i].fn(argc - 1, argv + 1);
+        if (!strcmp(argv[1], commands[i].name)) return cli_finish_stdout(commands[i].fn(argc - 1, argv + 1));
     fprintf(stderr, "q3: unknown command '%s'\n", argv[1]);
     usage(stderr);
     return 2;

@@ -5,6 +5,23 @@
 #include <stdbool.h>
 #include "q3.h"
 
+typedef enum q3_rope_type { Q3_ROPE_NONE = 0, Q3_ROPE_YARN = 1 } q3_rope_type;
+
+/* RoPE scaling (config.json "rope_scaling", GGUF qwen3.rope.scaling.*); see
+ * model/rope.h for the formulas. Every member is 4 bytes: no padding, so two
+ * can be compared with memcmp. */
+typedef struct q3_rope_scaling {
+    int type;              /* q3_rope_type */
+    float factor;          /* YaRN: the context scale s (>= 1) */
+    int orig_ctx;          /* YaRN: original_max_position_embeddings */
+    float beta_fast;       /* YaRN: 32 unless given */
+    float beta_slow;       /* YaRN: 1 unless given */
+    float attn_factor;     /* YaRN: cos/sin scale if given, else 0 (computed from s) */
+    float mscale;          /* YaRN: mscale, 0 if not given */
+    float mscale_all_dim;  /* YaRN: mscale_all_dim, 0 if not given */
+    int truncate;          /* YaRN: floor/ceil the correction range (default 1) */
+} q3_rope_scaling;
+
 typedef struct q3_config {
     int n_layers;          /* num_hidden_layers */
     int dim;               /* hidden_size */
@@ -16,6 +33,7 @@ typedef struct q3_config {
     int max_seq_len;       /* max_position_embeddings */
     float rms_eps;         /* rms_norm_eps */
     float rope_theta;      /* rope_theta */
+    q3_rope_scaling rope_scaling; /* rope_scaling (all zero: none) */
     bool tied_embeddings;  /* tie_word_embeddings: no lm_head, the embedding is reused */
     char torch_dtype[16];  /* "bfloat16", "float32", ... as the file says */
 } q3_config;

@@ -288,7 +288,10 @@ static q3_status add_chat_templates(q3_gguf_writer *w, const char *dir, const cJ
 {
     char p[PATH_MAX];
     snprintf(p, sizeof p, "%s/chat_template.jinja", dir);
-    if (q3_file_exists(p)) {
+    int present;
+    q3_status pst = q3_regular_or_absent(p, &present); /* a FIFO there is an error, not "no template" */
+    if (pst) return pst;
+    if (present) {
         char *text;
         q3_status st = q3_read_file(p, 16u << 20, &text, NULL);
         if (st) return st;
@@ -316,15 +319,20 @@ q3_status q3_convert_add_tokenizer(q3_gguf_writer *w, const char *dir, const cha
 {
     char path[PATH_MAX];
     snprintf(path, sizeof path, "%s/tokenizer.json", dir);
-    if (!q3_file_exists(path)) return q3_fail(Q3_ERR_IO, "%s: no tokenizer.json in the folder", dir);
+    int present;
+    q3_status pst = q3_regular_or_absent(path, &present);
+    if (pst) return pst;
+    if (!present) return q3_fail(Q3_ERR_IO, "%s: no tokenizer.json in the folder", dir);
     cJSON *root = NULL, *tcfg = NULL, *config = NULL;
     tok_build b = {.json_path = path, .vocab_size = vocab_size};
     q3_status st = read_json(path, &root);
     if (!st) st = build_vocab(&b, root);
     char cfg_path[PATH_MAX];
     snprintf(cfg_path, sizeof cfg_path, "%s/tokenizer_config.json", dir);
-    if (!st && q3_file_exists(cfg_path)) st = read_json(cfg_path, &tcfg);
-    if (!st && config_json && q3_file_exists(config_json)) st = read_json(config_json, &config);
+    /* optional, but a FIFO or a device in their place is an error rather than silently skipped */
+    if (!st && !(st = q3_regular_or_absent(cfg_path, &present)) && present) st = read_json(cfg_path, &tcfg);
+    if (!st && config_json && !(st = q3_regular_or_absent(config_json, &present)) && present)
+        st = read_json(config_json, &config);
     if (st) goto done;
 
     if ((st = q3_gguf_writer_add_str(w, "tokenizer.ggml.model", "gpt2")) ||
@@ -464,6 +472,19 @@ static q3_status add_model(q3_gguf_writer *w, const q3_model *m, const q3_conver
         (st = q3_gguf_writer_add_u32(w, "general.file_type", q3_convert_file_type(o->type))) ||
         (st = q3_gguf_writer_add_u32(w, "general.quantization_version", 2)))
         return st;
+    const q3_rope_scaling *y = &c->rope_scaling;
+    if (y->type == Q3_ROPE_YARN) { /* the keys llama.cpp reads; a non-default extra has no key there */
+        if (y->attn_factor > 0 || y->mscale > 0 || y->mscale_all_dim > 0 || !y->truncate)
+            return q3_fail(Q3_ERR_UNSUPPORTED,
+                           "convert: YaRN with attention_factor, mscale or truncate=false has no GGUF key "
+                           "llama.cpp reads; q3 will not write a GGUF that computes something else");
+        if ((st = q3_gguf_writer_add_str(w, "qwen3.rope.scaling.type", "yarn")) ||
+            (st = q3_gguf_writer_add_f32(w, "qwen3.rope.scaling.factor", y->factor)) ||
+            (st = q3_gguf_writer_add_u32(w, "qwen3.rope.scaling.original_context_length", (uint32_t)y->orig_ctx)) ||
+            (y->beta_fast != 32 && (st = q3_gguf_writer_add_f32(w, "qwen3.rope.scaling.yarn_beta_fast", y->beta_fast))) ||
+            (y->beta_slow != 1 && (st = q3_gguf_writer_add_f32(w, "qwen3.rope.scaling.yarn_beta_slow", y->beta_slow))))
+            return st;
+    }
 
     const q3_weights *wt = &m->w;
     size_t n = 0;

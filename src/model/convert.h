@@ -50,7 +50,7 @@ uint32_t q3_convert_file_type(q3_dtype t);
 q3_dtype q3_convert_tensor_type(q3_dtype want, int ndim, const int64_t *shape);
 
 /* Converts an open model (from a folder or a GGUF) to a GGUF file at out_path
- * (written as out_path.tmp, renamed when complete). Fails with Q3_ERR_INVALID (a type
+ * (written under a unique temporary name, renamed when complete). Fails with Q3_ERR_INVALID (a type
  * q3 cannot write), Q3_ERR_IO (no tokenizer found, an unwritable path) or whatever
  * reading the tokenizer files reports; the message names the file. */
 q3_status q3_convert_model(const q3_model *m, const char *out_path, const q3_convert_opts *o);

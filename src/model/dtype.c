@@ -14,6 +14,7 @@ static const struct {
     [Q3_Q4_0] = {"q4_0", 32, 18},
     [Q3_Q4_K] = {"q4_k", 256, 144},
     [Q3_Q6_K] = {"q6_k", 256, 210},
+    [Q3_Q5_K] = {"q5_k", 256, 176},
 };
 
 const char *q3_dtype_name(q3_dtype t)
@@ -109,6 +110,38 @@ static void dequant_q4_k(const uint8_t *b, float *y)
     }
 }
 
+/* The 6-bit scale and min of sub-block j of a Q4_K / Q5_K super-block. */
+static void kscale_min(const uint8_t *s, int j, int *sc, int *m)
+{
+    if (j < 4) {
+        *sc = s[j] & 63;
+        *m = s[j + 4] & 63;
+    } else {
+        *sc = (s[j + 4] & 15) | (s[j - 4] >> 6) << 4;
+        *m = (s[j + 4] >> 4) | (s[j] >> 6) << 4;
+    }
+}
+
+/* One Q5_K super-block (layout in dtype.h) into 256 floats, with Q4_K's
+ * arithmetic: scale = d*sc and offset = dmin*m as floats, then scale*q - offset. */
+static void dequant_q5_k(const uint8_t *b, float *y)
+{
+    float d = load_f16(b), dmin = load_f16(b + 2);
+    const uint8_t *qh = b + 16, *qs = b + 48;
+    for (int j = 0; j < 8; j++) {
+        int sc, m;
+        kscale_min(b + 4, j, &sc, &m);
+        float scale = d * (float)sc, off = dmin * (float)m;
+        const uint8_t *q = qs + 32 * (j / 2);
+        int shift = 4 * (j % 2);
+        for (int i = 0; i < 32; i++) {
+            int v = ((q[i] >> shift) & 15) | ((qh[i] >> j) & 1) << 4;
+            float p = scale * (float)v;
+            y[32 * j + i] = p - off;
+        }
+    }
+}
+
 /* One Q6_K super-block (layout in dtype.h) into 256 floats: d*sc rounded to
  * float, then times q - 32, as llama.cpp computes it. */
 static void dequant_q6_k(const uint8_t *b, float *y)
@@ -165,6 +198,9 @@ void q3_row_to_f32(q3_dtype t, const void *src, float *dst, size_t n)
         break;
     case Q3_Q6_K:
         for (size_t i = 0; i < n; i += 256) dequant_q6_k((const uint8_t *)src + i / 256 * 210, dst + i);
+        break;
+    case Q3_Q5_K:
+        for (size_t i = 0; i < n; i += 256) dequant_q5_k((const uint8_t *)src + i / 256 * 176, dst + i);
         break;
     default:
         break;

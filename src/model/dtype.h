@@ -14,6 +14,7 @@ typedef enum q3_dtype {
     Q3_Q4_0,   /* llama.cpp block: f16 scale + 16 bytes of nibbles (18 bytes / 32) */
     Q3_Q4_K,   /* llama.cpp K-quant super-block of 256 (144 bytes), see below */
     Q3_Q6_K,   /* llama.cpp K-quant super-block of 256 (210 bytes), see below */
+    Q3_Q5_K,   /* llama.cpp K-quant super-block of 256 (176 bytes), see below */
     Q3_DTYPE_COUNT
 } q3_dtype;
 
@@ -29,6 +30,13 @@ typedef enum q3_dtype {
  *   [16..144) 128 bytes of 4-bit quants q: value 64k + i (i < 32) is the low
  *             nibble of qs[32k + i], value 64k + 32 + i its high nibble
  *   value e = (d * sc[e/32]) * q - dmin * m[e/32]
+ *
+ * Q5_K, 176 bytes per 256 values, 8 sub-blocks of 32:
+ *   [0..16)   d, dmin and the 12 scale bytes, as in Q4_K
+ *   [16..48)  qh: the 5th bits; value 64k + i (i < 32) has bit 2k of qh[i],
+ *             value 64k + 32 + i bit 2k + 1 of qh[i]
+ *   [48..176) 128 bytes of low 4 bits, laid out as Q4_K's qs
+ *   value e = (d * sc[e/32]) * q - dmin * m[e/32], q = nibble | bit << 4
  *
  * Q6_K, 210 bytes per 256 values, 16 sub-blocks of 16:
  *   [0..128)   ql: low 4 bits. In half h (values 128h..128h+127), for i < 32:
@@ -70,7 +78,7 @@ float q3_f16_to_f32(uint16_t h);
 uint16_t q3_f32_to_f16(float f);
 
 /* Converts n values of a row starting at src (of type t) to float; n is a
- * multiple of t's block size (32 for Q8_0/Q4_0, 256 for Q4_K/Q6_K). */
+ * multiple of t's block size (32 for Q8_0/Q4_0, 256 for Q4_K/Q5_K/Q6_K). */
 void q3_row_to_f32(q3_dtype t, const void *src, float *dst, size_t n);
 /* Stores n floats into a row of type t (F32, F16 or BF16 only). */
 void q3_row_from_f32(q3_dtype t, const float *src, void *dst, size_t n);

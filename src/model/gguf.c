@@ -77,6 +77,7 @@ static int dtype_from_ggml(uint32_t ggml_type)
     case Q3_GGML_Q8_0: return Q3_Q8_0;
     case Q3_GGML_Q4_0: return Q3_Q4_0;
     case Q3_GGML_Q4_K: return Q3_Q4_K;
+    case Q3_GGML_Q5_K: return Q3_Q5_K;
     case Q3_GGML_Q6_K: return Q3_Q6_K;
     default: return -1;
     }
@@ -91,6 +92,7 @@ uint32_t q3_ggml_type_from_dtype(q3_dtype t)
     case Q3_Q8_0: return Q3_GGML_Q8_0;
     case Q3_Q4_0: return Q3_GGML_Q4_0;
     case Q3_Q4_K: return Q3_GGML_Q4_K;
+    case Q3_Q5_K: return Q3_GGML_Q5_K;
     case Q3_Q6_K: return Q3_GGML_Q6_K;
     default: assert(!"dtype without a ggml type"); return UINT32_MAX;
     }
@@ -535,7 +537,7 @@ static q3_status parse_tensor_info(cursor *c, q3_gguf *g, size_t i)
         if (!tn) return q3_fail(Q3_ERR_FORMAT, "'%s': unknown ggml type %" PRIu32, t->name, ggml_type);
         return q3_fail(Q3_ERR_UNSUPPORTED,
                        "'%s': ggml type %s (%" PRIu32 ") is not supported "
-                       "(q3 runs F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K)",
+                       "(q3 runs F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K)",
                        t->name, tn, ggml_type);
     }
     t->dtype = (q3_dtype)dt;

@@ -67,6 +67,7 @@ enum {
     Q3_GGML_Q4_0 = 2,
     Q3_GGML_Q8_0 = 8,
     Q3_GGML_Q4_K = 12,
+    Q3_GGML_Q5_K = 13,
     Q3_GGML_Q6_K = 14,
     Q3_GGML_BF16 = 30,
 };

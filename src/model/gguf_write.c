@@ -13,6 +13,7 @@
 
 #include "model/gguf.h"
 #include "util/error.h"
+#include "util/outfile.h"
 
 /* ==== growable byte buffer ================================================== */
 
@@ -355,17 +356,14 @@ static q3_status encode_header(const q3_gguf_writer *w, bytes *h, uint64_t *data
     return h->oom ? q3_fail(Q3_ERR_NOMEM, "gguf writer: out of memory encoding the header") : Q3_OK;
 }
 
-static int write_all(FILE *f, const void *p, size_t n) { return n == 0 || fwrite(p, 1, n, f) == n; }
-
-/* Writes header and tensor data to f; messages name tmp. */
-static q3_status write_body(q3_gguf_writer *w, FILE *f, const char *tmp, q3_gguf_progress_fn progress,
-                            void *user)
+/* Writes header and tensor data to f, in order; messages name the file. */
+static q3_status write_body(q3_gguf_writer *w, q3_outfile *f, q3_gguf_progress_fn progress, void *user)
 {
+    const char *path = q3_outfile_path(f);
     bytes h = {0};
     uint64_t data_size = 0, done = 0;
     q3_status st = encode_header(w, &h, &data_size);
-    if (!st && !write_all(f, h.p, h.len))
-        st = q3_fail(Q3_ERR_IO, "%s: write failed: %s", tmp, strerror(errno));
+    if (!st) st = q3_outfile_write(f, h.p, h.len);
     free(h.p);
     static const uint8_t zeros[Q3_GGUF_WRITE_ALIGNMENT];
     for (size_t i = 0; i < w->n_tensors && !st; i++) {
@@ -375,25 +373,26 @@ static q3_status write_body(q3_gguf_writer *w, FILE *f, const char *tmp, q3_gguf
         if (t->fill) {
             buf = malloc(t->nbytes);
             if (!buf) {
-                st = q3_fail(Q3_ERR_NOMEM, "%s: out of memory for tensor '%s' (%zu bytes)", tmp, t->name,
+                st = q3_fail(Q3_ERR_NOMEM, "%s: out of memory for tensor '%s' (%zu bytes)", path, t->name,
                              t->nbytes);
                 break;
             }
             st = t->fill(t->user, buf, t->nbytes);
             if (st) {
                 free(buf);
-                q3_fail_wrap(st, "%s: making tensor '%s'", tmp, t->name);
+                q3_fail_wrap(st, "%s: making tensor '%s'", path, t->name);
                 break;
             }
             src = buf;
         }
         size_t pad = align_up(t->nbytes) - t->nbytes;
-        if (!write_all(f, src, t->nbytes) || !write_all(f, zeros, pad))
-            st = q3_fail(Q3_ERR_IO, "%s: write failed at tensor '%s': %s", tmp, t->name, strerror(errno));
+        st = q3_outfile_write(f, src, t->nbytes);
+        if (!st) st = q3_outfile_write(f, zeros, pad);
+        if (st) q3_fail_wrap(st, "tensor '%s'", t->name);
         free(buf);
         done += t->nbytes + pad;
         if (!st && progress && progress(user, i + 1, w->n_tensors, done, data_size))
-            st = q3_fail(Q3_ERR_INVALID, "%s: write cancelled after %zu of %zu tensors", tmp, i + 1,
+            st = q3_fail(Q3_ERR_INVALID, "%s: write cancelled after %zu of %zu tensors", path, i + 1,
                          w->n_tensors);
     }
     return st;
@@ -402,29 +401,13 @@ static q3_status write_body(q3_gguf_writer *w, FILE *f, const char *tmp, q3_gguf
 q3_status q3_gguf_writer_write(q3_gguf_writer *w, const char *path, q3_gguf_progress_fn progress,
                                void *user)
 {
-    size_t plen = strlen(path);
-    char *tmp = malloc(plen + 5);
-    if (!tmp) return q3_fail(Q3_ERR_NOMEM, "%s: out of memory", path);
-    memcpy(tmp, path, plen);
-    memcpy(tmp + plen, ".tmp", 5);
-
-    q3_status st = Q3_OK;
-    FILE *f = fopen(tmp, "wb");
-    if (!f) {
-        st = q3_fail(Q3_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
-        free(tmp);
+    q3_outfile *f;
+    q3_status st = q3_outfile_open(path, &f);
+    if (st) return st;
+    st = write_body(w, f, progress, user);
+    if (st) {
+        q3_outfile_abort(f);
         return st;
     }
-    setvbuf(f, NULL, _IOFBF, 1 << 20);
-    st = write_body(w, f, tmp, progress, user);
-    /* Flush to the disk before the rename so that PATH never names a file
-     * whose contents are still in flight. */
-    if (!st && (fflush(f) != 0 || fsync(fileno(f)) != 0))
-        st = q3_fail(Q3_ERR_IO, "%s: write failed: %s", tmp, strerror(errno));
-    if (fclose(f) != 0 && !st) st = q3_fail(Q3_ERR_IO, "%s: close failed: %s", tmp, strerror(errno));
-    if (!st && rename(tmp, path) != 0)
-        st = q3_fail(Q3_ERR_IO, "%s: cannot rename to %s: %s", tmp, path, strerror(errno));
-    if (st) unlink(tmp);
-    free(tmp);
-    return st;
+    return q3_outfile_commit(f);
 }

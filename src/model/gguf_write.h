@@ -10,8 +10,9 @@
  *     q3_gguf_writer_free(w);
  *
  * Metadata is copied when added; tensor data is not (see add_tensor). The file
- * is written as PATH.tmp and renamed to PATH only once complete, so an
- * interrupted or failed write never leaves a partial file under PATH.
+ * is written under a unique temporary name beside PATH and renamed to PATH
+ * only once complete (util/outfile.h), so an interrupted or failed write never
+ * leaves a partial file under PATH, and two writers never mix their bytes.
  * general.alignment = 32 (u32) is the first pair of every file. */
 #ifndef Q3_MODEL_GGUF_WRITE_H
 #define Q3_MODEL_GGUF_WRITE_H
@@ -73,13 +74,14 @@ q3_status q3_gguf_writer_add_tensor_fn(q3_gguf_writer *w, const char *name, q3_d
 /* ---- writing ---------------------------------------------------------------- */
 
 /* Called after each tensor is written. Returning nonzero cancels the write
- * (PATH.tmp is removed and write fails with Q3_ERR_INVALID). */
+ * (the temporary file is removed and write fails with Q3_ERR_INVALID). */
 typedef int (*q3_gguf_progress_fn)(void *user, size_t tensors_done, size_t tensors_total,
                                    uint64_t bytes_done, uint64_t bytes_total);
 
-/* Writes everything added so far to path (via path.tmp, then rename).
- * progress may be NULL. On failure PATH is untouched, PATH.tmp is removed,
- * and the message names the file. The writer can be written again. */
+/* Writes everything added so far to path (via a unique temporary file, then
+ * rename). progress may be NULL. On failure PATH is untouched, the temporary
+ * file is removed, and the message names the file. The writer can be written
+ * again. */
 q3_status q3_gguf_writer_write(q3_gguf_writer *w, const char *path, q3_gguf_progress_fn progress,
                                void *user);
 

@@ -46,8 +46,36 @@ q3_status q3_model_bind_tensor(const char *source, const q3_tensor *t, const cha
     return Q3_OK;
 }
 
+struct q3_weight_map_entry {
+    char *tensor;
+    int file;      /* index in m->files */
+    size_t order;  /* position in the index, so that a repeated key resolves as JSON readers do (the last) */
+};
+
+static int cmp_map_entry(const void *a, const void *b)
+{
+    const struct q3_weight_map_entry *x = a, *y = b;
+    int c = strcmp(x->tensor, y->tensor);
+    return c ? c : (x->order > y->order) - (x->order < y->order);
+}
+
+/* The tensor from the shard the index's weight_map names for it (even when
+ * another shard holds a tensor of the same name); a tensor the map does not
+ * list is looked up in every shard, in order. */
 static const q3_tensor *find_any(const q3_model *m, const char *name)
 {
+    if (m->n_weight_map) {
+        size_t lo = 0, hi = m->n_weight_map; /* the first entry > name, then step back */
+        while (lo < hi) {
+            size_t mid = lo + (hi - lo) / 2;
+            if (strcmp(m->weight_map[mid].tensor, name) <= 0) lo = mid + 1;
+            else hi = mid;
+        }
+        if (lo > 0 && !strcmp(m->weight_map[lo - 1].tensor, name)) {
+            int f = m->weight_map[lo - 1].file;
+            return f >= 0 && f < m->n_files ? q3_safetensors_find(&m->files[f], name) : NULL;
+        }
+    }
     for (int i = 0; i < m->n_files; i++) {
         const q3_tensor *t = q3_safetensors_find(&m->files[i], name);
         if (t) return t;
@@ -118,7 +146,50 @@ static int cmp_shard_first(const void *a, const void *b)
  * shard file names in order of first mention (caller frees each and the
  * array). Sorted, not compared pairwise: a 64 MB index holds millions of
  * entries. */
-static q3_status read_shard_list(const char *index_path, char ***names, int *count)
+typedef struct named_index {
+    const char *name;
+    int index;
+} named_index;
+
+static int cmp_named(const void *a, const void *b)
+{
+    return strcmp(((const named_index *)a)->name, ((const named_index *)b)->name);
+}
+
+/* Fills m->weight_map from the index's weight_map object and the shard list (file order). */
+static q3_status build_weight_map(q3_model *m, const cJSON *map, char **list, size_t n, const char *index_path)
+{
+    size_t n_entries = (size_t)cJSON_GetArraySize(map);
+    named_index *files = malloc((n ? n : 1) * sizeof *files);
+    m->weight_map = calloc(n_entries ? n_entries : 1, sizeof *m->weight_map);
+    if (!files || !m->weight_map) {
+        free(files);
+        return q3_fail(Q3_ERR_NOMEM, "%s: out of memory for %zu weight_map entries", index_path, n_entries);
+    }
+    for (size_t i = 0; i < n; i++) files[i] = (named_index){list[i], (int)i};
+    qsort(files, n, sizeof *files, cmp_named);
+    const cJSON *e;
+    size_t k = 0;
+    cJSON_ArrayForEach(e, map) {
+        named_index key = {e->valuestring, 0};
+        const named_index *hit = bsearch(&key, files, n, sizeof *files, cmp_named);
+        struct q3_weight_map_entry *w = &m->weight_map[k];
+        w->tensor = strdup(e->string ? e->string : "");
+        w->file = hit ? hit->index : -1;
+        w->order = k++;
+        if (!w->tensor) {
+            m->n_weight_map = k;
+            free(files);
+            return q3_fail(Q3_ERR_NOMEM, "%s: out of memory", index_path);
+        }
+    }
+    m->n_weight_map = k;
+    free(files);
+    qsort(m->weight_map, k, sizeof *m->weight_map, cmp_map_entry);
+    return Q3_OK;
+}
+
+static q3_status read_shard_list(q3_model *m, const char *index_path, char ***names, int *count)
 {
     char *text;
     q3_status st = q3_read_file(index_path, 64u << 20, &text, NULL);
@@ -174,6 +245,7 @@ static q3_status read_shard_list(const char *index_path, char ***names, int *cou
             st = q3_fail(Q3_ERR_NOMEM, "%s: out of memory", index_path);
             goto done;
         }
+    st = build_weight_map(m, map, list, n, index_path);
 done:
     free(refs);
     cJSON_Delete(root);
@@ -204,7 +276,7 @@ static q3_status open_shards(q3_model *m)
         return q3_fail(Q3_ERR_IO, "%s: no model.safetensors or model.safetensors.index.json in the folder", m->path);
     char **names = NULL;
     int n = 0;
-    q3_status st = read_shard_list(p, &names, &n);
+    q3_status st = read_shard_list(m, p, &names, &n);
     if (st) return st;
     m->files = calloc((size_t)n, sizeof *m->files);
     for (int i = 0; i < n; i++) {
@@ -250,7 +322,7 @@ q3_status q3_model_open(const char *path, q3_model **out)
         else
             st = q3_fail(Q3_ERR_UNSUPPORTED, "%s: not a model folder or a .gguf file", path);
     } else {
-        st = q3_fail(Q3_ERR_IO, "%s: no such file or folder", path);
+        st = q3_fail(Q3_ERR_IO, "%s: %s", path, q3_path_problem(path)); /* "is a FIFO", not "no such file" */
     }
     if (st) {
         q3_model_close(m);
@@ -265,6 +337,8 @@ void q3_model_close(q3_model *m)
     if (!m) return;
     for (int i = 0; i < m->n_files; i++) q3_safetensors_close(&m->files[i]);
     free(m->files);
+    for (size_t i = 0; i < m->n_weight_map; i++) free(m->weight_map[i].tensor);
+    free(m->weight_map);
     free(m->w.layers);
     q3_gguf_close(m->gguf);
     free(m->path);

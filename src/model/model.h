@@ -33,6 +33,9 @@ struct q3_model {
     char *path;                 /* the folder or file it was opened from */
     q3_safetensors *files;      /* [n_files] mapped shards */
     int n_files;
+    struct q3_weight_map_entry *weight_map; /* [n_weight_map] sorted by tensor name: the shard the
+                                            index's weight_map names for each tensor (NULL: no index) */
+    size_t n_weight_map;
     void *gguf;                 /* an open q3_gguf when loaded from GGUF */
 };
 

@@ -72,6 +72,65 @@ static const char *file_type_name(uint32_t ft)
     }
 }
 
+/* An optional f32 key: *out keeps its value when the key is absent. */
+static q3_status opt_f32(const q3_gguf *g, const char *key, float *out)
+{
+    return q3_gguf_find(g, key) ? q3_gguf_get_f32(g, key, out) : Q3_OK;
+}
+
+/* qwen3.rope.scaling.*: "none" (or absent), or "yarn" with the keys llama.cpp's
+ * converter writes (factor, original_context_length) and the optional YaRN betas.
+ * Keys that would change the math in ways q3 does not implement are refused. */
+static q3_status read_rope_scaling(const q3_gguf *g, q3_config *c)
+{
+    const char *path = q3_gguf_path(g);
+    memset(&c->rope_scaling, 0, sizeof c->rope_scaling);
+    const char *type = "none";
+    q3_status st;
+    if (q3_gguf_find(g, "qwen3.rope.scaling.type") && (st = q3_gguf_get_str(g, "qwen3.rope.scaling.type", &type)))
+        return st;
+    if (!strcmp(type, "none")) return Q3_OK;
+    if (strcmp(type, "yarn"))
+        return q3_fail(Q3_ERR_UNSUPPORTED, "%s: qwen3.rope.scaling.type \"%.40s\": q3 implements \"none\" and \"yarn\"",
+                       path, type);
+    q3_rope_scaling *y = &c->rope_scaling;
+    y->type = Q3_ROPE_YARN;
+    y->beta_fast = 32;
+    y->beta_slow = 1;
+    y->truncate = 1;
+    y->orig_ctx = c->max_seq_len;
+    float one = 1, zero = 0, ext = -1;
+    uint32_t orig;
+    if ((st = q3_gguf_get_f32(g, "qwen3.rope.scaling.factor", &y->factor))) return st;
+    if (q3_gguf_find(g, "qwen3.rope.scaling.original_context_length")) {
+        if ((st = q3_gguf_get_u32(g, "qwen3.rope.scaling.original_context_length", &orig))) return st;
+        if (orig == 0 || orig > (1u << 30))
+            return q3_fail(Q3_ERR_INVALID, "%s: qwen3.rope.scaling.original_context_length %u is out of range", path,
+                           orig);
+        y->orig_ctx = (int)orig;
+    }
+    if ((st = opt_f32(g, "qwen3.rope.scaling.yarn_beta_fast", &y->beta_fast)) ||
+        (st = opt_f32(g, "qwen3.rope.scaling.yarn_beta_slow", &y->beta_slow)) ||
+        (st = opt_f32(g, "qwen3.rope.scaling.attn_factor", &one)))
+        return st;
+    if (one != 1)
+        return q3_fail(Q3_ERR_UNSUPPORTED, "%s: qwen3.rope.scaling.attn_factor %g: q3 implements 1 only", path,
+                       (double)one);
+    if ((st = opt_f32(g, "qwen3.rope.scaling.yarn_attn_factor", &one))) return st;
+    if (one != 1)
+        return q3_fail(Q3_ERR_UNSUPPORTED, "%s: qwen3.rope.scaling.yarn_attn_factor %g: q3 implements 1 only", path,
+                       (double)one);
+    if ((st = opt_f32(g, "qwen3.rope.scaling.yarn_log_multiplier", &zero))) return st;
+    if (zero != 0)
+        return q3_fail(Q3_ERR_UNSUPPORTED, "%s: qwen3.rope.scaling.yarn_log_multiplier %g: q3 implements 0 only",
+                       path, (double)zero);
+    if ((st = opt_f32(g, "qwen3.rope.scaling.yarn_ext_factor", &ext))) return st;
+    if (ext != -1 && ext != 1) /* -1: llama.cpp's "default", which is 1 for YaRN */
+        return q3_fail(Q3_ERR_UNSUPPORTED, "%s: qwen3.rope.scaling.yarn_ext_factor %g: q3 implements 1 only", path,
+                       (double)ext);
+    return Q3_OK;
+}
+
 static q3_status read_config(const q3_gguf *g, q3_config *c)
 {
     const char *path = q3_gguf_path(g);
@@ -103,10 +162,7 @@ static q3_status read_config(const q3_gguf *g, q3_config *c)
     if (rot != c->head_dim)
         return q3_fail(Q3_ERR_UNSUPPORTED, "%s: rope.dimension_count %d: q3 rotates whole heads (%d)", path, rot,
                        c->head_dim);
-    const char *scaling = NULL;
-    if (q3_gguf_find(g, "qwen3.rope.scaling.type") &&
-        !q3_gguf_get_str(g, "qwen3.rope.scaling.type", &scaling) && strcmp(scaling, "none"))
-        return q3_fail(Q3_ERR_UNSUPPORTED, "%s: RoPE scaling \"%s\" is not supported", path, scaling);
+    if ((st = read_rope_scaling(g, c))) return st;
 
     /* the vocabulary is as large as the embedding */
     const q3_tensor *embd = q3_gguf_find_tensor(g, q3_embed_layout.gguf);

@@ -248,6 +248,7 @@ q3_status q3_quantize(q3_dtype t, const float *src, void *dst, size_t n)
     if (n % q3_dtype_block_values(t))
         return q3_fail(Q3_ERR_INVALID, "quantize: %zu values are not a multiple of the %s block size %zu",
                        n, q3_dtype_name(t), q3_dtype_block_values(t));
+    if (t == Q3_Q5_K) return q3_fail(Q3_ERR_UNSUPPORTED, "quantize: q3 has no Q5_K quantizer");
     switch (t) {
     case Q3_Q8_0: q3_quantize_q8_0(src, dst, n); break;
     case Q3_Q4_0: q3_quantize_q4_0(src, dst, n); break;

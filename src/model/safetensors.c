@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "util/error.h"
+#include "util/json_check.h"
 
 static int dtype_from_st(const char *s)
 {
@@ -148,6 +149,11 @@ q3_status q3_safetensors_open(const char *path, q3_safetensors *out)
                          tensors[spans[i].idx].name);
             goto fail;
         }
+    const char *dup = q3_json_duplicate_key(root); /* in an entry, or __metadata__ twice */
+    if (dup) {
+        st = q3_fail(Q3_ERR_FORMAT, "%s: key \"%.60s\" appears twice in one object of the header", path, dup);
+        goto fail;
+    }
     by_name = malloc(((size_t)n + 1) * sizeof *by_name);
     if (!by_name) {
         st = q3_fail(Q3_ERR_NOMEM, "%s: out of memory", path);

@@ -2,6 +2,7 @@
  * data with positional writes, commit by rename. See safetensors_write.h. */
 #include "model/safetensors_write.h"
 #include "util/error.h"
+#include "util/outfile.h"
 #include "util/strbuf.h"
 
 #include <errno.h>
@@ -23,8 +24,7 @@ typedef struct st_entry {
 
 struct q3_st_writer {
     char *path;                /* final name */
-    char *tmp_path;            /* PATH.tmp, renamed to path on commit */
-    int fd;
+    q3_outfile *out;           /* the temporary file, renamed to path on commit */
     st_entry *entries;         /* [n], in declaration (= data) order */
     int n, cap;
     uint64_t data_start;       /* 8 + padded header length; 0 before begin_data */
@@ -45,9 +45,7 @@ const char *q3_st_dtype_name(q3_dtype t)
 
 static void writer_free(q3_st_writer *w)
 {
-    if (w->fd >= 0) close(w->fd);
     free(w->path);
-    free(w->tmp_path);
     free(w->entries);
     free(w);
 }
@@ -57,19 +55,13 @@ q3_status q3_st_writer_new(const char *path, q3_st_writer **out)
     *out = NULL;
     q3_st_writer *w = calloc(1, sizeof *w);
     if (!w) return q3_fail(Q3_ERR_NOMEM, "%s: out of memory", path);
-    w->fd = -1;
-    size_t len = strlen(path);
     w->path = strdup(path);
-    w->tmp_path = malloc(len + 5);
-    if (!w->path || !w->tmp_path) {
+    if (!w->path) {
         writer_free(w);
         return q3_fail(Q3_ERR_NOMEM, "%s: out of memory", path);
     }
-    memcpy(w->tmp_path, path, len);
-    memcpy(w->tmp_path + len, ".tmp", 5);
-    w->fd = open(w->tmp_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (w->fd < 0) {
-        q3_status st = q3_fail(Q3_ERR_IO, "%s: cannot create: %s", w->tmp_path, strerror(errno));
+    q3_status st = q3_outfile_open(path, &w->out);
+    if (st) {
         writer_free(w);
         return st;
     }
@@ -80,11 +72,7 @@ q3_status q3_st_writer_new(const char *path, q3_st_writer **out)
 void q3_st_writer_abort(q3_st_writer *w)
 {
     if (!w) return;
-    if (w->fd >= 0) {
-        close(w->fd);
-        w->fd = -1;
-    }
-    unlink(w->tmp_path);
+    q3_outfile_abort(w->out);
     writer_free(w);
 }
 
@@ -147,21 +135,6 @@ q3_status q3_st_writer_add(q3_st_writer *w, const char *name, q3_dtype dtype, in
 
 /* ---- the header ----------------------------------------------------------- */
 
-static q3_status write_all_at(int fd, const void *data, size_t n, uint64_t at, const char *path)
-{
-    const char *p = data;
-    while (n > 0) {
-        ssize_t r = pwrite(fd, p, n, (off_t)at);
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0)
-            return q3_fail(Q3_ERR_IO, "%s: write failed: %s", path, r < 0 ? strerror(errno) : "no progress");
-        p += r;
-        n -= (size_t)r;
-        at += (uint64_t)r;
-    }
-    return Q3_OK;
-}
-
 q3_status q3_st_writer_begin_data(q3_st_writer *w)
 {
     if (w->data_start)
@@ -186,7 +159,7 @@ q3_status q3_st_writer_begin_data(q3_st_writer *w)
     uint64_t header_len = b.len - 8;
     for (int i = 0; i < 8; i++) b.data[i] = (char)(header_len >> (8 * i) & 0xff);
 
-    q3_status st = write_all_at(w->fd, b.data, b.len, 0, w->tmp_path);
+    q3_status st = q3_outfile_pwrite(w->out, b.data, b.len, 0);
     free(b.data);
     if (st) return st;
     w->data_start = 8 + header_len;
@@ -211,7 +184,7 @@ q3_status q3_st_writer_write(q3_st_writer *w, int i, size_t offset, const void *
     if (offset > size || n > size - offset)
         return q3_fail(Q3_ERR_INVALID, "%s: tensor \"%s\": write of %zu bytes at %zu overruns its %" PRIu64 " bytes",
                        w->path, e->name, n, offset, size);
-    q3_status st = write_all_at(w->fd, data, n, w->data_start + e->begin + offset, w->tmp_path);
+    q3_status st = q3_outfile_pwrite(w->out, data, n, w->data_start + e->begin + offset);
     if (st) return st;
     __atomic_add_fetch(&e->written, (uint64_t)n, __ATOMIC_RELAXED);
     return Q3_OK;
@@ -231,18 +204,7 @@ q3_status q3_st_writer_commit(q3_st_writer *w)
         q3_st_writer_abort(w);
         return st;
     }
-    int fd = w->fd;
-    w->fd = -1;
-    if (close(fd) != 0) {
-        st = q3_fail(Q3_ERR_IO, "%s: close failed: %s", w->tmp_path, strerror(errno));
-        q3_st_writer_abort(w);
-        return st;
-    }
-    if (rename(w->tmp_path, w->path) != 0) {
-        st = q3_fail(Q3_ERR_IO, "%s: cannot rename to %s: %s", w->tmp_path, w->path, strerror(errno));
-        q3_st_writer_abort(w);
-        return st;
-    }
+    st = q3_outfile_commit(w->out);
     writer_free(w);
-    return Q3_OK;
+    return st;
 }

@@ -10,8 +10,9 @@
  * Use: declare every tensor with q3_st_writer_add, fix the layout with
  * q3_st_writer_begin_data, fill each tensor's bytes with q3_st_writer_write
  * (from any number of threads, in any order), then q3_st_writer_commit.
- * The file is written under PATH.tmp and renamed to PATH only by a commit
- * that found every byte of every tensor written, so PATH is never partial. */
+ * The file is written under a unique temporary name beside PATH
+ * (util/outfile.h) and renamed to PATH only by a commit that found every byte
+ * of every tensor written, so PATH is never partial nor mixed. */
 #ifndef Q3_MODEL_SAFETENSORS_WRITE_H
 #define Q3_MODEL_SAFETENSORS_WRITE_H
 
@@ -23,7 +24,7 @@
 
 typedef struct q3_st_writer q3_st_writer;
 
-/* Creates PATH.tmp (truncating any old one). The caller finishes with
+/* Creates a new temporary file beside PATH. The caller finishes with
  * q3_st_writer_commit or q3_st_writer_abort, which free the writer. */
 q3_status q3_st_writer_new(const char *path, q3_st_writer **out);
 
@@ -43,11 +44,12 @@ size_t q3_st_writer_tensor_bytes(const q3_st_writer *w, int i);
  * begin_data and commit; writes must not overlap. */
 q3_status q3_st_writer_write(q3_st_writer *w, int i, size_t offset, const void *data, size_t n);
 
-/* Checks that every tensor was written in full, closes PATH.tmp and renames
- * it to PATH. Frees w whatever the outcome; on failure PATH.tmp is removed. */
+/* Checks that every tensor was written in full, closes the temporary file
+ * and renames it to PATH. Frees w whatever the outcome; on failure the
+ * temporary file is removed. */
 q3_status q3_st_writer_commit(q3_st_writer *w);
 
-/* Abandons the file: closes and removes PATH.tmp, frees w. NULL is fine. */
+/* Abandons the file: closes and removes the temporary file, frees w. NULL is fine. */
 void q3_st_writer_abort(q3_st_writer *w);
 
 /* The safetensors name of a dtype ("F32", "F16", "BF16"), or NULL. */

@@ -5,6 +5,7 @@
 #include "model/safetensors_write.h"
 #include "util/error.h"
 #include "util/file.h"
+#include "util/outfile.h"
 
 #include <errno.h>
 #include <math.h>
@@ -311,26 +312,10 @@ static void special_ids(const q3_config *c, int *bos, int *eos)
     }
 }
 
-/* Writes the whole of data to path via path.tmp and a rename. */
+/* Writes the whole of data to path via a unique temporary file and a rename. */
 static q3_status write_file_atomically(const char *path, const char *data, size_t n)
 {
-    char tmp[4096];
-    if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp)
-        return q3_fail(Q3_ERR_INVALID, "%s: path too long", path);
-    FILE *f = fopen(tmp, "wb");
-    if (!f) return q3_fail(Q3_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
-    int ok = fwrite(data, 1, n, f) == n;
-    ok = (fclose(f) == 0) && ok;
-    if (!ok) {
-        unlink(tmp);
-        return q3_fail(Q3_ERR_IO, "%s: write failed", tmp);
-    }
-    if (rename(tmp, path) != 0) {
-        q3_status st = q3_fail(Q3_ERR_IO, "%s: cannot rename to %s: %s", tmp, path, strerror(errno));
-        unlink(tmp);
-        return st;
-    }
-    return Q3_OK;
+    return q3_write_file_atomic(path, data, n);
 }
 
 static q3_status write_config_json(const char *path, const q3_config *c, q3_dtype dtype, uint64_t seed)
@@ -427,7 +412,9 @@ static q3_status copy_tokenizer(const char *tokenizer_dir, const char *dir)
         q3_status st = join_path(src, sizeof src, tokenizer_dir, files[i].name);
         if (!st) st = join_path(dst, sizeof dst, dir, files[i].name);
         if (st) return st;
-        if (!files[i].required && !q3_file_exists(src)) continue;
+        int present = 1;
+        if (!files[i].required && (st = q3_regular_or_absent(src, &present))) return st;
+        if (!present) continue;
         if ((st = copy_file(src, dst))) return q3_fail_wrap(st, "copying the tokenizer");
     }
     return Q3_OK;
@@ -444,10 +431,13 @@ q3_status q3_synth_write(const char *dir, uint64_t seed, q3_dtype dtype, const q
     q3_status st = q3_config_validate(cfg, "synth config");
     if (st) return st;
 
+    if (!dir || !*dir) return q3_fail(Q3_ERR_INVALID, "synth: the output folder is empty");
     char weights_path[4096], config_path[4096];
     if ((st = join_path(weights_path, sizeof weights_path, dir, "model.safetensors"))) return st;
     if ((st = join_path(config_path, sizeof config_path, dir, "config.json"))) return st;
     if ((st = make_dirs(dir))) return st;
+    /* every output checked before the work: a folder named config.json fails now, not after the weights */
+    if ((st = q3_outfile_check(weights_path)) || (st = q3_outfile_check(config_path))) return st;
 
     int n_specs = plan_count(cfg);
     tensor_spec *specs = calloc((size_t)n_specs, sizeof *specs);

@@ -55,7 +55,7 @@ uint64_t q3_synth_param_count(const q3_config *c);
 /* Writes DIR/config.json and DIR/model.safetensors for cfg with weights
  * drawn from seed, stored as dtype (Q3_BF16 or Q3_F32). Creates DIR (and
  * its parents) if needed and replaces files of the same names; each file is
- * written under a .tmp name and renamed when complete. If tokenizer_dir is
+ * written under a unique temporary name and renamed when complete. If tokenizer_dir is
  * not NULL, copies its tokenizer.json (required) and tokenizer_config.json
  * (if present) into DIR. cfg->torch_dtype is ignored: config.json states
  * dtype. Uses up to 8 threads. */

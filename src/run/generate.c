@@ -73,73 +73,225 @@ static int32_t token_or_none(const q3_tokenizer *tok, const char *s)
     return tok ? q3_tokenizer_token_id(tok, s, strlen(s)) : -1;
 }
 
-q3_status q3_generate(q3_session *s, q3_sampler *smp, const q3_tokenizer *tok, const int32_t *prompt, size_t n,
-                      const q3_gen_opts *o, q3_gen_result *r)
+/* ---- the generator ---------------------------------------------------------------------- */
+
+struct q3_gen {
+    q3_ctx *ctx;
+    int seq;
+    q3_sampler *smp;
+    const q3_tokenizer *tok;
+    q3_gen_opts o;
+    int32_t eot[2];
+    int32_t *prompt;          /* [n_prompt] still to prefill from prompt_done */
+    size_t n_prompt, prompt_done;
+    int max_ids;              /* n_ids cap (ids has room for it) */
+    q3_gen_result r;
+    int32_t pending;          /* the sampled token the next step decodes; -1: none */
+    int done;
+    float *logits;            /* [vocab] */
+    text_out text;
+    q3_detok detok;
+};
+
+q3_status q3_gen_new(q3_ctx *c, int seq, q3_sampler *smp, const q3_tokenizer *tok, const q3_gen_opts *o,
+                     q3_gen **out)
 {
-    memset(r, 0, sizeof *r);
-    r->n_prompt = (int)n;
-    int room = q3_session_n_ctx(s) - q3_session_pos(s);
+    *out = NULL;
+    if (q3_seq_pos(c, seq) < 0) return q3_fail(Q3_ERR_INVALID, "sequence %d does not exist", seq);
+    q3_gen *g = calloc(1, sizeof *g);
+    if (!g) return q3_fail(Q3_ERR_NOMEM, "out of memory");
+    g->ctx = c;
+    g->seq = seq;
+    g->smp = smp;
+    g->tok = tok;
+    if (o) g->o = *o;
+    g->eot[0] = token_or_none(tok, "<|im_end|>");
+    g->eot[1] = token_or_none(tok, "<|endoftext|>");
+    g->pending = -1;
+    g->done = 1; /* until a prompt is queued */
+    for (int i = 0; i < g->o.n_stop; i++) {
+        size_t l = strlen(g->o.stop[i]);
+        if (l > g->text.hold + 1) g->text.hold = l - 1;
+    }
+    q3_detok_init(&g->detok, tok);
+    g->logits = malloc((size_t)c->model->cfg.vocab_size * sizeof *g->logits);
+    if (!g->logits) {
+        q3_gen_free(g);
+        return q3_fail(Q3_ERR_NOMEM, "out of memory");
+    }
+    *out = g;
+    return Q3_OK;
+}
+
+void q3_gen_free(q3_gen *g)
+{
+    if (!g) return;
+    q3_detok_free(&g->detok);
+    free(g->text.buf);
+    free(g->prompt);
+    free(g->logits);
+    free(g->r.ids);
+    free(g);
+}
+
+q3_status q3_gen_prompt(q3_gen *g, const int32_t *prompt, size_t n)
+{
+    int pos = q3_seq_pos(g->ctx, g->seq), n_ctx = q3_ctx_n_ctx(g->ctx);
+    int room = n_ctx - pos;
     if (n == 0) return q3_fail(Q3_ERR_INVALID, "the prompt is empty");
     if (n >= (size_t)room)
         return q3_fail(Q3_ERR_CONTEXT,
                        "the prompt is %zu tokens but only %d of the context's %d are free (raise --ctx, or "
                        "shorten the prompt)",
-                       n, room, q3_session_n_ctx(s));
-    int V = q3_model_vocab_size(s->ctx->model);
-    int max = o->max_tokens > 0 ? o->max_tokens : room;
-    float *logits = malloc((size_t)V * sizeof *logits);
-    r->ids = malloc((size_t)(max > 0 ? max : 1) * sizeof *r->ids);
-    text_out text = {0};
-    q3_detok detok;
-    q3_detok_init(&detok, tok);
-    for (int i = 0; i < o->n_stop; i++) {
-        size_t l = strlen(o->stop[i]);
-        if (l > text.hold + 1) text.hold = l - 1;
+                       n, room, n_ctx);
+    int max = g->o.max_tokens > 0 && g->o.max_tokens < room ? g->o.max_tokens : room;
+    int32_t *p = malloc(n * sizeof *p), *ids = malloc((size_t)max * sizeof *ids);
+    if (!p || !ids) {
+        free(p);
+        free(ids);
+        return q3_fail(Q3_ERR_NOMEM, "out of memory");
     }
-    q3_status st = Q3_OK;
-    if (!logits || !r->ids) {
-        st = q3_fail(Q3_ERR_NOMEM, "out of memory");
-        goto done;
+    memcpy(p, prompt, n * sizeof *p);
+    free(g->prompt);
+    free(g->r.ids);
+    g->prompt = p;
+    g->n_prompt = n;
+    g->prompt_done = 0;
+    g->max_ids = max;
+    memset(&g->r, 0, sizeof g->r);
+    g->r.ids = ids;
+    g->r.n_prompt = (int)n;
+    g->r.stop = Q3_STOP_LENGTH;
+    g->pending = -1;
+    g->done = 0;
+    g->text.len = g->text.emitted = 0;
+    for (size_t i = 0; i < n; i++) q3_sampler_accept(g->smp, prompt[i]);
+    return Q3_OK;
+}
+
+int q3_gen_done(const q3_gen *g) { return g->done; }
+int q3_gen_prefilling(const q3_gen *g) { return !g->done && g->prompt_done < g->n_prompt; }
+const q3_gen_result *q3_gen_result_get(const q3_gen *g) { return &g->r; }
+
+void q3_gen_cancel(q3_gen *g, q3_stop_reason why)
+{
+    if (g->done) return;
+    g->r.stop = why;
+    g->done = 1;
+}
+
+/* Ends the text: what the detokenizer holds, then everything not yet emitted. */
+static void finish_text(q3_gen *g)
+{
+    const char *piece;
+    size_t plen;
+    if (g->tok && !q3_detok_flush(&g->detok, &piece, &plen) && plen) append(&g->text, piece, plen);
+    flush_text(&g->text, &g->o, g->r.n_ids ? g->r.ids[g->r.n_ids - 1] : -1, 1);
+}
+
+/* New logits for g: sample, record, stream, and decide whether it goes on. */
+static q3_status after_logits(q3_gen *g)
+{
+    if (g->o.interrupt && *g->o.interrupt) {
+        g->r.stop = Q3_STOP_INTERRUPT;
+        finish_text(g);
+        g->done = 1;
+        return Q3_OK;
     }
-    int32_t eot[2] = {token_or_none(tok, "<|im_end|>"), token_or_none(tok, "<|endoftext|>")};
-    double t0 = q3_now();
-    if ((st = q3_session_prefill(s, prompt, n, logits, 0))) goto done;
-    r->prefill_s = q3_now() - t0;
-    for (size_t i = 0; i < n; i++) q3_sampler_accept(smp, prompt[i]);
-    t0 = q3_now();
-    r->stop = Q3_STOP_LENGTH;
-    for (;;) {
-        if (o->interrupt && *o->interrupt) { r->stop = Q3_STOP_INTERRUPT; break; }
-        int32_t id = q3_sampler_sample(smp, logits);
-        q3_sampler_accept(smp, id);
-        r->ids[r->n_ids++] = id;
-        if (id == eot[0] || id == eot[1]) { r->stop = Q3_STOP_END_OF_TURN; break; }
-        const char *piece;
-        size_t plen;
-        if (tok && !q3_detok_push(&detok, id, &piece, &plen) && plen && append(&text, piece, plen)) {
-            st = q3_fail(Q3_ERR_NOMEM, "out of memory");
-            break;
+    int32_t id = q3_sampler_sample(g->smp, g->logits);
+    q3_sampler_accept(g->smp, id);
+    g->r.ids[g->r.n_ids++] = id;
+    if (id == g->eot[0] || id == g->eot[1]) {
+        g->r.stop = Q3_STOP_END_OF_TURN;
+        finish_text(g);
+        g->done = 1;
+        return Q3_OK;
+    }
+    const char *piece;
+    size_t plen;
+    if (g->tok && !q3_detok_push(&g->detok, id, &piece, &plen) && plen && append(&g->text, piece, plen)) {
+        g->done = 1;
+        return q3_fail(Q3_ERR_NOMEM, "out of memory");
+    }
+    if (flush_text(&g->text, &g->o, id, 0)) {
+        g->r.stop = Q3_STOP_STRING;
+        g->done = 1;
+        return Q3_OK;
+    }
+    if (g->r.n_ids >= g->max_ids || q3_seq_pos(g->ctx, g->seq) >= q3_ctx_n_ctx(g->ctx)) {
+        g->r.stop = g->r.n_ids >= g->max_ids && (g->o.max_tokens > 0 && g->r.n_ids >= g->o.max_tokens)
+                        ? Q3_STOP_LENGTH
+                        : Q3_STOP_CONTEXT;
+        finish_text(g);
+        g->done = 1;
+        return Q3_OK;
+    }
+    g->pending = id;
+    return Q3_OK;
+}
+
+q3_status q3_gen_step(q3_gen *const *gens, int n)
+{
+    q3_clear_error();
+    if (n <= 0) return Q3_OK;
+    q3_ctx *c = gens[0]->ctx;
+    int max = q3_ctx_max_seqs(c);
+    q3_decode_row rows[256];
+    q3_gen *row_gen[256];
+    q3_step s = {.decode = rows, .prefill_seq = -1};
+    q3_gen *pg = NULL;
+    for (int i = 0; i < n; i++) {
+        q3_gen *g = gens[i];
+        if (g->ctx != c) return q3_fail(Q3_ERR_INVALID, "generators of different contexts in one step");
+        if (g->done) continue;
+        if (g->prompt_done < g->n_prompt) {
+            if (!pg) pg = g;
+            continue;
         }
-        if (flush_text(&text, o, id, 0)) { r->stop = Q3_STOP_STRING; break; }
-        if (r->n_ids >= max) { r->stop = Q3_STOP_LENGTH; break; }
-        if (q3_session_pos(s) >= q3_session_n_ctx(s)) { r->stop = Q3_STOP_CONTEXT; break; }
-        if ((st = q3_session_decode(s, id, logits))) break;
+        if (s.n_decode == max || s.n_decode == 256) continue; /* the rest wait for the next step */
+        rows[s.n_decode] = (q3_decode_row){.seq = g->seq, .token = g->pending, .logits = g->logits};
+        row_gen[s.n_decode++] = g;
     }
-    r->decode_s = q3_now() - t0;
-    if (!st && r->stop != Q3_STOP_STRING) {
-        const char *piece;
-        size_t plen;
-        if (tok && !q3_detok_flush(&detok, &piece, &plen) && plen) append(&text, piece, plen);
-        flush_text(&text, o, r->n_ids ? r->ids[r->n_ids - 1] : -1, 1);
+    int n_pre = 0;
+    if (pg) {
+        size_t left = pg->n_prompt - pg->prompt_done;
+        n_pre = left < (size_t)q3_ctx_chunk(c) ? (int)left : q3_ctx_chunk(c);
+        s.prefill_seq = pg->seq;
+        s.prefill_tokens = pg->prompt + pg->prompt_done;
+        s.n_prefill = n_pre;
+        if ((size_t)n_pre == left) s.prefill_logits = pg->logits;
+    }
+    if (!s.n_decode && !pg) return Q3_OK;
+    double t0 = q3_now();
+    q3_status st = q3_ctx_step(c, &s);
+    if (st) return st;
+    double dt = q3_now() - t0;
+    if (pg) {
+        pg->prompt_done += (size_t)n_pre;
+        pg->r.prefill_s += dt;
+        if (pg->prompt_done == pg->n_prompt && (st = after_logits(pg))) return st;
+    }
+    for (int r = 0; r < s.n_decode; r++) {
+        row_gen[r]->r.decode_s += dt;
+        if ((st = after_logits(row_gen[r]))) return st;
+    }
+    return Q3_OK;
+}
+
+q3_status q3_generate(q3_session *s, q3_sampler *smp, const q3_tokenizer *tok, const int32_t *prompt, size_t n,
+                      const q3_gen_opts *o, q3_gen_result *r)
+{
+    memset(r, 0, sizeof *r);
+    q3_gen *g;
+    q3_status st = q3_gen_new(s->ctx, s->seq, smp, tok, o, &g);
+    if (st) return st;
+    if ((st = q3_gen_prompt(g, prompt, n))) goto done;
+    while (!st && !q3_gen_done(g)) st = q3_gen_step(&g, 1);
+    if (!st) {
+        *r = g->r;
+        g->r.ids = NULL; /* the caller's now */
     }
 done:
-    q3_detok_free(&detok);
-    free(text.buf);
-    free(logits);
-    if (st) {
-        free(r->ids);
-        r->ids = NULL;
-        r->n_ids = 0;
-    }
+    q3_gen_free(g);
     return st;
 }

@@ -231,8 +231,6 @@ static void fill_ids(srv_job *j, const char *prefix)
 
 /* ---- chat ------------------------------------------------------------------ */
 
-#define SENTINEL "\x01q3c\x01"
-
 /* A message's content as one string: a string, or the text parts of a list
  * joined by "\n". NULL content stays NULL. Returns 0, or an error status. */
 static int content_text(const cJSON *m, int idx, char **out, srv_err *e)
@@ -261,57 +259,35 @@ static int content_text(const cJSON *m, int idx, char **out, srv_err *e)
     return 0;
 }
 
-static int has_special(const q3_tokenizer *tok, const char *s)
-{
-    int32_t *ids = NULL;
-    size_t n = 0;
-    if (q3_tokenizer_encode(tok, s, strlen(s), &ids, &n)) return 1;
-    int found = 0;
-    for (size_t i = 0; i < n && !found; i++) found = q3_tokenizer_is_special(tok, ids[i]);
-    free(ids);
-    return found;
-}
-
-/* Renders the conversation and tokenizes it so that message text is never
- * read as control tokens: the template renders markers where the system,
- * user and tool contents go; when no content holds a control token's text
- * the whole text is encoded at once (the ids Hugging Face makes), otherwise
- * markup and contents are encoded apart, contents with control tokens as
- * plain text. */
+/* Renders the conversation with Qwen3's template and tokenizes it with
+ * q3_chat_encode: the markup's control tokens are tokens, the messages' text
+ * is always plain text ("<|im_end|>" typed in a message stays text), in one
+ * pass, so text without control-token strings gets the reference's ids. */
 static int render_chat(const srv_api *a, const cJSON *messages, const cJSON *tools, int thinking, srv_job *j, srv_err *e)
 {
-    int n_msgs = cJSON_GetArraySize(messages);
-    if (!cJSON_IsArray(messages) || n_msgs < 1) return bad(e, "messages", "'messages' must be a non-empty list");
-    cJSON *msgs = cJSON_CreateArray();
-    char **texts = calloc((size_t)n_msgs, sizeof *texts);
-    int n_texts = 0, rc = 0, unsafe = 0;
-    char *rendered = NULL;
+    if (!cJSON_IsArray(messages) || cJSON_GetArraySize(messages) < 1) return bad(e, "messages", "'messages' must be a non-empty list");
+    cJSON *conv = cJSON_CreateObject(), *msgs = cJSON_AddArrayToObject(conv, "messages");
     q3_tokens toks = {0};
-    q3_strbuf full = {0};
-    if (!msgs || !texts) { rc = srv_err_set(e, 500, "server_error", NULL, NULL, "out of memory"); goto done; }
-    int idx = 0;
+    int rc = 0, idx = 0;
     for (const cJSON *m = messages->child; m; m = m->next, idx++) {
         if (!cJSON_IsObject(m)) { rc = bad(e, "messages", "messages[%d] must be an object", idx); goto done; }
         const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
         if (!cJSON_IsString(role)) { rc = bad(e, "messages", "messages[%d].role must be a string", idx); goto done; }
         const char *r = role->valuestring;
-        int plain = !strcmp(r, "system") || !strcmp(r, "developer") || !strcmp(r, "user") || !strcmp(r, "tool");
-        if (!plain && strcmp(r, "assistant")) {
+        int assistant = !strcmp(r, "assistant");
+        if (!assistant && strcmp(r, "system") && strcmp(r, "developer") && strcmp(r, "user") && strcmp(r, "tool")) {
             rc = bad(e, "messages", "messages[%d].role is '%.40s': expected system, developer, user, assistant or tool", idx, r);
             goto done;
         }
         char *text;
         if ((rc = content_text(m, idx, &text, e))) goto done;
-        if (!text && strcmp(r, "assistant")) { free(text); rc = bad(e, "messages", "messages[%d] (%s) has no content", idx, r); goto done; }
+        if (!text && !assistant) { rc = bad(e, "messages", "messages[%d] (%s) has no content", idx, r); goto done; }
         cJSON *copy = cJSON_CreateObject();
         cJSON_AddItemToArray(msgs, copy);
         cJSON_AddStringToObject(copy, "role", !strcmp(r, "developer") ? "system" : r);
-        if (plain) {
-            texts[n_texts++] = text;
-            cJSON_AddStringToObject(copy, "content", SENTINEL);
-        } else {
-            cJSON_AddStringToObject(copy, "content", text ? text : ""); /* null beside tool_calls */
-            free(text);
+        cJSON_AddStringToObject(copy, "content", text ? text : ""); /* null beside tool_calls */
+        free(text);
+        if (assistant) {
             static const char *const keep[] = {"reasoning_content", "tool_calls", NULL};
             for (int k = 0; keep[k]; k++) {
                 const cJSON *f = cJSON_GetObjectItemCaseSensitive(m, keep[k]);
@@ -319,54 +295,19 @@ static int render_chat(const srv_api *a, const cJSON *messages, const cJSON *too
             }
         }
     }
-    q3_chat_options opts = {.add_generation_prompt = 1, .enable_thinking = thinking};
-    if (q3_chat_render_messages(msgs, tools, &opts, &rendered)) {
+    if (tools) cJSON_AddItemToObject(conv, "tools", cJSON_Duplicate(tools, 1));
+    if (thinking >= 0) cJSON_AddBoolToObject(conv, "enable_thinking", thinking);
+    cJSON_AddBoolToObject(conv, "add_generation_prompt", 1);
+    if (q3_chat_encode(a->tok, conv, 0, &toks)) {
         rc = bad(e, "messages", "%s", q3_last_error());
         goto done;
-    }
-    /* split at the markers: markup[0] text[0] markup[1] ... */
-    const char *pieces[1024];
-    size_t plen[1024];
-    int n_pieces = 0;
-    const char *p = rendered;
-    for (;;) {
-        const char *s = strstr(p, SENTINEL);
-        if (n_pieces >= 1023) { rc = bad(e, "messages", "too many messages (at most 1000)"); goto done; }
-        pieces[n_pieces] = p;
-        plen[n_pieces++] = s ? (size_t)(s - p) : strlen(p);
-        if (!s) break;
-        p = s + strlen(SENTINEL);
-    }
-    if (n_pieces != n_texts + 1) { rc = bad(e, "messages", "a message holds the byte 0x01, which q3 serve refuses"); goto done; }
-    for (int i = 0; i < n_texts && !unsafe; i++) unsafe = has_special(a->tok, texts[i]);
-    if (!unsafe) {
-        for (int i = 0; i < n_pieces; i++) {
-            q3_strbuf_put(&full, pieces[i], plen[i]);
-            if (i < n_texts) q3_strbuf_puts(&full, texts[i]);
-        }
-        if (full.oom || q3_tokenizer_encode_append(a->tok, full.data, full.len, Q3_ENCODE_DEFAULT, &toks)) {
-            rc = bad(e, "messages", "%s", full.oom ? "out of memory" : q3_last_error());
-            goto done;
-        }
-    } else {
-        for (int i = 0; i < n_pieces; i++) {
-            if (q3_tokenizer_encode_append(a->tok, pieces[i], plen[i], Q3_ENCODE_DEFAULT, &toks) ||
-                (i < n_texts && q3_tokenizer_encode_append(a->tok, texts[i], strlen(texts[i]), Q3_ENCODE_SPECIAL_AS_TEXT, &toks))) {
-                rc = bad(e, "messages", "%s", q3_last_error());
-                goto done;
-            }
-        }
     }
     j->prompt = toks.ids;
     j->n_prompt = (int)toks.n;
     toks.ids = NULL;
 done:
     q3_tokens_free(&toks);
-    free(full.data);
-    free(rendered);
-    for (int i = 0; i < n_texts; i++) free(texts[i]);
-    free(texts);
-    cJSON_Delete(msgs);
+    cJSON_Delete(conv);
     return rc;
 }
 
@@ -454,7 +395,7 @@ int srv_parse_completion(const srv_api *a, const char *body, size_t len, srv_job
         if (cJSON_IsString(p)) {
             int32_t *ids = NULL;
             size_t n = 0;
-            if (q3_tokenizer_encode(a->tok, p->valuestring, strlen(p->valuestring), &ids, &n)) rc = bad(e, "prompt", "%s", q3_last_error());
+            if (q3_tokenizer_encode(a->tok, p->valuestring, strlen(p->valuestring), Q3_ENCODE_DEFAULT, &ids, &n)) rc = bad(e, "prompt", "%s", q3_last_error());
             j->prompt = ids;
             j->n_prompt = (int)n;
         } else if (cJSON_IsArray(p) && cJSON_GetArraySize(p) > 0 && cJSON_IsNumber(p->child)) {
@@ -494,7 +435,7 @@ int srv_tokenize(const srv_api *a, const char *body, size_t len, q3_strbuf *out,
         if (cJSON_IsString(p)) {
             int32_t *ids = NULL;
             size_t n = 0;
-            if (q3_tokenizer_encode(a->tok, p->valuestring, strlen(p->valuestring), &ids, &n)) rc = bad(e, "prompt", "%s", q3_last_error());
+            if (q3_tokenizer_encode(a->tok, p->valuestring, strlen(p->valuestring), Q3_ENCODE_DEFAULT, &ids, &n)) rc = bad(e, "prompt", "%s", q3_last_error());
             j->prompt = ids;
             j->n_prompt = (int)n;
         } else if (m) {

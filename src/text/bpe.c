@@ -305,6 +305,7 @@ void tk_scratch_free(tk_scratch *sc)
 {
     tk_buf_free(&sc->nfc);
     if (sc->md) pcre2_match_data_free(sc->md);
+    if (sc->mc) pcre2_match_context_free(sc->mc);
     free(sc->sym);
     free(sc->prev);
     free(sc->next);

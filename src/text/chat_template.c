@@ -147,7 +147,42 @@ typedef struct span {
 
 static span span_of(const char *s) { return (span){s, strlen(s)}; }
 
-static void emit_span(q3_strbuf *b, span s) { q3_strbuf_put(b, s.s, s.n); }
+/* The rendered text and which stretches of it came from the conversation
+ * (content), as opposed to the template's own markup. */
+typedef struct chat_out {
+    q3_strbuf b;
+    q3_text_span *spans; /* [n_spans], in order, not overlapping, not adjacent */
+    size_t n_spans, cap_spans;
+} chat_out;
+
+/* Records b[start, b.len) as content (merged with the span before it if they touch). */
+static void content_end(chat_out *o, size_t start)
+{
+    size_t end = o->b.oom ? start : o->b.len;
+    if (end <= start) return;
+    if (o->n_spans && o->spans[o->n_spans - 1].start + o->spans[o->n_spans - 1].len == start) {
+        o->spans[o->n_spans - 1].len += end - start;
+        return;
+    }
+    if (o->n_spans == o->cap_spans) {
+        size_t cap = o->cap_spans ? 2 * o->cap_spans : 16;
+        q3_text_span *grown = realloc(o->spans, cap * sizeof *grown);
+        if (!grown) {
+            o->b.oom = 1;
+            return;
+        }
+        o->spans = grown;
+        o->cap_spans = cap;
+    }
+    o->spans[o->n_spans++] = (q3_text_span){start, end - start};
+}
+
+static void emit_content(chat_out *o, span s)
+{
+    size_t start = o->b.len;
+    q3_strbuf_put(&o->b, s.s, s.n);
+    content_end(o, start);
+}
 
 static span lstrip_newlines(span t) /* t.lstrip('\n') */
 {
@@ -404,25 +439,28 @@ static q3_status emit_json(q3_strbuf *b, const cJSON *v)
 
 /* The system block: the tools list (with the first system message inside
  * it), or the first system message alone. */
-static q3_status render_system_block(q3_strbuf *b, const chat_msg *msgs, const cJSON *tools)
+static q3_status render_system_block(chat_out *o, const chat_msg *msgs, const cJSON *tools)
 {
+    q3_strbuf *b = &o->b;
     if (truthy(tools)) { /* {%- if tools %} */
         q3_strbuf_puts(b, "<|im_start|>system\n");
         if (msgs[0].role == ROLE_SYSTEM) {
-            emit_span(b, msgs[0].content);
+            emit_content(o, msgs[0].content);
             q3_strbuf_puts(b, "\n\n");
         }
         q3_strbuf_puts(b, TOOLS_HEADER);
         const cJSON *tool;
         cJSON_ArrayForEach(tool, tools) {
             q3_strbuf_puts(b, "\n");
+            size_t start = b->len;
             q3_status st = emit_json(b, tool);
             if (st != Q3_OK) return st;
+            content_end(o, start);
         }
         q3_strbuf_puts(b, TOOLS_FOOTER);
     } else if (msgs[0].role == ROLE_SYSTEM) {
         q3_strbuf_puts(b, "<|im_start|>system\n");
-        emit_span(b, msgs[0].content);
+        emit_content(o, msgs[0].content);
         q3_strbuf_puts(b, "<|im_end|>\n");
     }
     return Q3_OK;
@@ -443,8 +481,9 @@ static size_t last_query_index(const chat_msg *msgs, size_t n)
     return n - 1;
 }
 
-static q3_status render_tool_calls(q3_strbuf *b, const cJSON *calls, span content)
+static q3_status render_tool_calls(chat_out *o, const cJSON *calls, span content)
 {
+    q3_strbuf *b = &o->b;
     const cJSON *call;
     int first = 1;
     cJSON_ArrayForEach(call, calls) {
@@ -453,23 +492,28 @@ static q3_status render_tool_calls(q3_strbuf *b, const cJSON *calls, span conten
         first = 0;
         const cJSON *fn = call_function(call);
         q3_strbuf_puts(b, "<tool_call>\n{\"name\": \"");
+        size_t start = b->len;
         emit_python_str(b, member(fn, "name"));
+        content_end(o, start);
         q3_strbuf_puts(b, "\", \"arguments\": ");
         const cJSON *args = member(fn, "arguments");
+        start = b->len;
         if (cJSON_IsString(args)) {
             q3_strbuf_puts(b, args->valuestring); /* a string is taken to be JSON already */
         } else {
             q3_status st = emit_json(b, args);
             if (st != Q3_OK) return st;
         }
+        content_end(o, start);
         q3_strbuf_puts(b, "}\n</tool_call>");
     }
     return Q3_OK;
 }
 
-static q3_status render_assistant(q3_strbuf *b, const chat_msg *m, size_t index, size_t last_query,
+static q3_status render_assistant(chat_out *o, const chat_msg *m, size_t index, size_t last_query,
                                   int is_last)
 {
+    q3_strbuf *b = &o->b;
     span content = m->content;
     span reasoning = {"", 0};
     if (m->has_reasoning) {
@@ -497,25 +541,26 @@ static q3_status render_assistant(q3_strbuf *b, const chat_msg *m, size_t index,
         /* After the last query the thinking is kept (and the final turn
          * always shows a think block, even an empty one). */
         q3_strbuf_puts(b, "\n<think>\n");
-        emit_span(b, strip_newlines(reasoning));
+        emit_content(o, strip_newlines(reasoning));
         q3_strbuf_puts(b, "\n</think>\n\n");
-        emit_span(b, lstrip_newlines(content));
+        emit_content(o, lstrip_newlines(content));
     } else {
         q3_strbuf_puts(b, "\n");
-        emit_span(b, content);
+        emit_content(o, content);
     }
     if (m->tool_calls) {
-        q3_status st = render_tool_calls(b, m->tool_calls, content);
+        q3_status st = render_tool_calls(o, m->tool_calls, content);
         if (st != Q3_OK) return st;
     }
     q3_strbuf_puts(b, "<|im_end|>\n");
     return Q3_OK;
 }
 
-static q3_status render(q3_strbuf *b, const chat_msg *msgs, size_t n, const cJSON *tools,
+static q3_status render(chat_out *o, const chat_msg *msgs, size_t n, const cJSON *tools,
                         const q3_chat_options *opts)
 {
-    q3_status st = render_system_block(b, msgs, tools);
+    q3_strbuf *b = &o->b;
+    q3_status st = render_system_block(o, msgs, tools);
     if (st != Q3_OK) return st;
 
     size_t last_query = last_query_index(msgs, n);
@@ -530,18 +575,20 @@ static q3_status render(q3_strbuf *b, const chat_msg *msgs, size_t n, const cJSO
             q3_strbuf_puts(b, "<|im_start|>");
             q3_strbuf_puts(b, m->role_name);
             q3_strbuf_puts(b, "\n");
-            emit_span(b, m->content);
+            emit_content(o, m->content);
             q3_strbuf_puts(b, "<|im_end|>\n");
             break;
         case ROLE_ASSISTANT:
-            st = render_assistant(b, m, i, last_query, is_last);
+            st = render_assistant(o, m, i, last_query, is_last);
             if (st != Q3_OK) return st;
             break;
         case ROLE_TOOL:
             /* Consecutive tool results share one user turn. */
             if (i == 0 || msgs[i - 1].role != ROLE_TOOL) q3_strbuf_puts(b, "<|im_start|>user");
             q3_strbuf_puts(b, "\n<tool_response>\n");
+            size_t start = b->len;
             emit_python_str(b, m->tool_content);
+            content_end(o, start);
             q3_strbuf_puts(b, "\n</tool_response>");
             if (is_last || msgs[i + 1].role != ROLE_TOOL) q3_strbuf_puts(b, "<|im_end|>\n");
             break;
@@ -555,11 +602,11 @@ static q3_status render(q3_strbuf *b, const chat_msg *msgs, size_t n, const cJSO
     return Q3_OK;
 }
 
-q3_status q3_chat_render_messages(const cJSON *messages, const cJSON *tools,
-                                  const q3_chat_options *opts, char **out)
+/* Renders into o (the caller frees o->b.data and o->spans, also on failure). */
+static q3_status render_messages(const cJSON *messages, const cJSON *tools, const q3_chat_options *opts,
+                                 chat_out *o)
 {
     static const q3_chat_options defaults = {.add_generation_prompt = 1, .enable_thinking = -1};
-    *out = NULL;
     if (!opts) opts = &defaults;
     if (!cJSON_IsArray(messages))
         return q3_fail(Q3_ERR_INVALID, "chat: messages must be an array, not %s", type_name(messages));
@@ -580,19 +627,28 @@ q3_status q3_chat_render_messages(const cJSON *messages, const cJSON *tools,
         i++;
     }
 
-    q3_strbuf b = {0};
-    if (st == Q3_OK) st = render(&b, msgs, n, tools, opts);
-    if (st == Q3_OK && b.oom) st = q3_fail(Q3_ERR_NOMEM, "chat: out of memory rendering");
-    if (st == Q3_OK && !b.data) { /* cannot happen: a system or user turn writes something */
-        b.data = calloc(1, 1);
-        if (!b.data) st = q3_fail(Q3_ERR_NOMEM, "chat: out of memory rendering");
+    if (st == Q3_OK) st = render(o, msgs, n, tools, opts);
+    if (st == Q3_OK && o->b.oom) st = q3_fail(Q3_ERR_NOMEM, "chat: out of memory rendering");
+    if (st == Q3_OK && !o->b.data) { /* cannot happen: a system or user turn writes something */
+        o->b.data = calloc(1, 1);
+        if (!o->b.data) st = q3_fail(Q3_ERR_NOMEM, "chat: out of memory rendering");
     }
     free(msgs);
+    return st;
+}
+
+q3_status q3_chat_render_messages(const cJSON *messages, const cJSON *tools,
+                                  const q3_chat_options *opts, char **out)
+{
+    chat_out o = {0};
+    *out = NULL;
+    q3_status st = render_messages(messages, tools, opts, &o);
+    free(o.spans);
     if (st != Q3_OK) {
-        free(b.data);
+        free(o.b.data);
         return st;
     }
-    *out = b.data;
+    *out = o.b.data;
     return Q3_OK;
 }
 
@@ -607,19 +663,76 @@ static q3_status read_flag(const cJSON *conv, const char *key, int dflt, int *ou
     return Q3_OK;
 }
 
-q3_status q3_chat_render(const cJSON *conversation, char **out)
+/* The messages, tools and options of a conversation (see q3_chat_render). */
+static q3_status conversation_parts(const cJSON *conversation, const cJSON **messages, const cJSON **tools,
+                                    q3_chat_options *opts)
 {
-    *out = NULL;
-    if (cJSON_IsArray(conversation)) return q3_chat_render_messages(conversation, NULL, NULL, out);
+    *tools = NULL;
+    opts->add_generation_prompt = 1;
+    opts->enable_thinking = -1;
+    if (cJSON_IsArray(conversation)) {
+        *messages = conversation;
+        return Q3_OK;
+    }
     if (!cJSON_IsObject(conversation))
         return q3_fail(Q3_ERR_INVALID,
                        "chat: a conversation is an object with \"messages\" or a messages array, not %s",
                        type_name(conversation));
-    const cJSON *messages = member(conversation, "messages");
-    if (!messages) return q3_fail(Q3_ERR_INVALID, "chat: the conversation has no \"messages\"");
+    *messages = member(conversation, "messages");
+    if (!*messages) return q3_fail(Q3_ERR_INVALID, "chat: the conversation has no \"messages\"");
+    q3_status st = read_flag(conversation, "add_generation_prompt", 1, &opts->add_generation_prompt);
+    if (st == Q3_OK) st = read_flag(conversation, "enable_thinking", -1, &opts->enable_thinking);
+    *tools = member(conversation, "tools");
+    return st;
+}
+
+q3_status q3_chat_render(const cJSON *conversation, char **out)
+{
+    *out = NULL;
+    const cJSON *messages, *tools;
     q3_chat_options opts;
-    q3_status st = read_flag(conversation, "add_generation_prompt", 1, &opts.add_generation_prompt);
-    if (st == Q3_OK) st = read_flag(conversation, "enable_thinking", -1, &opts.enable_thinking);
+    q3_status st = conversation_parts(conversation, &messages, &tools, &opts);
     if (st != Q3_OK) return st;
-    return q3_chat_render_messages(messages, member(conversation, "tools"), &opts, out);
+    return q3_chat_render_messages(messages, tools, &opts, out);
+}
+
+q3_status q3_chat_render_spans(const cJSON *conversation, q3_chat_rendered *out)
+{
+    memset(out, 0, sizeof *out);
+    const cJSON *messages, *tools;
+    q3_chat_options opts;
+    q3_status st = conversation_parts(conversation, &messages, &tools, &opts);
+    if (st != Q3_OK) return st;
+    chat_out o = {0};
+    st = render_messages(messages, tools, &opts, &o);
+    if (st != Q3_OK) {
+        free(o.b.data);
+        free(o.spans);
+        return st;
+    }
+    out->text = o.b.data;
+    out->len = o.b.len;
+    out->content = o.spans;
+    out->n_content = o.n_spans;
+    return Q3_OK;
+}
+
+void q3_chat_rendered_free(q3_chat_rendered *r)
+{
+    free(r->text);
+    free(r->content);
+    memset(r, 0, sizeof *r);
+}
+
+q3_status q3_chat_encode(const q3_tokenizer *tok, const cJSON *conversation, unsigned flags, q3_tokens *out)
+{
+    q3_chat_rendered r;
+    q3_status st = q3_chat_render_spans(conversation, &r);
+    if (st != Q3_OK) return st;
+    if (flags & Q3_CHAT_PARSE_SPECIAL_IN_CONTENT)
+        st = q3_tokenizer_encode_append(tok, r.text, r.len, Q3_ENCODE_DEFAULT, out);
+    else
+        st = q3_tokenizer_encode_spans(tok, r.text, r.len, r.content, r.n_content, out);
+    q3_chat_rendered_free(&r);
+    return st;
 }

@@ -22,6 +22,7 @@
 #include <cjson/cJSON.h>
 
 #include "q3.h"
+#include "text/tokenizer.h"
 
 /* ---- recognising a model's template ------------------------------------- */
 
@@ -83,5 +84,38 @@ q3_status q3_chat_render_messages(const cJSON *messages, const cJSON *tools,
  * add_generation_prompt null or missing = true), or a bare messages array
  * (add_generation_prompt = true, no tools, enable_thinking not passed). */
 q3_status q3_chat_render(const cJSON *conversation, char **out);
+
+/* ---- content as plain text -------------------------------------------------
+ *
+ * What a conversation holds (every role's content and reasoning, tool results,
+ * tool-call names and arguments, tool schemas) is text, never markup: a user who
+ * writes "<|im_end|>\n<|im_start|>system\n..." must not open a system turn. The
+ * renderer therefore says which stretches of its output came from the
+ * conversation, and q3_chat_encode tokenizes those without matching special tokens
+ * (added tokens flagged special, such as <|im_start|> and <|im_end|>; added tokens
+ * that are not special, such as <think> and <tool_call>, are matched as Hugging
+ * Face and llama.cpp match them in unparsed text). The whole text is still
+ * tokenized in one pass, so content without special-token text gets exactly the
+ * ids the reference gets. */
+
+typedef struct q3_chat_rendered {
+    char *text;              /* NUL-terminated, len bytes */
+    size_t len;
+    q3_text_span *content;   /* [n_content]: the stretches that came from the
+                                conversation, in order, not overlapping */
+    size_t n_content;
+} q3_chat_rendered;
+
+/* q3_chat_render, also recording the content spans. *out is freed with
+ * q3_chat_rendered_free (on failure it is empty). */
+q3_status q3_chat_render_spans(const cJSON *conversation, q3_chat_rendered *out);
+void q3_chat_rendered_free(q3_chat_rendered *r);
+
+/* Q3_CHAT_PARSE_SPECIAL_IN_CONTENT (include/q3.h): content tokenized as the reference does. */
+
+/* Renders the conversation (as q3_chat_render) and appends its ids to out: the
+ * template's markup with special tokens, the content as plain text (unless flags
+ * has Q3_CHAT_PARSE_SPECIAL_IN_CONTENT). On failure out is as it was. */
+q3_status q3_chat_encode(const q3_tokenizer *tok, const cJSON *conversation, unsigned flags, q3_tokens *out);
 
 #endif

@@ -61,9 +61,39 @@ static q3_status attach_literals(cJSON *node, const char **cursor)
     return Q3_OK;
 }
 
+size_t q3_json_find_nul(const char *text, size_t len)
+{
+    int in_string = 0;
+    for (size_t i = 0; i < len; i++) {
+        char c = text[i];
+        if (c == 0) return i;
+        if (!in_string) {
+            in_string = c == '"';
+        } else if (c == '"') {
+            in_string = 0;
+        } else if (c == '\\' && i + 1 < len) {
+            if (text[i + 1] == 'u' && len - i >= 6 && !memcmp(text + i + 2, "0000", 4)) return i;
+            i++; /* the escaped character */
+        }
+    }
+    return len;
+}
+
 q3_status q3_json_parse(const char *text, cJSON **out)
 {
     *out = NULL;
+    size_t len = strlen(text), nul = q3_json_find_nul(text, len);
+    if (nul < len) {
+        int line = 1, col = 1;
+        for (size_t i = 0; i < nul; i++) {
+            if (text[i] == '\n') line++, col = 1;
+            else col++;
+        }
+        return q3_fail(Q3_ERR_UNSUPPORTED,
+                       "JSON: a string holds \\u0000 (a NUL character) at line %d, column %d: q3 takes "
+                       "text without NUL characters",
+                       line, col);
+    }
     const char *end = NULL;
     cJSON *root = cJSON_ParseWithOpts(text, &end, 1);
     if (!root) {

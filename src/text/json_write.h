@@ -26,6 +26,14 @@
  * The caller frees *out with cJSON_Delete. */
 q3_status q3_json_parse(const char *text, cJSON **out);
 
+/* NUL in JSON text: cJSON keeps strings NUL-terminated, so a string holding
+ * "\u0000" would silently end there ("abc\u0000def" read as "abc"). q3 refuses
+ * such text instead: q3_json_parse fails (Q3_ERR_UNSUPPORTED, naming the line and
+ * column) on a "\u0000" escape, and callers that hold a length check raw NUL bytes
+ * with this. Returns the offset of the first raw NUL byte or "\u0000" escape
+ * inside a string in text[0..len), or len if there is none. */
+size_t q3_json_find_nul(const char *text, size_t len);
+
 /* Writes item as Python's json.dumps(item, ensure_ascii=False) would:
  *   strings  "..." with \" \\ \b \f \n \r \t escaped, other control
  *            characters as \u00XX (lowercase hex), everything else as is;

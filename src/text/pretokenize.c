@@ -274,23 +274,59 @@ void tk_splitter_free(tk_splitter *sp)
     memset(sp, 0, sizeof *sp);
 }
 
-/* The next non-empty match at or after `from`; 1 found, 0 none, -1 error. */
-static int pcre2_next_match(tk_split_iter *it, size_t from, size_t *ms, size_t *me)
+/* One match call from `from` under the match limit `limit` (when it->mc is set). */
+static int match_call(tk_split_iter *it, size_t from, uint32_t limit)
 {
     const tk_splitter *sp = it->sp;
+    if (it->mc) pcre2_set_match_limit(it->mc, limit);
+    int rc = sp->jit ? pcre2_jit_match(sp->re, it->s, it->n, from, 0, it->md, it->mc)
+                     : pcre2_match(sp->re, it->s, it->n, from, PCRE2_NO_UTF_CHECK, it->md, it->mc);
+    if (rc == PCRE2_ERROR_JIT_STACKLIMIT) /* a long backtrack: the interpreter uses the heap */
+        rc = pcre2_match(sp->re, it->s, it->n, from, PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT, it->md, it->mc);
+    return rc;
+}
+
+/* The next non-empty match at or after `from`; 1 found, 0 none, -1 error.
+ * The match limit starts at TK_MATCH_BASE and doubles while PCRE2 reports it hit,
+ * up to what the rest of the text allows; a call that needed more than
+ * TK_MATCH_BASE + TK_MATCH_PER_BYTE steps per byte it consumed is refused, so the
+ * whole split takes at most a constant number of steps per byte. */
+static int pcre2_next_match(tk_split_iter *it, size_t from, size_t *ms, size_t *me)
+{
     while (from < it->n) {
-        int rc = sp->jit ? pcre2_jit_match(sp->re, it->s, it->n, from, 0, it->md, NULL)
-                         : pcre2_match(sp->re, it->s, it->n, from, PCRE2_NO_UTF_CHECK, it->md, NULL);
-        if (rc == PCRE2_ERROR_JIT_STACKLIMIT) /* a long backtrack: the interpreter uses the heap */
-            rc = pcre2_match(sp->re, it->s, it->n, from, PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT, it->md, NULL);
-        if (rc == PCRE2_ERROR_NOMATCH) return 0;
-        if (rc < 0) {
+        uint64_t cap64 = 2 * ((uint64_t)TK_MATCH_BASE + (uint64_t)TK_MATCH_PER_BYTE * (it->n - from));
+        uint32_t cap = cap64 > UINT32_MAX ? UINT32_MAX : (uint32_t)cap64;
+        uint32_t limit = TK_MATCH_BASE;
+        int rc;
+        while ((rc = match_call(it, from, limit)) == PCRE2_ERROR_MATCHLIMIT && it->mc && limit < cap)
+            limit = limit > cap / 2 ? cap : 2 * limit;
+        if (rc == PCRE2_ERROR_MATCHLIMIT || rc == PCRE2_ERROR_DEPTHLIMIT || rc == PCRE2_ERROR_HEAPLIMIT) {
+            q3_fail(Q3_ERR_INVALID,
+                    "the pre-tokenizer pattern backtracks too much at byte %zu (%s; q3 allows %u steps "
+                    "plus %u per byte of text): this tokenizer's split pattern is not usable",
+                    from, rc == PCRE2_ERROR_MATCHLIMIT ? "over the match limit" : "over the depth limit",
+                    TK_MATCH_BASE, TK_MATCH_PER_BYTE);
+            return -1;
+        }
+        if (rc < 0 && rc != PCRE2_ERROR_NOMATCH) {
             PCRE2_UCHAR msg[256];
             pcre2_get_error_message(rc, msg, sizeof msg);
             q3_fail(Q3_ERR_INVALID, "pre-tokenizer regex failed at byte %zu: %s", from, (const char *)msg);
             return -1;
         }
         PCRE2_SIZE *ov = pcre2_get_ovector_pointer(it->md);
+        size_t consumed = rc == PCRE2_ERROR_NOMATCH ? it->n - from : (size_t)ov[1] - from;
+        if (consumed == 0) consumed = 1; /* an empty match moves on one character */
+        /* the call at limit/2 failed: it took more than that */
+        if (limit > TK_MATCH_BASE &&
+            limit / 2 > (uint64_t)TK_MATCH_BASE + (uint64_t)TK_MATCH_PER_BYTE * consumed) {
+            q3_fail(Q3_ERR_INVALID,
+                    "the pre-tokenizer pattern backtracks too much at byte %zu (over %u steps for %zu "
+                    "bytes; q3 allows %u plus %u per byte): this tokenizer's split pattern is not usable",
+                    from, limit / 2, consumed, TK_MATCH_BASE, TK_MATCH_PER_BYTE);
+            return -1;
+        }
+        if (rc == PCRE2_ERROR_NOMATCH) return 0;
         if (ov[1] > ov[0]) {
             *ms = ov[0];
             *me = ov[1];

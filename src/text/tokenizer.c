@@ -451,11 +451,31 @@ typedef struct added_match {
     int32_t id;
 } added_match;
 
+/* Spans of the text where special added tokens are not matched. */
+typedef struct plain_spans {
+    const q3_text_span *s;
+    size_t n;
+} plain_spans;
+
+/* 1 if [start, end) overlaps one of the spans (sorted, not overlapping). */
+static int overlaps_plain(const plain_spans *ps, size_t start, size_t end)
+{
+    if (!ps || !ps->n) return 0;
+    size_t lo = 0, hi = ps->n; /* the first span that starts at or after end */
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (ps->s[mid].start < end) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo > 0 && ps->s[lo - 1].start + ps->s[lo - 1].len > start;
+}
+
 /* Finds the leftmost added token at or after `from` (the longest of those starting
  * there), with lstrip/rstrip whitespace folded in (lstrip never reaches before
- * `floor`). Returns 0 if there is none. */
+ * `floor`). A special one is skipped with Q3_ENCODE_SPECIAL_AS_TEXT or where it
+ * overlaps a plain span. Returns 0 if there is none. */
 static int find_added(const q3_tokenizer *t, const char *text, size_t len, size_t from, size_t floor,
-                      unsigned flags, added_match *m)
+                      unsigned flags, const plain_spans *plain, added_match *m)
 {
     if (!t->n_added) return 0;
     const unsigned char *s = (const unsigned char *)text;
@@ -471,6 +491,7 @@ static int find_added(const q3_tokenizer *t, const char *text, size_t len, size_
             const tk_added *a = &t->added[k];
             if (a->special && (flags & Q3_ENCODE_SPECIAL_AS_TEXT)) continue;
             if (a->len > len - p || memcmp(s + p, t->bytes.data + a->off, a->len) != 0) continue;
+            if (a->special && overlaps_plain(plain, p, p + a->len)) continue;
             size_t start = p, end = p + a->len;
             if (a->lstrip) {
                 while (start > floor) {
@@ -541,7 +562,12 @@ static q3_status encode_plain(const q3_tokenizer *t, tk_scratch *sc, const char 
         sc->md = pcre2_match_data_create_from_pattern(t->split.re, NULL);
         if (!sc->md) return q3_fail(Q3_ERR_NOMEM, "%s: out of memory", t->name);
     }
-    tk_split_iter it = {.sp = &t->split, .s = (const unsigned char *)s, .n = n, .md = sc->md};
+    if (t->split.kind == TK_SPLIT_PCRE2 && !sc->mc) {
+        sc->mc = pcre2_match_context_create(NULL);
+        if (!sc->mc) return q3_fail(Q3_ERR_NOMEM, "%s: out of memory", t->name);
+        pcre2_set_depth_limit(sc->mc, TK_MATCH_DEPTH);
+    }
+    tk_split_iter it = {.sp = &t->split, .s = (const unsigned char *)s, .n = n, .md = sc->md, .mc = sc->mc};
     size_t ps, pe;
     int r;
     while ((r = tk_split_next(&it, &ps, &pe)) == 1) {
@@ -551,8 +577,8 @@ static q3_status encode_plain(const q3_tokenizer *t, tk_scratch *sc, const char 
     return r < 0 ? q3_fail_wrap(Q3_ERR_INVALID, "%s", t->name) : Q3_OK;
 }
 
-q3_status q3_tokenizer_encode_append(const q3_tokenizer *t, const char *text, size_t len,
-                                     unsigned flags, q3_tokens *out)
+static q3_status encode(const q3_tokenizer *t, const char *text, size_t len, unsigned flags,
+                        const plain_spans *plain, q3_tokens *out)
 {
     if (!text && len) return q3_fail(Q3_ERR_INVALID, "encode: text is NULL");
     size_t bad = q3_utf8_validate(text, len);
@@ -566,7 +592,7 @@ q3_status q3_tokenizer_encode_append(const q3_tokenizer *t, const char *text, si
     size_t pos = 0;
     while (pos < len && st == Q3_OK) {
         added_match m = {0};
-        int found = find_added(t, text, len, pos, pos, flags, &m);
+        int found = find_added(t, text, len, pos, pos, flags, plain, &m);
         size_t plain_end = found ? m.start : len;
         st = encode_plain(t, sc, text + pos, plain_end - pos, out);
         if (st == Q3_OK && found) {
@@ -580,13 +606,31 @@ q3_status q3_tokenizer_encode_append(const q3_tokenizer *t, const char *text, si
     return st;
 }
 
-q3_status q3_tokenizer_encode(const q3_tokenizer *t, const char *text, size_t len, int32_t **ids,
+q3_status q3_tokenizer_encode_append(const q3_tokenizer *t, const char *text, size_t len,
+                                     unsigned flags, q3_tokens *out)
+{
+    return encode(t, text, len, flags, NULL, out);
+}
+
+q3_status q3_tokenizer_encode_spans(const q3_tokenizer *t, const char *text, size_t len,
+                                    const q3_text_span *plain, size_t n_plain, q3_tokens *out)
+{
+    if (!plain && n_plain) return q3_fail(Q3_ERR_INVALID, "encode: plain spans are NULL");
+    for (size_t i = 0; i < n_plain; i++)
+        if (plain[i].start > len || plain[i].len > len - plain[i].start ||
+            (i && plain[i].start < plain[i - 1].start + plain[i - 1].len))
+            return q3_fail(Q3_ERR_INVALID, "encode: plain span %zu is outside the text or out of order", i);
+    plain_spans ps = {plain, n_plain};
+    return encode(t, text, len, Q3_ENCODE_DEFAULT, &ps, out);
+}
+
+q3_status q3_tokenizer_encode(const q3_tokenizer *t, const char *text, size_t len, unsigned flags, int32_t **ids,
                               size_t *n_ids)
 {
     q3_tokens toks = {0};
     *ids = NULL;
     *n_ids = 0;
-    q3_status st = q3_tokenizer_encode_append(t, text, len, Q3_ENCODE_DEFAULT, &toks);
+    q3_status st = q3_tokenizer_encode_append(t, text, len, flags, &toks);
     if (st != Q3_OK) {
         q3_tokens_free(&toks);
         return st;
@@ -731,3 +775,37 @@ int q3_tokenizer_is_special(const q3_tokenizer *t, int32_t id)
 {
     return id >= 0 && id < t->n_ids && t->tok_kind[id] == TK_KIND_SPECIAL;
 }
+
+/* ==== the public detokenizer and the turn-ending ids ===================================== */
+
+struct q3_detokenizer {
+    q3_detok d;
+};
+
+q3_status q3_detokenizer_new(const q3_tokenizer *tok, q3_detokenizer **out)
+{
+    *out = calloc(1, sizeof **out);
+    if (!*out) return q3_fail(Q3_ERR_NOMEM, "out of memory");
+    q3_detok_init(&(*out)->d, tok);
+    return Q3_OK;
+}
+
+q3_status q3_detokenizer_push(q3_detokenizer *d, int32_t id, const char **text, size_t *len)
+{
+    return q3_detok_push(&d->d, id, text, len);
+}
+
+q3_status q3_detokenizer_flush(q3_detokenizer *d, const char **text, size_t *len)
+{
+    return q3_detok_flush(&d->d, text, len);
+}
+
+void q3_detokenizer_free(q3_detokenizer *d)
+{
+    if (!d) return;
+    q3_detok_free(&d->d);
+    free(d);
+}
+
+int32_t q3_tokenizer_end_of_turn(const q3_tokenizer *tok) { return q3_tokenizer_token_id(tok, "<|im_end|>", 10); }
+int32_t q3_tokenizer_end_of_text(const q3_tokenizer *tok) { return q3_tokenizer_token_id(tok, "<|endoftext|>", 13); }

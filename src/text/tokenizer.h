@@ -18,17 +18,10 @@
 
 #include "q3.h"
 
-typedef struct q3_tokenizer q3_tokenizer;
+/* The public part (loading, encode, decode, the detokenizer, lookups) is
+ * declared in include/q3.h; what follows is for q3's own code. */
 
 /* ---- construction ----------------------------------------------------- */
-
-/* Loads a Hugging Face tokenizer.json (model type BPE, byte-level). Fails with
- * Q3_ERR_IO (unreadable), Q3_ERR_FORMAT (malformed or truncated JSON, a missing or
- * mistyped field, an inconsistent vocabulary) or Q3_ERR_UNSUPPORTED (a normalizer,
- * pre-tokenizer or model option q3 does not implement); the message names the file
- * and the field. A large file is read with one helper thread (it parses the merges
- * while this one reads the vocabulary), joined before returning. */
-q3_status q3_tokenizer_load(const char *tokenizer_json_path, q3_tokenizer **out);
 
 /* An added token: matched in the raw text before any splitting. */
 typedef struct q3_added_token {
@@ -58,7 +51,6 @@ typedef struct q3_tokenizer_parts {
 q3_status q3_tokenizer_from_parts(const q3_tokenizer_parts *parts, const char *name,
                                   q3_tokenizer **out);
 
-void q3_tokenizer_free(q3_tokenizer *tok);
 
 /* ---- encode ------------------------------------------------------------ */
 
@@ -70,30 +62,29 @@ typedef struct q3_tokens {
 
 void q3_tokens_free(q3_tokens *t);
 
-enum {
-    Q3_ENCODE_DEFAULT = 0,
-    /* Do not match added tokens whose `special` flag is set: "<|im_end|>" in the text
-     * becomes ordinary text (use it for untrusted content). */
-    Q3_ENCODE_SPECIAL_AS_TEXT = 1 << 0,
-};
-
 /* Appends the ids of text[0..len) to out (so a caller can build a prompt piece by
  * piece). Invalid UTF-8 fails with Q3_ERR_INVALID naming the byte offset, and leaves
  * out as it was. */
 q3_status q3_tokenizer_encode_append(const q3_tokenizer *tok, const char *text, size_t len,
                                      unsigned flags, q3_tokens *out);
 
-/* Convenience: *ids receives a new malloc'd array (caller frees; NULL when *n_ids is 0). */
-q3_status q3_tokenizer_encode(const q3_tokenizer *tok, const char *text, size_t len,
-                              int32_t **ids, size_t *n_ids);
+/* A stretch text[start, start + len) of a text. */
+typedef struct q3_text_span {
+    size_t start, len;
+} q3_text_span;
+
+/* Like q3_tokenizer_encode_append with Q3_ENCODE_DEFAULT, except that a special added
+ * token is matched only where it lies wholly outside the `plain` spans (sorted by
+ * start, not overlapping): inside them "<|im_end|>" is ordinary text. The text is
+ * still split in one pass, so with no special-token text inside the spans the ids
+ * are those of q3_tokenizer_encode_append. Used for templated chats (the spans are
+ * the messages' content). */
+q3_status q3_tokenizer_encode_spans(const q3_tokenizer *tok, const char *text, size_t len,
+                                    const q3_text_span *plain, size_t n_plain, q3_tokens *out);
+
 
 /* ---- decode ------------------------------------------------------------ */
 
-/* The bytes of ids[0..n) concatenated, NUL-terminated, in a new malloc'd buffer
- * (*text; *len excludes the NUL). Exact bytes: the result is not valid UTF-8 if the
- * ids end inside a character. An id out of range fails with Q3_ERR_INVALID. */
-q3_status q3_tokenizer_decode(const q3_tokenizer *tok, const int32_t *ids, size_t n,
-                              char **text, size_t *len);
 
 /* Streaming detokenizer: feed ids one at a time, get text that is always valid
  * UTF-8. A character whose bytes are split across tokens is held back until it is
@@ -116,12 +107,6 @@ void q3_detok_free(q3_detok *d);
 
 /* ---- lookups ----------------------------------------------------------- */
 
-/* Number of ids: the largest id + 1 (ids without a token are possible but rare). */
-int32_t q3_tokenizer_vocab_size(const q3_tokenizer *tok);
-
-/* The id of the token whose text is exactly text[0..len) (added tokens first, then the
- * BPE vocabulary by its decoded bytes: " the", not "Ġthe"); -1 if none. */
-int32_t q3_tokenizer_token_id(const q3_tokenizer *tok, const char *text, size_t len);
 
 /* The bytes of token `id` (not NUL-terminated), or NULL (and *len = 0) if no token has
  * this id. Valid as long as the tokenizer. */
@@ -129,7 +114,5 @@ const char *q3_tokenizer_token_bytes(const q3_tokenizer *tok, int32_t id, size_t
 
 /* 1 if id is an added token (matched before splitting), 0 otherwise. */
 int q3_tokenizer_is_added(const q3_tokenizer *tok, int32_t id);
-/* 1 if id is an added token flagged special (a control token), 0 otherwise. */
-int q3_tokenizer_is_special(const q3_tokenizer *tok, int32_t id);
 
 #endif

@@ -85,11 +85,23 @@ typedef struct tk_split_iter {
     const unsigned char *s;
     size_t n, pos;
     pcre2_match_data *md;   /* owned by the caller's scratch */
+    pcre2_match_context *mc; /* the caller's scratch's (the limits are set per call); NULL: none */
     size_t next_s, next_e;  /* a match found while emitting the gap before it */
     int have_next;
 } tk_split_iter;
 
-/* 1: a piece [*start, *end); 0: done; -1: PCRE2 failed (message set). */
+/* PCRE2's work on a pattern that backtracks is bounded per byte of text: a match call
+ * may take TK_MATCH_BASE steps (PCRE2's match-limit units) plus TK_MATCH_PER_BYTE for
+ * each byte it moves the split on; a call that needs more fails the encode with a
+ * message (so `(?:a|a){0,21}c|.`, 2^21 steps a byte, fails at once instead of taking
+ * 11 ms a character). Qwen2's, GPT-2's and Llama 3's patterns take about one step per
+ * byte. TK_MATCH_DEPTH bounds the interpreter's backtracking memory. */
+#define TK_MATCH_BASE 4096u
+#define TK_MATCH_PER_BYTE 64u
+#define TK_MATCH_DEPTH 1000000u
+
+/* 1: a piece [*start, *end); 0: done; -1: PCRE2 failed, or the pattern backtracked
+ * beyond the limits above (message set). */
 int tk_split_next(tk_split_iter *it, size_t *start, size_t *end);
 
 /* The matcher for Qwen2's pattern alone: the end of the piece that starts at pos < n. */
@@ -241,6 +253,7 @@ typedef struct tk_cache_slot {
 typedef struct tk_scratch {
     tk_buf nfc;
     pcre2_match_data *md;
+    pcre2_match_context *mc; /* the per-call match limits (see tk_split_iter) */
     /* BPE working arrays, [cap] each */
     size_t cap;
     int32_t *sym, *prev, *next, *rank;

@@ -19,6 +19,7 @@
 #include "text/tokenizer_impl.h"
 #include "text/utf8.h"
 #include "util/error.h"
+#include "util/file.h"
 
 #define TK_JSON_MAX_BYTES ((size_t)1 << 30)
 #define TK_JSON_MAX_DEPTH 512
@@ -816,14 +817,10 @@ q3_status q3_tokenizer_load(const char *path, q3_tokenizer **out)
     *out = NULL;
     /* Mapped, not read: no copy of the 11 MB; MAP_POPULATE sets up all its pages in
      * one go rather than a fault every few pages. */
-    int fd = open(path, O_RDONLY);
-    if (fd < 0) return q3_fail(Q3_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    struct stat sb;
-    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
-        close(fd);
-        return q3_fail(Q3_ERR_IO, "%s: not a regular file", path);
-    }
-    size_t size = (size_t)sb.st_size;
+    int fd;
+    size_t size;
+    q3_status ost = q3_open_regular(path, &fd, &size); /* a FIFO or a device is refused, not waited on */
+    if (ost) return ost;
     if (size > TK_JSON_MAX_BYTES) {
         close(fd);
         return q3_fail(Q3_ERR_FORMAT, "%s: %zu bytes, more than a tokenizer.json can be", path, size);

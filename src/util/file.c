@@ -4,6 +4,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,19 +16,15 @@ q3_status q3_read_file(const char *path, size_t max_bytes, char **out, size_t *l
 {
     *out = NULL;
     if (len) *len = 0;
-    int fd = open(path, O_RDONLY);
-    if (fd < 0) return q3_fail(Q3_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    int fd;
+    size_t size;
+    q3_status s = q3_open_regular(path, &fd, &size);
+    if (s) return s;
+    if (size > max_bytes) {
         close(fd);
-        return q3_fail(Q3_ERR_IO, "%s: not a regular file", path);
+        return q3_fail(Q3_ERR_FORMAT, "%s: file is %zu bytes, more than the %zu allowed", path, size, max_bytes);
     }
-    if ((unsigned long long)st.st_size > max_bytes) {
-        close(fd);
-        return q3_fail(Q3_ERR_FORMAT, "%s: file is %lld bytes, more than the %zu allowed",
-                       path, (long long)st.st_size, max_bytes);
-    }
-    size_t n = (size_t)st.st_size;
+    size_t n = size;
     char *buf = malloc(n + 1);
     if (!buf) { close(fd); return q3_fail(Q3_ERR_NOMEM, "%s: out of memory", path); }
     size_t got = 0;
@@ -79,25 +76,71 @@ q3_status q3_read_stream(FILE *f, const char *name, size_t max_bytes, char **out
     return Q3_OK;
 }
 
+/* ---- the table of mapped files (read by a SIGBUS handler) ------------------- */
+
+enum { MAP_SLOTS = 4096 + 64 }; /* the most shards a model may have, and some */
+enum { MAP_FREE = 0, MAP_FILLING = 1, MAP_LIVE = 2 };
+
+static struct {
+    int state;
+    uintptr_t begin, end;
+    char *path;
+} map_table[MAP_SLOTS];
+
+static int map_register(const void *data, size_t size, const char *path)
+{
+    char *copy = strdup(path);
+    if (!copy) return 0;
+    for (int i = 0; i < MAP_SLOTS; i++) {
+        int expected = MAP_FREE;
+        if (__atomic_compare_exchange_n(&map_table[i].state, &expected, MAP_FILLING, 0, __ATOMIC_ACQUIRE,
+                                        __ATOMIC_RELAXED)) {
+            map_table[i].begin = (uintptr_t)data;
+            map_table[i].end = (uintptr_t)data + size;
+            map_table[i].path = copy;
+            __atomic_store_n(&map_table[i].state, MAP_LIVE, __ATOMIC_RELEASE);
+            return i + 1;
+        }
+    }
+    free(copy); /* a full table: the file is still mapped, only not named on SIGBUS */
+    return 0;
+}
+
+static void map_release(int slot)
+{
+    if (slot <= 0 || slot > MAP_SLOTS) return;
+    char *path = map_table[slot - 1].path;
+    __atomic_store_n(&map_table[slot - 1].state, MAP_FREE, __ATOMIC_RELEASE);
+    free(path);
+}
+
+const char *q3_mapped_file_at(const void *addr)
+{
+    uintptr_t a = (uintptr_t)addr;
+    for (int i = 0; i < MAP_SLOTS; i++)
+        if (__atomic_load_n(&map_table[i].state, __ATOMIC_ACQUIRE) == MAP_LIVE && a >= map_table[i].begin &&
+            a < map_table[i].end)
+            return map_table[i].path;
+    return NULL;
+}
+
 q3_status q3_map_file(const char *path, q3_mapping *out)
 {
     out->data = NULL;
     out->size = 0;
-    int fd = open(path, O_RDONLY);
-    if (fd < 0) return q3_fail(Q3_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        close(fd);
-        return q3_fail(Q3_ERR_IO, "%s: not a regular file", path);
-    }
-    out->size = (size_t)st.st_size;
+    out->slot = 0;
+    int fd;
+    q3_status s = q3_open_regular(path, &fd, &out->size);
+    if (s) return s;
     if (out->size > 0) {
         void *p = mmap(NULL, out->size, PROT_READ, MAP_PRIVATE, fd, 0);
         if (p == MAP_FAILED) {
             close(fd);
+            out->size = 0;
             return q3_fail(Q3_ERR_IO, "%s: mmap failed: %s", path, strerror(errno));
         }
         out->data = p;
+        out->slot = map_register(p, out->size, path);
     }
     close(fd);
     return Q3_OK;
@@ -105,9 +148,71 @@ q3_status q3_map_file(const char *path, q3_mapping *out)
 
 void q3_unmap_file(q3_mapping *m)
 {
+    map_release(m->slot);
     if (m->data) munmap(m->data, m->size);
     m->data = NULL;
     m->size = 0;
+    m->slot = 0;
+}
+
+/* ---- what is at a path ------------------------------------------------------ */
+
+const char *q3_file_kind(unsigned mode)
+{
+    switch (mode & S_IFMT) {
+    case S_IFREG: return "is a regular file";
+    case S_IFDIR: return "is a folder";
+    case S_IFIFO: return "is a FIFO";
+    case S_IFCHR: return "is a character device";
+    case S_IFBLK: return "is a block device";
+    case S_IFSOCK: return "is a socket";
+    case S_IFLNK: return "is a symbolic link";
+    default: return "is not a regular file";
+    }
+}
+
+q3_status q3_open_regular(const char *path, int *fd, size_t *size)
+{
+    *fd = -1;
+    if (size) *size = 0;
+    int f = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (f < 0) return q3_fail(Q3_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(f, &st) != 0) {
+        q3_status s = q3_fail(Q3_ERR_IO, "%s: cannot stat: %s", path, strerror(errno));
+        close(f);
+        return s;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        close(f);
+        return q3_fail(Q3_ERR_IO, "%s: %s, not a regular file", path, q3_file_kind(st.st_mode));
+    }
+    int fl = fcntl(f, F_GETFL);
+    if (fl >= 0) fcntl(f, F_SETFL, fl & ~O_NONBLOCK);
+    *fd = f;
+    if (size) *size = (size_t)st.st_size;
+    return Q3_OK;
+}
+
+q3_status q3_regular_or_absent(const char *path, int *present)
+{
+    *present = 0;
+    struct stat st;
+    if (stat(path, &st) != 0) {
+        if (errno == ENOENT) return Q3_OK;
+        return q3_fail(Q3_ERR_IO, "%s: %s", path, q3_path_problem(path));
+    }
+    if (!S_ISREG(st.st_mode))
+        return q3_fail(Q3_ERR_IO, "%s: %s, not a regular file", path, q3_file_kind(st.st_mode));
+    *present = 1;
+    return Q3_OK;
+}
+
+const char *q3_path_problem(const char *path)
+{
+    struct stat st;
+    if (stat(path, &st) != 0) return errno == ENOENT ? "no such file or folder" : strerror(errno);
+    return q3_file_kind(st.st_mode);
 }
 
 int q3_is_dir(const char *path)

@@ -17,10 +17,36 @@ q3_status q3_read_stream(FILE *f, const char *name, size_t max_bytes, char **out
 typedef struct q3_mapping {
     void *data;   /* read-only mapping of the whole file (NULL if size 0) */
     size_t size;  /* file size in bytes */
+    int slot;     /* 1 + its entry in the table of mapped files, 0 for none */
 } q3_mapping;
 
+/* Maps a regular file read-only and records [data, data+size) and path in a
+ * table q3_mapped_file_at reads, so a SIGBUS handler can name the file that
+ * changed underneath (truncated while mapped). */
 q3_status q3_map_file(const char *path, q3_mapping *out);
 void q3_unmap_file(q3_mapping *m);
+
+/* The path of the mapped file whose mapping holds addr, or NULL.
+ * Async-signal-safe: no locks, no allocation. */
+const char *q3_mapped_file_at(const void *addr);
+
+/* "is a FIFO", "is a character device", ...: what a non-regular file is. */
+const char *q3_file_kind(unsigned mode);
+
+/* Opens path for reading without blocking (a FIFO does not hang the open)
+ * and refuses anything but a regular file, saying what it is ("x: is a FIFO,
+ * not a regular file"). *fd is blocking again on return; *size its size. */
+q3_status q3_open_regular(const char *path, int *fd, size_t *size);
+
+/* Whether an optional input file is there: *present = 0 when nothing is at
+ * path, 1 for a regular file; anything else (a FIFO, a device, a symlink
+ * loop, no permission) is an error saying what, never "absent". */
+q3_status q3_regular_or_absent(const char *path, int *present);
+
+/* Why path is neither a folder nor a regular file, for "PATH: <why>":
+ * "no such file or folder", "is a FIFO", "too many levels of symbolic
+ * links", ... */
+const char *q3_path_problem(const char *path);
 
 int q3_is_dir(const char *path);
 int q3_file_exists(const char *path);

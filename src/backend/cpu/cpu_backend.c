@@ -31,6 +31,7 @@
 #include "backend/cpu/cpu_features.h"
 #include "backend/cpu/quant_kernels.h"
 #include "backend/cpu/threadpool.h"
+#include "model/rope.h"
 #include "util/error.h"
 
 /* Elementwise ops with fewer values than this run inline on one thread:
@@ -74,6 +75,7 @@ typedef struct cpu_unit {
     grow_buf rope;
     int rope_done, rope_hd;
     float rope_theta;
+    q3_rope_scaling rope_scaling;
     uint64_t ops;
 } cpu_unit;
 
@@ -215,10 +217,12 @@ static const float *norm_weight(cpu_unit *u, const q3_tensor *w, int n)
 static q3_status ensure_rope(cpu_unit *u, const q3_config *c, int end)
 {
     int hd = c->head_dim, half = hd / 2;
-    if (u->rope_hd != hd || u->rope_theta != c->rope_theta) {
+    if (u->rope_hd != hd || u->rope_theta != c->rope_theta ||
+        memcmp(&u->rope_scaling, &c->rope_scaling, sizeof c->rope_scaling)) {
         u->rope_done = 0;
         u->rope_hd = hd;
         u->rope_theta = c->rope_theta;
+        u->rope_scaling = c->rope_scaling;
     }
     if (end <= u->rope_done) return Q3_OK;
     int target = (end + 255) & ~255;
@@ -236,9 +240,9 @@ static q3_status ensure_rope(cpu_unit *u, const q3_config *c, int end)
     float *t = u->rope.p;
     for (int p = u->rope_done; p < target; p++)
         for (int i = 0; i < half; i++) {
-            double freq = pow((double)c->rope_theta, -2.0 * i / hd), ang = (double)p * freq;
-            t[(size_t)p * hd + i] = (float)cos(ang);
-            t[(size_t)p * hd + half + i] = (float)sin(ang);
+            double scale, freq = q3_rope_freq(c, i, &scale), ang = (double)p * freq; /* model/rope.h */
+            t[(size_t)p * hd + i] = (float)(scale * cos(ang));
+            t[(size_t)p * hd + half + i] = (float)(scale * sin(ang));
         }
     u->rope_done = target;
     return Q3_OK;
@@ -345,7 +349,7 @@ static q3_status run_matmul(cpu_unit *u, const q3_exec *e, const q3_op *op)
     const q3_cpu_mm_kernels *k = u->isa->mm;
     /* quantized weights: int8 dot products on activations quantized per 32-block
        (each thread quantizes all rows into its own scratch: no barrier) */
-    if (w->dtype == Q3_Q8_0 || w->dtype == Q3_Q4_0)
+    if (q3_quant_kernels_admit(w->dtype, w->shape[1]))
         k = u->isa == &isa_avx2 ? &q3_cpu_mm_quant_avx2 : &q3_cpu_mm_quant_avx512;
     j.k = k;
     q3_status st = ensure_scratch(u, op, k->scratch(&j.mm));
@@ -598,28 +602,26 @@ static const char *cpu_refuses(const q3_backend *b, const q3_graph *g, const q3_
         [Q3_Q8_0] = "no kernel for Q8_0 weights",
         [Q3_Q4_0] = "no kernel for Q4_0 weights",
         [Q3_Q4_K] = "no kernel for Q4_K weights",
+        [Q3_Q5_K] = "no kernel for Q5_K weights",
         [Q3_Q6_K] = "no kernel for Q6_K weights",
     };
     static const char *const no_norm[Q3_DTYPE_COUNT] = {
         [Q3_Q8_0] = "no Q8_0 norm weights",
         [Q3_Q4_0] = "no Q4_0 norm weights",
         [Q3_Q4_K] = "no Q4_K norm weights",
+        [Q3_Q5_K] = "no Q5_K norm weights",
         [Q3_Q6_K] = "no Q6_K norm weights",
-    };
-    static const char *const no_embed[Q3_DTYPE_COUNT] = {
-        [Q3_Q4_K] = "no Q4_K row conversion (embedding)",
-        [Q3_Q6_K] = "no Q6_K row conversion (embedding)",
     };
     if (op->weight) {
         q3_dtype t = op->weight->dtype;
         if ((unsigned)t >= Q3_DTYPE_COUNT) return "unknown weight dtype";
         bool plain = t == Q3_F32 || t == Q3_F16 || t == Q3_BF16;
-        bool quant_mm = op->kind == Q3_OP_MATMUL && (t == Q3_Q8_0 || t == Q3_Q4_0) && op->weight->shape[1] % 32 == 0;
+        bool quant_mm = op->kind == Q3_OP_MATMUL && q3_quant_kernels_admit(t, op->weight->shape[1]);
         if (quant_mm) return NULL;
         /* a dtype missing from the tables (K-quants) is refused too, never admitted by default */
         if (!plain && op->kind == Q3_OP_MATMUL) return no_matmul[t] ? no_matmul[t] : "no kernel for this weight dtype";
         if (!plain && op->kind != Q3_OP_EMBED) return no_norm[t] ? no_norm[t] : "no norm kernel for this weight dtype";
-        if (!plain && t != Q3_Q8_0 && t != Q3_Q4_0) return no_embed[t] ? no_embed[t] : "no row conversion for this weight dtype";
+        /* embedding rows of every quantized type: q3_row_to_f32 */
     }
     if (op->kind == Q3_OP_ROPE && g->cfg->head_dim % 2) return "RoPE needs an even head_dim";
     return NULL;

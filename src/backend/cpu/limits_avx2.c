@@ -3,19 +3,20 @@
 
 #include "backend/cpu/limits.h"
 
-unsigned long long q3_limits_read_avx2(const void *p, size_t bytes)
+unsigned long long q3_limits_read_avx2(const void *p, size_t bytes, int streams, size_t prefetch)
 {
+    const size_t part = bytes / (size_t)streams / 128 * 128;
     const char *b = p;
     __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
-    for (size_t i = 0; i < bytes; i += 256) {
-        a0 = _mm256_xor_si256(a0, _mm256_load_si256((const __m256i *)(b + i)));
-        a1 = _mm256_xor_si256(a1, _mm256_load_si256((const __m256i *)(b + i + 32)));
-        a2 = _mm256_xor_si256(a2, _mm256_load_si256((const __m256i *)(b + i + 64)));
-        a3 = _mm256_xor_si256(a3, _mm256_load_si256((const __m256i *)(b + i + 96)));
-        a0 = _mm256_xor_si256(a0, _mm256_load_si256((const __m256i *)(b + i + 128)));
-        a1 = _mm256_xor_si256(a1, _mm256_load_si256((const __m256i *)(b + i + 160)));
-        a2 = _mm256_xor_si256(a2, _mm256_load_si256((const __m256i *)(b + i + 192)));
-        a3 = _mm256_xor_si256(a3, _mm256_load_si256((const __m256i *)(b + i + 224)));
+    for (size_t i = 0; i < part; i += 128) {
+        for (int s = 0; s < streams; s++) {
+            const char *q = b + (size_t)s * part + i;
+            if (prefetch && i + prefetch < part) _mm_prefetch(q + prefetch, _MM_HINT_T0);
+            a0 = _mm256_xor_si256(a0, _mm256_load_si256((const __m256i *)q));
+            a1 = _mm256_xor_si256(a1, _mm256_load_si256((const __m256i *)(q + 32)));
+            a2 = _mm256_xor_si256(a2, _mm256_load_si256((const __m256i *)(q + 64)));
+            a3 = _mm256_xor_si256(a3, _mm256_load_si256((const __m256i *)(q + 96)));
+        }
     }
     __m256i x = _mm256_xor_si256(_mm256_xor_si256(a0, a1), _mm256_xor_si256(a2, a3));
     unsigned long long out[4];

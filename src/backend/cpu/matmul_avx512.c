@@ -12,7 +12,12 @@
  *    the packed activations streams past them from L2; partial sums of a
  *    K block are parked, unreduced, in scratch;
  *  - the GEMV (m == 1): tiles of GEMV_C outputs streaming their weight rows
- *    from memory once, the activation row staying in L1.
+ *    from memory once, the activation row staying in L1;
+ *  - the small GEMM (1 < m <= SMALL_M, a decode step of a few sequences):
+ *    tiles of 8 outputs by all the rows over all of k, streaming the weight
+ *    rows once like the GEMV (the GEMM's 4-row tiles would compute padding
+ *    rows, and measured 0.8x the GEMV's weight rate at m = 2; from m = 4 on
+ *    the GEMM's tiles are as fast as this).
  * Both walk each accumulator through the same steps in the same order, so a
  * row's result is bit-identical whichever kernel (or thread) made it. */
 #include <string.h>
@@ -25,6 +30,7 @@ enum wkind { W_BF16, W_F32, W_F16 };
 #define GEMM_R 4          /* rows of a GEMM tile */
 #define GEMM_C 6          /* outputs of a GEMM tile */
 #define GEMV_C 8          /* outputs of a GEMV tile */
+#define SMALL_M 3         /* rows up to which the small GEMM streams the weights */
 #define TILE_MAX_R 4
 #define TILE_MAX_C 8
 #define KBLOCK_BYTES 2048 /* bytes of one weight row per GEMM K block */
@@ -147,7 +153,14 @@ static size_t avx512_matmul_scratch(const q3_cpu_matmul *mm)
     return packed_bytes(mm) + partial;
 }
 
-static int avx512_matmul_granule(const q3_cpu_matmul *mm) { return mm->m == 1 ? GEMV_C : GEMM_C; }
+/* Outputs of a small-GEMM tile: 8 while a row group has at most 3 rows (24
+ * accumulators), 6 with groups of 4 (24 again). */
+static int small_c(int m) { return m <= 3 ? 8 : 6; }
+
+static int avx512_matmul_granule(const q3_cpu_matmul *mm)
+{
+    return mm->m == 1 ? GEMV_C : mm->m <= SMALL_M ? small_c(mm->m) : GEMM_C;
+}
 
 /* Rounds the activations to BF16 (nearest even), rows zero-padded to 32 values. */
 static void avx512_matmul_prepare(const q3_cpu_matmul *mm, void *scratch)
@@ -179,6 +192,31 @@ Q3_INLINE void range_generic(const int kind, const q3_cpu_matmul *mm, void *scra
         for (int oc = o0; oc < o1; oc += GEMV_C)
             tile(kind, 1, GEMV_C, x, xs, 1, w + (size_t)oc * ws, ws, o1 - oc, 0, n_steps, n_full, tail, NULL, 1, 1,
                  mm->y + oc, mm->ldy);
+        return;
+    }
+    if (mm->m <= SMALL_M) {
+        const int C = small_c(mm->m);
+        for (int oc = o0; oc < o1; oc += C) {
+            int cols = o1 - oc < C ? o1 - oc : C;
+            const char *wt = w + (size_t)oc * ws;
+            for (int r0 = 0; r0 < mm->m; r0 += 4) {
+                int rows = mm->m - r0 < 4 ? mm->m - r0 : 4;
+                const char *xr = x + (size_t)r0 * xs;
+                float *yr = mm->y + (size_t)r0 * mm->ldy + oc;
+#define SMALL_TILE(R, CC) tile(kind, R, CC, xr, xs, R, wt, ws, cols, 0, n_steps, n_full, tail, NULL, 1, 1, yr, mm->ldy)
+                if (C == 8) {
+                    if (rows == 1) SMALL_TILE(1, 8);
+                    else if (rows == 2) SMALL_TILE(2, 8);
+                    else SMALL_TILE(3, 8);
+                } else {
+                    if (rows == 1) SMALL_TILE(1, 6);
+                    else if (rows == 2) SMALL_TILE(2, 6);
+                    else if (rows == 3) SMALL_TILE(3, 6);
+                    else SMALL_TILE(4, 6);
+                }
+#undef SMALL_TILE
+            }
+        }
         return;
     }
     const int kb = KBLOCK_BYTES / (kind == W_F16 ? 32 : 64); /* steps per K block */

@@ -40,7 +40,7 @@ Q3_INLINE float ld_f32(const void *p)
 
 static void avx2_quantize(q3_dtype wt, const float *x, size_t ldx, const q3_qact *qa, int r0, int r1)
 {
-    const int nb = qa->k / Q3_QBLOCK, off = wt == Q3_Q8_0 ? 128 : 8;
+    const int nb = qa->k / Q3_QBLOCK, off = wt == Q3_Q8_0 ? 128 : 8, kq = q3_is_kquant(wt);
     const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
     const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
     for (int r = r0; r < r1; r++) {
@@ -58,7 +58,7 @@ static void avx2_quantize(q3_dtype wt, const float *x, size_t ldx, const q3_qact
             m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
             float amax = _mm_cvtss_f32(m4);
             int8_t *q = (int8_t *)blk + i * Q3_QBLOCK;
-            int sum = 0;
+            int s0 = 0, s1 = 0;
             float d = 0.0f;
             if (amax > 0x1p-100f) {
                 __m256 id = _mm256_set1_ps(127.0f / amax);
@@ -66,16 +66,19 @@ static void avx2_quantize(q3_dtype wt, const float *x, size_t ldx, const q3_qact
                 for (int j = 0; j < 4; j++) iq[j] = _mm256_cvtps_epi32(_mm256_mul_ps(v[j], id)); /* nearest even */
                 __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(iq[0], iq[1]), _mm256_packs_epi32(iq[2], iq[3]));
                 _mm256_storeu_si256((__m256i *)q, _mm256_permutevar8x32_epi32(p, order));
-                __m256i s = _mm256_add_epi32(_mm256_add_epi32(iq[0], iq[1]), _mm256_add_epi32(iq[2], iq[3]));
-                __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
-                s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, _MM_SHUFFLE(1, 0, 3, 2)));
-                s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, _MM_SHUFFLE(2, 3, 0, 1)));
-                sum = _mm_cvtsi128_si32(s4);
+                /* the two half sums in lanes 0 and 4, then together */
+                __m256i s = _mm256_add_epi32(iq[0], iq[1]);
+                __m256i s2 = _mm256_add_epi32(iq[2], iq[3]);
+                s = _mm256_add_epi32(_mm256_permute2x128_si256(s, s2, 0x20), _mm256_permute2x128_si256(s, s2, 0x31));
+                s = _mm256_add_epi32(s, _mm256_shuffle_epi32(s, _MM_SHUFFLE(1, 0, 3, 2)));
+                s = _mm256_add_epi32(s, _mm256_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1)));
+                s0 = _mm256_cvtsi256_si32(s);
+                s1 = _mm_cvtsi128_si32(_mm256_extracti128_si256(s, 1));
                 d = amax / 127.0f;
             } else {
                 memset(q, 0, Q3_QBLOCK);
             }
-            int32_t c = -off * sum;
+            int32_t c = kq ? (int32_t)((uint32_t)(uint16_t)s0 | (uint32_t)s1 << 16) : -off * (s0 + s1);
             memcpy(blk + th * Q3_QBLOCK + i * 4, &c, 4);
             memcpy(blk + th * (Q3_QBLOCK + 4) + i * 4, &d, 4);
         }
@@ -190,7 +193,8 @@ static size_t avx2_scratch(q3_dtype wt, int rows, int k) { return 0; }
 static void avx2_matmul(q3_dtype wt, const void *w, size_t ws, const q3_qact *qa, float *y, size_t ldy, int o0, int o1,
                         void *scratch)
 {
-    if (wt == Q3_Q8_0) matmul_kind(1, w, ws, qa, y, ldy, o0, o1);
+    if (q3_is_kquant(wt)) q3_kquant_matmul_avx2(wt, w, ws, qa, y, ldy, o0, o1);
+    else if (wt == Q3_Q8_0) matmul_kind(1, w, ws, qa, y, ldy, o0, o1);
     else matmul_kind(0, w, ws, qa, y, ldy, o0, o1);
 }
 

@@ -55,7 +55,7 @@ Q3_INLINE float ld_f32(const void *p)
 
 static void avx512_quantize(q3_dtype wt, const float *x, size_t ldx, const q3_qact *qa, int r0, int r1)
 {
-    const int nb = qa->k / Q3_QBLOCK, off = wt == Q3_Q8_0 ? 128 : 8;
+    const int nb = qa->k / Q3_QBLOCK, off = wt == Q3_Q8_0 ? 128 : 8, kq = q3_is_kquant(wt);
     const __m512 absmask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
     for (int r = r0; r < r1; r++) {
         const float *xr = x + (size_t)r * ldx;
@@ -65,7 +65,7 @@ static void avx512_quantize(q3_dtype wt, const float *x, size_t ldx, const q3_qa
             __m512 lo = _mm512_loadu_ps(xr + b * Q3_QBLOCK), hi = _mm512_loadu_ps(xr + b * Q3_QBLOCK + 16);
             float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_and_ps(lo, absmask), _mm512_and_ps(hi, absmask)));
             int8_t *q = (int8_t *)blk + i * Q3_QBLOCK;
-            int sum = 0;
+            int s0 = 0, s1 = 0;
             float d = 0.0f;
             if (amax > 0x1p-100f) {
                 __m512 id = _mm512_set1_ps(127.0f / amax);
@@ -73,12 +73,13 @@ static void avx512_quantize(q3_dtype wt, const float *x, size_t ldx, const q3_qa
                 __m512i qh = _mm512_cvtps_epi32(_mm512_mul_ps(hi, id));
                 _mm_storeu_si128((__m128i *)q, _mm512_cvtsepi32_epi8(ql));
                 _mm_storeu_si128((__m128i *)(q + 16), _mm512_cvtsepi32_epi8(qh));
-                sum = _mm512_reduce_add_epi32(_mm512_add_epi32(ql, qh));
+                s0 = _mm512_reduce_add_epi32(ql);
+                s1 = _mm512_reduce_add_epi32(qh);
                 d = amax / 127.0f;
             } else {
                 memset(q, 0, Q3_QBLOCK);
             }
-            int32_t c = -off * sum;
+            int32_t c = kq ? (int32_t)((uint32_t)(uint16_t)s0 | (uint32_t)s1 << 16) : -off * (s0 + s1);
             memcpy(blk + th * Q3_QBLOCK + i * 4, &c, 4);
             memcpy(blk + th * (Q3_QBLOCK + 4) + i * 4, &d, 4);
         }
@@ -318,6 +319,7 @@ static void gemm(q3_dtype wt, const void *w, size_t ws, const q3_qact *qa, float
 
 static size_t avx512_scratch(q3_dtype wt, int rows, int k)
 {
+    if (q3_is_kquant(wt)) return q3_kquant_scratch_avx512(wt, rows, k);
     return rows > 1 ? (size_t)(k / Q3_QBLOCK) * PANEL_BLOCK_BYTES : 0;
 }
 
@@ -325,7 +327,8 @@ static void avx512_matmul(q3_dtype wt, const void *w, size_t ws, const q3_qact *
                           void *scratch)
 {
     if (o1 <= o0) return;
-    if (qa->rows > 1) gemm(wt, w, ws, qa, y, ldy, o0, o1, scratch);
+    if (q3_is_kquant(wt)) q3_kquant_matmul_avx512(wt, w, ws, qa, y, ldy, o0, o1, scratch);
+    else if (qa->rows > 1) gemm(wt, w, ws, qa, y, ldy, o0, o1, scratch);
     else if (wt == Q3_Q8_0) gemv_kind(1, w, ws, qa, y, o0, o1);
     else gemv_kind(0, w, ws, qa, y, o0, o1);
 }

@@ -34,7 +34,30 @@
  * 0..15 already; the offset comes back out through c = -off * sum(q) of the
  * activation block (off = 128 or 8), which seeds the integer accumulator.
  * AVX2 (vpmaddubsw would saturate on 255 * 127 * 2) uses the sign trick for
- * Q8_0 instead (|w| times x with w's sign) and the same c for Q4_0. */
+ * Q8_0 instead (|w| times x with w's sign) and the same c for Q4_0.
+ *
+ * ---- K-quant weights (Q4_K, Q5_K, Q6_K; blocks in model/dtype.h) ----
+ * The activations are quantized exactly as above (blocks of 32, same q and
+ * d), except that c holds the two half sums of the block's q instead:
+ *     c = (uint16_t)s0 | s1 << 16,  s0 = sum q[0..16), s1 = sum q[16..32)
+ * Activation block b of a row meets values 32b..32b+31 of the weight row,
+ * i.e. sub-block b % 8 of super-block b / 8 (Q4_K, Q5_K: sub-blocks of 32,
+ * scale sc, min m, q in 0..15 or 0..31) or sub-blocks 2(b % 8) and
+ * 2(b % 8) + 1 (Q6_K: sub-blocks of 16, int8 scale sc, q in 0..63).
+ * Output (row r, output o), activation blocks b in order, from acc = 0:
+ *   Q4_K, Q5_K:  fs = d * (float)sc,  fm = dmin * (float)m   (exact)
+ *                I  = sum_i q[i] * x[i]            exactly, in integers
+ *                acc = fmaf((float)I, fs * dx, acc)
+ *                acc = fmaf((float)(s0 + s1), -(fm * dx), acc)
+ *   Q6_K, for each of its two sub-blocks h = 0, 1 (values 16h..16h+15):
+ *                fs = d * (float)sc                        (exact)
+ *                J  = sum_i q[i] * x[i] - 32 * s_h         exactly
+ *                acc = fmaf((float)J, fs * dx, acc)
+ * with dx the activation block's d. Every integer is below 2^24 in
+ * magnitude, so again the only roundings are the scale products and the
+ * fused multiply-adds, and every kernel returns the same bits. (llama.cpp
+ * quantizes the activations per 256 values for K-quants; per 32 here is one
+ * scheme for every weight type and a finer activation scale.) */
 #ifndef Q3_BACKEND_CPU_QUANT_KERNELS_H
 #define Q3_BACKEND_CPU_QUANT_KERNELS_H
 
@@ -110,7 +133,7 @@ typedef struct q3_quant_kernels {
        not depend on it). */
     int granule;
     /* Quantizes rows [r0, r1) of x (rows ldx floats apart) into qa for weights
-       of type wt (Q3_Q8_0 or Q3_Q4_0). Rows of qa are independent: threads may
+       of type wt (any q3_quant_kernels_admit type). Rows of qa are independent: threads may
        quantize disjoint row ranges of one qa. */
     void (*quantize)(q3_dtype wt, const float *x, size_t ldx, const q3_qact *qa, int r0, int r1);
     /* Bytes of per-thread scratch matmul needs for qa->rows rows of k values
@@ -126,12 +149,32 @@ typedef struct q3_quant_kernels {
                    int o1, void *scratch);
 } q3_quant_kernels;
 
+/* The weight types these tables multiply: Q8_0, Q4_0 (k % 32 == 0) and the
+ * K-quants Q4_K, Q5_K, Q6_K (k % 256 == 0). */
+static inline bool q3_quant_kernels_admit(q3_dtype t, int64_t k)
+{
+    if (t == Q3_Q8_0 || t == Q3_Q4_0) return k % 32 == 0;
+    if (t == Q3_Q4_K || t == Q3_Q5_K || t == Q3_Q6_K) return k % 256 == 0;
+    return false;
+}
+
+static inline bool q3_is_kquant(q3_dtype t) { return t == Q3_Q4_K || t == Q3_Q5_K || t == Q3_Q6_K; }
+
+/* The K-quant matmuls behind each table's matmul (kquant_*.c), same contract. */
+size_t q3_kquant_scratch_avx512(q3_dtype wt, int rows, int k);
+void q3_kquant_matmul_avx512(q3_dtype wt, const void *w, size_t w_row_bytes, const q3_qact *qa, float *y, size_t ldy,
+                             int o0, int o1, void *scratch);
+void q3_kquant_matmul_avx2(q3_dtype wt, const void *w, size_t w_row_bytes, const q3_qact *qa, float *y, size_t ldy,
+                           int o0, int o1);
+void q3_kquant_matmul_ref(q3_dtype wt, const void *w, size_t w_row_bytes, const q3_qact *qa, float *y, size_t ldy,
+                          int o0, int o1);
+
 extern const q3_quant_kernels q3_quant_ref;     /* portable C: the oracle */
 extern const q3_quant_kernels q3_quant_avx2;    /* AVX2 (vpmaddubsw) */
 extern const q3_quant_kernels q3_quant_avx512;  /* AVX-512 VNNI (vpdpbusd) GEMV and GEMM */
 
 /* ---- the same behind the unit's MATMUL interface (kernels.h) -----------------------
- * For a q3_cpu_matmul whose wtype is Q3_Q8_0 or Q3_Q4_0 (k % 32 == 0):
+ * For a q3_cpu_matmul whose wtype and k q3_quant_kernels_admit:
  *  - scratch(mm) = q3_qact_bytes(m, k) + the table's matmul scratch;
  *  - prepare(mm, scratch) quantizes all m rows of x into the thread's own
  *    scratch (redundantly on every thread: cheap next to the matmul, see

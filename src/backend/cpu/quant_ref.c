@@ -18,7 +18,7 @@ static void ref_quantize(q3_dtype wt, const float *x, size_t ldx, const q3_qact 
             int8_t *q = q3_qact_q(qa, r, b);
             float amax = 0.0f;
             for (int i = 0; i < Q3_QBLOCK; i++) amax = fmaxf(amax, fabsf(xb[i]));
-            int sum = 0;
+            int sum = 0, half[2] = {0, 0};
             if (amax > 0x1p-100f) {
                 float id = 127.0f / amax;
                 for (int i = 0; i < Q3_QBLOCK; i++) {
@@ -27,13 +27,16 @@ static void ref_quantize(q3_dtype wt, const float *x, size_t ldx, const q3_qact 
                     int v = t >= -127.5f && t <= 127.5f ? (int)nearbyintf(t) : 0;
                     q[i] = (int8_t)v;
                     sum += v;
+                    half[i / 16] += v;
                 }
                 *q3_qact_d(qa, r, b) = amax / 127.0f;
             } else {
                 memset(q, 0, Q3_QBLOCK);
                 *q3_qact_d(qa, r, b) = 0.0f;
             }
-            *q3_qact_c(qa, r, b) = -off * sum;
+            /* K-quants: the two half sums, packed */
+            *q3_qact_c(qa, r, b) =
+                q3_is_kquant(wt) ? (int32_t)((uint32_t)(uint16_t)half[0] | (uint32_t)half[1] << 16) : -off * sum;
         }
     }
 }
@@ -45,6 +48,10 @@ static float f16_at(const uint8_t *p) { return q3_f16_to_f32((uint16_t)(p[0] | p
 static void ref_matmul(q3_dtype wt, const void *w, size_t w_row_bytes, const q3_qact *qa, float *y, size_t ldy,
                        int o0, int o1, void *scratch)
 {
+    if (q3_is_kquant(wt)) {
+        q3_kquant_matmul_ref(wt, w, w_row_bytes, qa, y, ldy, o0, o1);
+        return;
+    }
     const int k = qa->k, nb = k / Q3_QBLOCK;
     for (int r = 0; r < qa->rows; r++) {
         for (int o = o0; o < o1; o++) {

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "backend/backend.h"
+#include "model/rope.h"
 #include "util/error.h"
 
 /* Rows of a value that hold data in this run: 1-row values stay 1 row. */
@@ -81,8 +82,8 @@ static q3_status rope(const q3_exec *e, const q3_op *op)
         double p = (double)e->pos[r];
         float *in = row_of(e, op->in[0], r), *out = row_of(e, op->out, r);
         for (int i = 0; i < half; i++) {
-            double freq = pow((double)c->rope_theta, -2.0 * i / hd);
-            double cs = cos(p * freq), sn = sin(p * freq);
+            double scale, freq = q3_rope_freq(c, i, &scale); /* model/rope.h: plain RoPE or YaRN */
+            double cs = scale * cos(p * freq), sn = scale * sin(p * freq);
             for (int h = 0; h < cols / hd; h++) {
                 double x0 = in[h * hd + i], x1 = in[h * hd + half + i];
                 out[h * hd + i] = (float)(x0 * cs - x1 * sn);

@@ -1,0 +1,55 @@
+#!/bin/sh
+# Installs q3 into a scratch prefix, builds the examples against the installed
+# tree with pkg-config (shared and static linking), runs them on the golden e2e
+# model and checks their text against `q3 run` with the same settings
+# (greedy, no thinking). Prints `N passed, N failed`; exits non-zero on any
+# failure. Used by CI (.ci/run) after the test suite.
+set -u
+cd "$(dirname "$0")/.."
+BUILD=${BUILD:-build}
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+passed=0; failed=0
+ok()   { passed=$((passed + 1)); }
+fail() { failed=$((failed + 1)); echo "FAIL: $*"; }
+
+prefix="$tmp/prefix"
+if make -s install PREFIX="$prefix" BUILD="$BUILD" >"$tmp/install.log" 2>&1; then ok; else fail "make install"; cat "$tmp/install.log"; fi
+for f in bin/q3 include/q3.h lib/libq3.a lib/libq3.so lib/pkgconfig/q3.pc; do
+  [ -e "$prefix/$f" ] && ok || fail "installed $f missing"
+done
+soname=$(readelf -d "$prefix/lib/libq3.so" 2>/dev/null | sed -n 's/.*SONAME.*\[\(.*\)\]/\1/p')
+[ "$soname" = "libq3.so.0" ] && ok || fail "soname is '$soname'"
+# only q3_ symbols leave the shared library
+others=$(nm -D --defined-only "$prefix/lib/libq3.so" | awk '{print $3}' | grep -v '^q3_' | wc -l)
+[ "$others" -eq 0 ] && ok || fail "$others exported symbols without the q3_ prefix"
+
+export PKG_CONFIG_PATH="$prefix/lib/pkgconfig"
+cflags=$(pkg-config --cflags q3) && libs=$(pkg-config --libs q3) && private=$(pkg-config --static --libs q3) && ok || fail "pkg-config q3"
+model=tests/data/golden/e2e
+prompt="What is the capital of France?"
+want=$("$prefix/bin/q3" run -m "$model" -p "$prompt" --temp 0 --no-think -n 16 2>/dev/null)
+[ -n "$want" ] && ok || fail "q3 run printed nothing"
+for ex in simple batch; do
+  # shared: -lq3 found through pkg-config, run with the installed library
+  if cc -std=c17 -Wall -Werror examples/$ex.c $cflags $libs -o "$tmp/$ex-shared" 2>"$tmp/cc.log"; then ok; else fail "build $ex (shared)"; cat "$tmp/cc.log"; fi
+  # static: libq3.a with the private link flags
+  if cc -std=c17 -Wall -Werror examples/$ex.c $cflags -L"$prefix/lib" -Wl,-Bstatic -lq3 -Wl,-Bdynamic \
+       $(echo "$private" | sed 's/-lq3//') -o "$tmp/$ex-static" 2>"$tmp/cc.log"; then ok; else fail "build $ex (static)"; cat "$tmp/cc.log"; fi
+  ldd "$tmp/$ex-static" 2>/dev/null | grep -q libq3 && fail "$ex-static links libq3.so" || ok
+done
+for kind in shared static; do
+  got=$(LD_LIBRARY_PATH="$prefix/lib" "$tmp/simple-$kind" "$model" "$prompt" 16 2>"$tmp/err" | sed '$d')
+  [ "$got" = "$want" ] && ok || { fail "simple ($kind) differs from q3 run"; printf 'want: %s\ngot:  %s\n' "$want" "$got"; cat "$tmp/err"; }
+  # batch: three prompts at once, the first equals the one run alone
+  out=$(LD_LIBRARY_PATH="$prefix/lib" "$tmp/batch-$kind" "$model" "$prompt" "Name a colour." "Count to three." 2>"$tmp/err")
+  [ "$(printf '%s\n' "$out" | grep -c '^\[[0-9]*\] ')" -eq 3 ] && ok || { fail "batch ($kind): three answers"; cat "$tmp/err"; }
+  want64=$("$prefix/bin/q3" run -m "$model" -p "Name a colour." --temp 0 --no-think -n 64 2>/dev/null)
+  got1=$(printf '%s\n' "$out" | awk '/^\[1\] /{sub(/^\[1\] /,""); p=1} /^\[[0-9]+ tokens/{if(p){exit}} p{print}')
+  [ "$got1" = "$want64" ] && ok || { fail "batch ($kind): answer 1 differs from q3 run alone"; printf 'want: %s\ngot:  %s\n' "$want64" "$got1"; }
+done
+make -s uninstall PREFIX="$prefix" BUILD="$BUILD" >/dev/null 2>&1
+left=$(find "$prefix" -type f | wc -l)
+[ "$left" -eq 0 ] && ok || fail "uninstall left $left files"
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
