@@ -23,13 +23,18 @@ endif
 AVX512_FLAGS := -mavx512f -mavx512bw -mavx512dq -mavx512vl -mavx512bf16 -mavx512vnni -mfma -mf16c
 AVX2_FLAGS   := -mavx2 -mfma -mf16c
 
-LIB_SRC  := $(shell find src -name '*.c' ! -path 'src/cli/*' | sort)
+# src/server (q3 serve) is an application on top of the library, like the CLI:
+# it links into q3 and the tests, never into libq3, which so needs no libmicrohttpd.
+LIB_SRC  := $(shell find src -name '*.c' ! -path 'src/cli/*' ! -path 'src/server/*' | sort)
+SERVER_SRC := $(sort $(wildcard src/server/*.c))
+SERVER_LIBS := -lmicrohttpd
 CLI_SRC  := $(sort $(wildcard src/cli/*.c))
 TEST_SRC := $(sort $(wildcard tests/test_*.c))
 BENCH_SRC:= $(sort $(wildcard bench/*.c))
 
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o)
 CLI_OBJ  := $(CLI_SRC:%.c=$(BUILD)/%.o)
+SERVER_OBJ := $(SERVER_SRC:%.c=$(BUILD)/%.o)
 TEST_BIN := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 BENCH_BIN:= $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
 
@@ -76,12 +81,12 @@ uninstall:
 	  $(DESTDIR)$(LIBDIR)/libq3.so.$(SOMAJOR) $(DESTDIR)$(LIBDIR)/libq3.so.$(VERSION) \
 	  $(DESTDIR)$(INCDIR)/q3.h $(DESTDIR)$(PCDIR)/q3.pc
 
-$(BUILD)/q3: $(CLI_OBJ) $(BUILD)/libq3.a
-	$(CC) $(LDFLAGS) -o $@ $(CLI_OBJ) $(BUILD)/libq3.a $(LDLIBS)
+$(BUILD)/q3: $(CLI_OBJ) $(SERVER_OBJ) $(BUILD)/libq3.a
+	$(CC) $(LDFLAGS) -o $@ $(CLI_OBJ) $(SERVER_OBJ) $(BUILD)/libq3.a $(SERVER_LIBS) $(LDLIBS)
 
-$(BUILD)/tests/%: tests/%.c $(BUILD)/libq3.a tests/test.h
+$(BUILD)/tests/%: tests/%.c $(BUILD)/libq3.a $(SERVER_OBJ) tests/test.h
 	@mkdir -p $(@D)
-	$(CC) $(BASE) $(WARN) $(CFLAGS) $(LDFLAGS) -Itests -o $@ $< $(BUILD)/libq3.a $(LDLIBS)
+	$(CC) $(BASE) $(WARN) $(CFLAGS) $(LDFLAGS) -Itests -o $@ $< $(SERVER_OBJ) $(BUILD)/libq3.a $(SERVER_LIBS) $(LDLIBS)
 
 $(BUILD)/bench/%: bench/%.c $(BUILD)/libq3.a
 	@mkdir -p $(@D)
@@ -118,6 +123,7 @@ valgrind: all
 deps:
 	sh scripts/install-deps.sh
 	sh scripts/fetch-tokenizer.sh
+	cd tests/openai && npm ci --no-audit --no-fund --loglevel=error
 
 clean:
 	rm -rf build build-san

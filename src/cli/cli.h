@@ -9,6 +9,7 @@ int cmd_bench(int argc, char **argv);
 int cmd_probe(int argc, char **argv);
 int cmd_run(int argc, char **argv);
 int cmd_chat(int argc, char **argv);
+int cmd_serve(int argc, char **argv);
 int cmd_chat_template(int argc, char **argv);
 int cmd_synth(int argc, char **argv);
 int cmd_convert(int argc, char **argv);

@@ -15,6 +15,7 @@ static const struct {
 } commands[] = {
     {"run", cmd_run, "generate from a prompt or a conversation, streaming the text"},
     {"chat", cmd_chat, "talk with a model, turn by turn"},
+    {"serve", cmd_serve, "an OpenAI-compatible HTTP server with continuous batching"},
     {"info", cmd_info, "print a model's config, parameters, bytes and KV-cache size"},
     {"logits", cmd_logits, "write the logits of a token sequence (float32 [n][vocab])"},
     {"bench", cmd_bench, "the split-phase table: prefill ms/chunk, decode ms/token, tok/s, RTFx per unit"},
@@ -25,7 +26,6 @@ static const struct {
     {"compare", cmd_compare, "accuracy of quantized weights: KL divergence and top-1 agreement vs the model"},
     {"tokenize", cmd_tokenize, "print the token ids of a text (or of JSONL lines) as JSON"},
     {"detokenize", cmd_detokenize, "print the text of token ids (a JSON array or a comma list)"},
-    /* q3 serve goes here (src/cli/cmd_serve.c) */
 };
 
 int cli_error(const char *cmd, const char *fmt, ...)

@@ -1,0 +1,164 @@
+/* bench_serve: a serving benchmark for `q3 serve`. Starts the server on a
+ * free loopback port, then for each client count N runs N concurrent
+ * streaming clients (each R requests, greedy, the same prompt length and
+ * max_tokens) and reports aggregate generated tok/s, time to first token
+ * p50/p99 and time per output token p50/p99 (per request: (last content
+ * chunk - first) / (completion_tokens - 1)).
+ *
+ *   build/bench/bench_serve [-m MODEL] [--clients 1,4,8,16] [--requests 2]
+ *                           [--gen 32] [--prompt-words 48] [-t THREADS]
+ * MODEL defaults to models/synth-qwen3-0.6b (`./build/q3 bench` builds it). */
+#include <pthread.h>
+
+#include "../tests/serve_util.h"
+
+static int port, gen = 32, prompt_words = 48, requests = 2;
+
+typedef struct sample { double ttft, tpot; int tokens; } sample;
+
+typedef struct client {
+    int id, n;
+    sample s[64];
+    int failed;
+} client;
+
+static int one_request(int cid, int k, sample *out)
+{
+    char body[8192];
+    int o = snprintf(body, sizeof body, "{\"messages\":[{\"role\":\"user\",\"content\":\"Client %d request %d:", cid, k);
+    for (int w = 0; w < prompt_words && o < (int)sizeof body - 200; w++) o += snprintf(body + o, sizeof body - (size_t)o, " word%d", (w * 7 + cid) % 97);
+    snprintf(body + o, sizeof body - (size_t)o, "\"}],\"max_tokens\":%d,\"temperature\":0,\"stream\":true,"
+             "\"stream_options\":{\"include_usage\":true},\"chat_template_kwargs\":{\"enable_thinking\":false}}", gen);
+    int fd = ts_connect(port);
+    if (fd < 0) return -1;
+    double t0 = ts_now();
+    if (ts_send_request(fd, "POST", "/v1/chat/completions", "", body)) { close(fd); return -1; }
+    size_t cap = 1 << 16, len = 0, scanned = 0;
+    char *buf = malloc(cap);
+    double first = -1, last = -1;
+    const char *pat = "\"delta\":{\"content\":";
+    size_t pl = strlen(pat);
+    for (;;) {
+        if (len + 4096 > cap) buf = realloc(buf, cap *= 2);
+        ssize_t n = recv(fd, buf + len, cap - len - 1, 0);
+        if (n <= 0) break;
+        double t = ts_now();
+        len += (size_t)n;
+        buf[len] = 0;
+        for (char *p = buf + scanned; (p = strstr(p, pat)); p += pl) {
+            if (first < 0) first = t;
+            last = t;
+        }
+        scanned = len > pl ? len - pl : 0;
+    }
+    close(fd);
+    const char *u = strstr(buf, "\"completion_tokens\":");
+    int tokens = u ? atoi(u + 20) : 0;
+    int ok = strstr(buf, "data: [DONE]") != NULL && first > 0;
+    free(buf);
+    if (!ok) return -1;
+    out->ttft = first - t0;
+    out->tpot = tokens > 1 ? (last - first) / (tokens - 1) : 0;
+    out->tokens = tokens;
+    return 0;
+}
+
+static void *client_main(void *arg)
+{
+    client *c = arg;
+    for (int k = 0; k < requests && c->n < 64; k++)
+        if (one_request(c->id, k, &c->s[c->n])) c->failed++;
+        else c->n++;
+    return NULL;
+}
+
+static int cmp(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double pct(double *v, int n, double p)
+{
+    if (!n) return 0;
+    qsort(v, (size_t)n, sizeof *v, cmp);
+    int i = (int)(p * (n - 1) + 0.5);
+    return v[i];
+}
+
+int main(int argc, char **argv)
+{
+    const char *model = "models/synth-qwen3-0.6b", *threads = "2", *clients = "1,4,8,16";
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h") || !v) {
+            fprintf(stderr, "usage: bench_serve [-m MODEL] [--clients 1,4,8,16] [--requests 2] [--gen 32] [--prompt-words 48] [-t THREADS]\n");
+            return !strcmp(a, "--help") || !strcmp(a, "-h") ? 0 : 2;
+        }
+        i++;
+        if (!strcmp(a, "-m")) model = v;
+        else if (!strcmp(a, "--clients")) clients = v;
+        else if (!strcmp(a, "--requests")) requests = atoi(v);
+        else if (!strcmp(a, "--gen")) gen = atoi(v);
+        else if (!strcmp(a, "--prompt-words")) prompt_words = atoi(v);
+        else if (!strcmp(a, "-t")) threads = v;
+        else { fprintf(stderr, "bench_serve: unknown option %s\n", a); return 2; }
+    }
+    if (requests < 1 || requests > 64 || gen < 2 || prompt_words < 1) { fprintf(stderr, "bench_serve: bad sizes\n"); return 2; }
+    int list[16], n_list = 0, max_n = 1;
+    for (const char *p = clients; *p && n_list < 16;) {
+        list[n_list] = atoi(p);
+        if (list[n_list] < 1 || list[n_list] > 256) { fprintf(stderr, "bench_serve: bad client count\n"); return 2; }
+        if (list[n_list] > max_n) max_n = list[n_list];
+        n_list++;
+        p = strchr(p, ',');
+        if (!p) break;
+        p++;
+    }
+    char par[16];
+    snprintf(par, sizeof par, "%d", max_n);
+    test_server srv = {0};
+    const char *args[] = {"-m", model, "-t", threads, "--parallel", par, "--ctx", "1024", NULL};
+    if (ts_start(&srv, args) || ts_wait_line(&srv, "ready")) {
+        fprintf(stderr, "bench_serve: the server did not start (is %s there? `./build/q3 bench` builds it)\n", model);
+        ts_stop(&srv);
+        return 1;
+    }
+    port = srv.port;
+    sample warm;
+    one_request(999, 0, &warm); /* page the weights in */
+    printf("q3 serve, %s, %s threads, greedy, prompt ~%d words, %d tokens per answer, %d requests per client\n", model,
+           threads, prompt_words, gen, requests);
+    printf("| clients | requests | tok/s (all) | TTFT p50 ms | TTFT p99 ms | TPOT p50 ms | TPOT p99 ms | failed |\n");
+    printf("|---|---|---|---|---|---|---|---|\n");
+    for (int li = 0; li < n_list; li++) {
+        int n = list[li];
+        client *cs = calloc((size_t)n, sizeof *cs);
+        pthread_t *th = calloc((size_t)n, sizeof *th);
+        double t0 = ts_now();
+        for (int c = 0; c < n; c++) {
+            cs[c].id = c;
+            pthread_create(&th[c], NULL, client_main, &cs[c]);
+        }
+        for (int c = 0; c < n; c++) pthread_join(th[c], NULL);
+        double wall = ts_now() - t0;
+        int total = 0, count = 0, failed = 0;
+        double *ttft = calloc((size_t)(n * requests), sizeof *ttft), *tpot = calloc((size_t)(n * requests), sizeof *tpot);
+        for (int c = 0; c < n; c++) {
+            failed += cs[c].failed;
+            for (int k = 0; k < cs[c].n; k++) {
+                total += cs[c].s[k].tokens;
+                ttft[count] = cs[c].s[k].ttft * 1e3;
+                tpot[count++] = cs[c].s[k].tpot * 1e3;
+            }
+        }
+        printf("| %d | %d | %.1f | %.0f | %.0f | %.1f | %.1f | %d |\n", n, count, total / wall, pct(ttft, count, 0.5),
+               pct(ttft, count, 0.99), pct(tpot, count, 0.5), pct(tpot, count, 0.99), failed);
+        fflush(stdout);
+        free(ttft);
+        free(tpot);
+        free(cs);
+        free(th);
+    }
+    return ts_stop(&srv) == 0 ? 0 : 1;
+}

@@ -1,0 +1,38 @@
+/* The engine: one thread that owns the q3_ctx and runs the scheduler loop.
+ *
+ * HTTP threads hand it jobs through a bounded FCFS queue (srv_engine_submit)
+ * and never touch the context. Each step runs the decode rows of every
+ * generating sequence and at most one prefill chunk of the oldest admitted
+ * sequence still prefilling, so a long prompt holds the others back by one
+ * chunk at most. A job's output goes into the job (under its mutex) and its
+ * connection is resumed. */
+#ifndef Q3_SERVER_ENGINE_H
+#define Q3_SERVER_ENGINE_H
+
+#include "q3.h"
+#include "server/job.h"
+#include "server/metrics.h"
+#include "text/tokenizer.h"
+
+typedef struct srv_engine srv_engine;
+
+typedef struct srv_engine_opts {
+    q3_ctx *ctx;               /* owned by the engine from now on (freed by srv_engine_free) */
+    const q3_tokenizer *tok;
+    int vocab;                 /* the model's (logits per row) */
+    srv_metrics *metrics;
+    int max_queue;             /* jobs waiting at most (0: 256) */
+} srv_engine_opts;
+
+q3_status srv_engine_start(const srv_engine_opts *o, srv_engine **out);
+/* Queues j (taking a reference). 0, or -1 when the queue is full. */
+int srv_engine_submit(srv_engine *e, srv_job *j);
+/* Jobs waiting or running. */
+int srv_engine_busy(srv_engine *e);
+/* Stops the thread: jobs still waiting or running end with 503. Frees the context. */
+void srv_engine_free(srv_engine *e);
+
+/* Wakes the connection of j if it waits (caller holds j->mu). */
+void srv_job_wake(srv_job *j);
+
+#endif

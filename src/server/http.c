@@ -1,0 +1,367 @@
+/* HTTP with GNU libmicrohttpd: routing, limits, API keys, and the
+ * suspend/resume plumbing between connections and the engine. */
+#include "server/server.h"
+
+#include <arpa/inet.h>
+#include <microhttpd.h>
+#include <netdb.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "server/openai.h"
+#include "util/error.h"
+
+double q3_now(void);
+
+struct srv_server {
+    struct MHD_Daemon *d;
+    int port;
+    char *api_key;
+    size_t max_body;
+    srv_metrics metrics;
+    srv_api api;
+    srv_engine *eng;
+    long long started;
+    int ready, draining;   /* read with atomics */
+    int in_flight;         /* connections holding a job */
+};
+
+typedef struct conn_ctx {
+    q3_strbuf body;
+    int too_big;
+    srv_job *job;
+} conn_ctx;
+
+/* ---- answers ---------------------------------------------------------------- */
+
+static enum MHD_Result respond(struct MHD_Connection *c, unsigned status, const char *type, const char *body, size_t len)
+{
+    struct MHD_Response *r = MHD_create_response_from_buffer(len, (void *)body, MHD_RESPMEM_MUST_COPY);
+    if (!r) return MHD_NO;
+    MHD_add_response_header(r, "Content-Type", type);
+    enum MHD_Result ok = MHD_queue_response(c, status, r);
+    MHD_destroy_response(r);
+    return ok;
+}
+
+static enum MHD_Result respond_json(struct MHD_Connection *c, unsigned status, q3_strbuf *b)
+{
+    if (b->oom) {
+        free(b->data);
+        static const char oom[] = "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\",\"param\":null,\"code\":500}}";
+        return respond(c, 500, "application/json", oom, sizeof oom - 1);
+    }
+    enum MHD_Result ok = respond(c, status, "application/json", b->data ? b->data : "", b->len);
+    free(b->data);
+    return ok;
+}
+
+static enum MHD_Result respond_err(struct MHD_Connection *c, const srv_err *e)
+{
+    q3_strbuf b = {0};
+    srv_err_json(e, &b);
+    return respond_json(c, (unsigned)e->status, &b);
+}
+
+static enum MHD_Result fail(struct MHD_Connection *c, int status, const char *type, const char *code, const char *msg)
+{
+    srv_err e;
+    srv_err_set(&e, status, type, code, NULL, "%s", msg);
+    return respond_err(c, &e);
+}
+
+/* ---- streams ------------------------------------------------------------------ */
+
+/* MHD asks for the next bytes of a stream. With none ready the connection is
+ * suspended (no thread waits on it) until the engine resumes it. */
+static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
+{
+    (void)pos;
+    srv_job *j = cls;
+    pthread_mutex_lock(&j->mu);
+    if (j->finished && j->err_status && j->err_status != 499) { /* a failure after the stream began */
+        srv_err e;
+        srv_err_set(&e, j->err_status, j->err_status >= 500 ? "server_error" : "invalid_request_error", NULL, NULL,
+                    "%s", j->err_msg);
+        q3_strbuf_puts(&j->sse, "data: ");
+        srv_err_json(&e, &j->sse);
+        q3_strbuf_puts(&j->sse, "\n\ndata: [DONE]\n\n");
+        j->err_status = 499; /* written once */
+    }
+    size_t avail = j->sse.len - j->sse_sent;
+    if (avail) {
+        size_t n = avail < max ? avail : max;
+        memcpy(buf, j->sse.data + j->sse_sent, n);
+        j->sse_sent += n;
+        if (j->sse_sent == j->sse.len) j->sse.len = j->sse_sent = 0;
+        pthread_mutex_unlock(&j->mu);
+        return (ssize_t)n;
+    }
+    if (j->finished || j->sse.oom) {
+        pthread_mutex_unlock(&j->mu);
+        return MHD_CONTENT_READER_END_OF_STREAM;
+    }
+    j->suspended = 1;
+    MHD_suspend_connection(j->conn);
+    pthread_mutex_unlock(&j->mu);
+    return 0;
+}
+
+static void stream_free(void *cls) { srv_job_unref(cls); }
+
+/* ---- requests ------------------------------------------------------------------ */
+
+static int authorized(srv_server *s, struct MHD_Connection *c)
+{
+    if (!s->api_key) return 1;
+    const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
+    if (!h || strncmp(h, "Bearer ", 7)) return 0;
+    const char *k = h + 7;
+    size_t a = strlen(k), b = strlen(s->api_key);
+    unsigned diff = a != b;
+    for (size_t i = 0; i < a && i < b; i++) diff |= (unsigned char)(k[i] ^ s->api_key[i]);
+    return diff == 0;
+}
+
+/* Answers a finished job (non-stream). */
+static enum MHD_Result answer_job(struct MHD_Connection *c, srv_job *j)
+{
+    if (j->err_status) {
+        srv_err e;
+        srv_err_set(&e, j->err_status == 499 ? 500 : j->err_status, j->err_status >= 500 ? "server_error" : "invalid_request_error",
+                    NULL, NULL, "%s", j->err_msg);
+        return respond_err(c, &e);
+    }
+    q3_strbuf b = {0};
+    srv_response_json(j, &b);
+    return respond_json(c, 200, &b);
+}
+
+static enum MHD_Result start_job(srv_server *s, struct MHD_Connection *c, conn_ctx *cc, int chat)
+{
+    srv_job *j = srv_job_new();
+    if (!j) return fail(c, 500, "server_error", NULL, "out of memory");
+    srv_err e = {0};
+    const char *body = cc->body.data ? cc->body.data : "";
+    int rc = chat ? srv_parse_chat(&s->api, body, cc->body.len, j, &e) : srv_parse_completion(&s->api, body, cc->body.len, j, &e);
+    if (rc) {
+        srv_job_unref(j);
+        return respond_err(c, &e);
+    }
+    j->model_name = s->api.model_name;
+    j->conn = c;
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    j->fd = ci ? ci->connect_fd : -1;
+    j->t_submit = j->t_last_write = q3_now();
+    if (j->stream) srv_stream_begin(j);
+    if (srv_engine_submit(s->eng, j)) {
+        srv_job_unref(j);
+        return fail(c, 429, "server_error", "queue_full", "the server's queue is full; try again later");
+    }
+    cc->job = j;
+    __atomic_add_fetch(&s->in_flight, 1, __ATOMIC_SEQ_CST);
+    if (j->stream) {
+        struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_read, j, stream_free);
+        if (!r) return MHD_NO;
+        srv_job_ref(j);
+        MHD_add_response_header(r, "Content-Type", "text/event-stream");
+        MHD_add_response_header(r, "Cache-Control", "no-cache");
+        enum MHD_Result ok = MHD_queue_response(c, 200, r);
+        MHD_destroy_response(r);
+        return ok;
+    }
+    pthread_mutex_lock(&j->mu);
+    if (j->finished) {
+        pthread_mutex_unlock(&j->mu);
+        return answer_job(c, j);
+    }
+    j->suspended = 1;
+    MHD_suspend_connection(c);
+    pthread_mutex_unlock(&j->mu);
+    return MHD_YES;
+}
+
+static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *url, const char *method,
+                              const char *version, const char *upload, size_t *upload_size, void **con_cls)
+{
+    (void)version;
+    srv_server *s = cls;
+    conn_ctx *cc = *con_cls;
+    if (!cc) { /* headers are in; the body (if any) comes next */
+        cc = calloc(1, sizeof *cc);
+        if (!cc) return MHD_NO;
+        *con_cls = cc;
+        const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
+        if (cl && strtoull(cl, NULL, 10) > s->max_body) cc->too_big = 1;
+        return MHD_YES;
+    }
+    if (*upload_size) {
+        if (!cc->too_big && cc->body.len + *upload_size > s->max_body) cc->too_big = 1;
+        if (!cc->too_big) q3_strbuf_put(&cc->body, upload, *upload_size);
+        *upload_size = 0;
+        return MHD_YES;
+    }
+    if (cc->job) { /* resumed: the engine finished a non-stream job */
+        srv_job *j = cc->job;
+        pthread_mutex_lock(&j->mu);
+        if (!j->finished) { /* a spurious wake */
+            j->suspended = 1;
+            MHD_suspend_connection(c);
+            pthread_mutex_unlock(&j->mu);
+            return MHD_YES;
+        }
+        pthread_mutex_unlock(&j->mu);
+        return answer_job(c, j);
+    }
+    int get = !strcmp(method, "GET"), post = !strcmp(method, "POST");
+    if (!strcmp(url, "/health")) {
+        if (!get) return fail(c, 405, "invalid_request_error", NULL, "use GET /health");
+        if (!__atomic_load_n(&s->ready, __ATOMIC_ACQUIRE)) return fail(c, 503, "server_error", "loading", "the model is loading");
+        if (__atomic_load_n(&s->draining, __ATOMIC_ACQUIRE)) return fail(c, 503, "server_error", "draining", "the server is shutting down");
+        return respond(c, 200, "application/json", "{}", 2);
+    }
+    if (!strcmp(url, "/metrics")) {
+        if (!get) return fail(c, 405, "invalid_request_error", NULL, "use GET /metrics");
+        q3_strbuf b = {0};
+        srv_metrics_render(&s->metrics, s->api.model_name ? s->api.model_name : "", &b);
+        if (b.oom) { free(b.data); return fail(c, 500, "server_error", NULL, "out of memory"); }
+        enum MHD_Result ok = respond(c, 200, "text/plain; version=0.0.4; charset=utf-8", b.data ? b.data : "", b.len);
+        free(b.data);
+        return ok;
+    }
+    static const char *const routes[] = {"/v1/models", "/v1/chat/completions", "/v1/completions", "/tokenize", "/detokenize", NULL};
+    int route = -1;
+    for (int i = 0; routes[i]; i++)
+        if (!strcmp(url, routes[i])) route = i;
+    if (route < 0) {
+        char msg[160];
+        snprintf(msg, sizeof msg, "no route %.100s", url);
+        return fail(c, 404, "invalid_request_error", "not_found", msg);
+    }
+    if (!authorized(s, c)) return fail(c, 401, "invalid_request_error", "invalid_api_key", "a missing or wrong API key (Authorization: Bearer KEY)");
+    if (route == 0 ? !get : !post) return fail(c, 405, "invalid_request_error", NULL, route == 0 ? "use GET" : "use POST");
+    if (!__atomic_load_n(&s->ready, __ATOMIC_ACQUIRE)) return fail(c, 503, "server_error", "loading", "the model is loading");
+    if (__atomic_load_n(&s->draining, __ATOMIC_ACQUIRE)) return fail(c, 503, "server_error", "draining", "the server is shutting down");
+    if (cc->too_big) {
+        char msg[96];
+        snprintf(msg, sizeof msg, "the request body is larger than %zu bytes", s->max_body);
+        return fail(c, 413, "invalid_request_error", "body_too_large", msg);
+    }
+    if (cc->body.oom) return fail(c, 500, "server_error", NULL, "out of memory");
+    if (route == 0) {
+        q3_strbuf b = {0};
+        srv_models_json(&s->api, s->started, &b);
+        return respond_json(c, 200, &b);
+    }
+    if (route == 1 || route == 2) return start_job(s, c, cc, route == 1);
+    q3_strbuf b = {0};
+    srv_err e = {0};
+    const char *body = cc->body.data ? cc->body.data : "";
+    int rc = route == 3 ? srv_tokenize(&s->api, body, cc->body.len, &b, &e) : srv_detokenize(&s->api, body, cc->body.len, &b, &e);
+    if (rc) {
+        free(b.data);
+        return respond_err(c, &e);
+    }
+    return respond_json(c, 200, &b);
+}
+
+static void completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe)
+{
+    (void)c;
+    (void)toe;
+    srv_server *s = cls;
+    conn_ctx *cc = *con_cls;
+    if (!cc) return;
+    if (cc->job) {
+        srv_job *j = cc->job;
+        pthread_mutex_lock(&j->mu);
+        j->conn = NULL;
+        j->fd = -1;
+        j->suspended = 0;
+        if (!j->finished) j->cancelled = 1;
+        pthread_mutex_unlock(&j->mu);
+        srv_job_unref(j);
+        __atomic_sub_fetch(&s->in_flight, 1, __ATOMIC_SEQ_CST);
+    }
+    free(cc->body.data);
+    free(cc);
+    *con_cls = NULL;
+}
+
+/* ---- life cycle ------------------------------------------------------------------ */
+
+q3_status srv_server_start(const srv_server_opts *o, srv_server **out)
+{
+    *out = NULL;
+    const char *host = o->host ? o->host : "127.0.0.1";
+    if (o->port < 0 || o->port > 65535) return q3_fail(Q3_ERR_INVALID, "port %d is outside 0..65535", o->port);
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE | AI_NUMERICSERV}, *ai;
+    char port[16];
+    snprintf(port, sizeof port, "%d", o->port);
+    int gai = getaddrinfo(host, port, &hints, &ai);
+    if (gai) return q3_fail(Q3_ERR_INVALID, "cannot resolve the address '%s': %s", host, gai_strerror(gai));
+    srv_server *s = calloc(1, sizeof *s);
+    if (!s) { freeaddrinfo(ai); return q3_fail(Q3_ERR_NOMEM, "out of memory"); }
+    srv_metrics_init(&s->metrics);
+    s->max_body = o->max_body ? o->max_body : (size_t)8 << 20;
+    s->api_key = o->api_key ? strdup(o->api_key) : NULL;
+    s->started = (long long)time(NULL);
+    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL_LINUX_ONLY | MHD_ALLOW_SUSPEND_RESUME;
+    if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
+    s->d = MHD_start_daemon(flags, 0, NULL, NULL, handle, s,
+                            MHD_OPTION_SOCK_ADDR, ai->ai_addr,
+                            MHD_OPTION_THREAD_POOL_SIZE, (unsigned)(o->http_threads > 0 ? o->http_threads : 4),
+                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)(o->max_connections > 0 ? o->max_connections : 256),
+                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)(o->timeout_s > 0 ? o->timeout_s : 60),
+                            MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(o->max_header ? o->max_header : 32768),
+                            MHD_OPTION_NOTIFY_COMPLETED, completed, s,
+                            MHD_OPTION_END);
+    freeaddrinfo(ai);
+    if (!s->d) {
+        srv_server_free(s);
+        return q3_fail(Q3_ERR_IO, "cannot listen on %s:%d (in use, or not an address of this machine)", host, o->port);
+    }
+    const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->d, MHD_DAEMON_INFO_BIND_PORT);
+    s->port = di ? di->port : o->port;
+    return *out = s, Q3_OK;
+}
+
+int srv_server_port(const srv_server *s) { return s->port; }
+srv_metrics *srv_server_metrics(srv_server *s) { return &s->metrics; }
+
+void srv_server_ready(srv_server *s, const q3_tokenizer *tok, const char *model_name, int n_ctx, int vocab, srv_engine *eng)
+{
+    s->api.tok = tok;
+    s->api.model_name = model_name;
+    s->api.n_ctx = n_ctx;
+    s->api.vocab = vocab;
+    s->eng = eng;
+    __atomic_store_n(&s->ready, 1, __ATOMIC_RELEASE);
+}
+
+void srv_server_refuse(srv_server *s) { __atomic_store_n(&s->draining, 1, __ATOMIC_RELEASE); }
+
+int srv_server_drain(srv_server *s, double timeout_s)
+{
+    __atomic_store_n(&s->draining, 1, __ATOMIC_RELEASE);
+    double t0 = q3_now();
+    for (;;) {
+        int left = __atomic_load_n(&s->in_flight, __ATOMIC_SEQ_CST) + (s->eng ? srv_engine_busy(s->eng) : 0);
+        if (!left || q3_now() - t0 > timeout_s) return left;
+        usleep(20000);
+    }
+}
+
+void srv_server_free(srv_server *s)
+{
+    if (!s) return;
+    srv_engine_free(s->eng); /* wakes every waiting connection with its answer */
+    s->eng = NULL;
+    if (s->d) MHD_stop_daemon(s->d);
+    srv_metrics_destroy(&s->metrics);
+    free(s->api_key);
+    free(s);
+}

@@ -1,0 +1,47 @@
+/* Prometheus metrics under the names vLLM exports, so routers and dashboards
+ * built for vLLM (Gateway API Inference Extension, llm-d) read q3 as is.
+ * The engine thread records; HTTP threads render. One mutex guards it all:
+ * records are a few adds per token, renders are rare. */
+#ifndef Q3_SERVER_METRICS_H
+#define Q3_SERVER_METRICS_H
+
+#include <pthread.h>
+#include <stdint.h>
+
+#include "util/strbuf.h"
+
+#define SRV_HIST_MAX 24
+
+typedef struct srv_hist {
+    int n;                       /* buckets (le bounds), +Inf implied */
+    double le[SRV_HIST_MAX];
+    uint64_t count[SRV_HIST_MAX]; /* per bucket, not cumulative */
+    uint64_t total;
+    double sum;
+} srv_hist;
+
+typedef struct srv_metrics {
+    pthread_mutex_t mu;
+    /* gauges, set by the engine after each step */
+    int running, waiting;
+    double kv_usage;          /* 0..1: blocks held by sequences / all blocks */
+    int block_size, num_blocks;
+    /* counters */
+    uint64_t prompt_tokens, generation_tokens, cached_prompt_tokens;
+    uint64_t success[4];      /* by finish reason: stop, length, tool_calls, abort */
+    uint64_t errors;
+    srv_hist ttft, tpot, e2e, req_prompt, req_gen;
+} srv_metrics;
+
+enum { SRV_FINISH_STOP, SRV_FINISH_LENGTH, SRV_FINISH_TOOLS, SRV_FINISH_ABORT };
+
+void srv_metrics_init(srv_metrics *m);
+void srv_metrics_destroy(srv_metrics *m);
+void srv_metrics_gauges(srv_metrics *m, int running, int waiting, double kv_usage, int block_size, int num_blocks);
+/* A finished request (finish: SRV_FINISH_*; ttft/tpot < 0: not measured). */
+void srv_metrics_request(srv_metrics *m, int finish, int prompt_tokens, int cached, int gen_tokens, double ttft,
+                         double tpot, double e2e);
+/* Prometheus text exposition format 0.0.4 into b. */
+void srv_metrics_render(srv_metrics *m, const char *model_name, q3_strbuf *b);
+
+#endif

@@ -1,0 +1,927 @@
+/* The OpenAI wire format (see openai.h). */
+#include "server/openai.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "text/chat_template.h"
+#include "text/utf8.h"
+
+int srv_err_set(srv_err *e, int status, const char *type, const char *code, const char *param, const char *fmt, ...)
+{
+    e->status = status;
+    e->type = type;
+    e->code = code;
+    snprintf(e->param, sizeof e->param, "%s", param ? param : "");
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->message, sizeof e->message, fmt, ap);
+    va_end(ap);
+    return status;
+}
+
+static int bad(srv_err *e, const char *param, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int bad(srv_err *e, const char *param, const char *fmt, ...)
+{
+    char msg[384];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    return srv_err_set(e, 400, "invalid_request_error", NULL, param, "%s", msg);
+}
+
+/* Appends item's unformatted JSON (cJSON escapes strings as JSON requires). */
+static void put_json(q3_strbuf *b, const cJSON *item)
+{
+    char *s = cJSON_PrintUnformatted(item);
+    if (!s) { b->oom = 1; return; }
+    q3_strbuf_puts(b, s);
+    cJSON_free(s);
+}
+
+void srv_err_json(const srv_err *e, q3_strbuf *b)
+{
+    cJSON *root = cJSON_CreateObject(), *err = cJSON_AddObjectToObject(root, "error");
+    cJSON_AddStringToObject(err, "message", e->message);
+    cJSON_AddStringToObject(err, "type", e->type ? e->type : "invalid_request_error");
+    if (e->param[0]) cJSON_AddStringToObject(err, "param", e->param);
+    else cJSON_AddNullToObject(err, "param");
+    if (e->code) cJSON_AddStringToObject(err, "code", e->code);
+    else cJSON_AddNumberToObject(err, "code", e->status);
+    put_json(b, root);
+    cJSON_Delete(root);
+}
+
+/* ---- field helpers -------------------------------------------------------- */
+
+static int is_known(const char *k, const char *const *known)
+{
+    for (int i = 0; known[i]; i++)
+        if (!strcmp(k, known[i])) return 1;
+    return 0;
+}
+
+static int check_fields(const cJSON *root, const char *const *known, srv_err *e)
+{
+    for (const cJSON *it = root->child; it; it = it->next)
+        if (!is_known(it->string, known))
+            return bad(e, it->string, "unknown field '%s' (q3 serve refuses what it would otherwise ignore)", it->string);
+    return 0;
+}
+
+/* A number field in [lo, hi]; absent or null leaves *out. */
+static int get_num(const cJSON *root, const char *name, double lo, double hi, double *out, srv_err *e)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, name);
+    if (!v || cJSON_IsNull(v)) return 0;
+    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble)) return bad(e, name, "'%s' must be a number", name);
+    if (v->valuedouble < lo || v->valuedouble > hi) return bad(e, name, "'%s' is %g, must be in [%g, %g]", name, v->valuedouble, lo, hi);
+    *out = v->valuedouble;
+    return 0;
+}
+
+static int get_int(const cJSON *root, const char *name, double lo, double hi, long long *out, srv_err *e)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, name);
+    if (!v || cJSON_IsNull(v)) return 0;
+    if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble)) return bad(e, name, "'%s' must be an integer", name);
+    if (v->valuedouble < lo || v->valuedouble > hi) return bad(e, name, "'%s' is %g, must be in [%.0f, %.0f]", name, v->valuedouble, lo, hi);
+    *out = (long long)v->valuedouble;
+    return 0;
+}
+
+static int get_bool(const cJSON *root, const char *name, int *out, srv_err *e)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, name);
+    if (!v || cJSON_IsNull(v)) return 0;
+    if (!cJSON_IsBool(v)) return bad(e, name, "'%s' must be true or false", name);
+    *out = cJSON_IsTrue(v);
+    return 0;
+}
+
+static uint64_t seed_counter;
+
+/* Sampling, limits, stop and stream options common to both endpoints. */
+static int parse_common(const srv_api *a, const cJSON *root, srv_job *j, int thinking, srv_err *e)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, "model");
+    if (v && !cJSON_IsNull(v)) {
+        if (!cJSON_IsString(v)) return bad(e, "model", "'model' must be a string");
+        if (strcmp(v->valuestring, a->model_name))
+            return srv_err_set(e, 404, "invalid_request_error", "model_not_found", "model",
+                               "The model `%.100s` does not exist (this server runs `%.100s`).", v->valuestring, a->model_name);
+    }
+    q3_sampler_params sp = q3_sampler_defaults(thinking);
+    sp.penalty_last_n = 0;
+    double x;
+    long long n;
+    x = sp.temperature; if (get_num(root, "temperature", 0, 2, &x, e)) return e->status; sp.temperature = (float)x;
+    x = sp.top_p; if (get_num(root, "top_p", 1e-9, 1, &x, e)) return e->status; sp.top_p = (float)x;
+    n = sp.top_k; if (get_int(root, "top_k", -1, 1e9, &n, e)) return e->status; sp.top_k = n < 0 ? 0 : (int)n;
+    x = sp.min_p; if (get_num(root, "min_p", 0, 1, &x, e)) return e->status; sp.min_p = (float)x;
+    x = 1; if (get_num(root, "repetition_penalty", 1e-6, 10, &x, e)) return e->status; sp.repeat_penalty = (float)x;
+    if (sp.repeat_penalty != 1.0f) sp.penalty_last_n = a->n_ctx;
+    x = 0; if (get_num(root, "presence_penalty", -2, 2, &x, e)) return e->status; j->presence_penalty = (float)x;
+    x = 0; if (get_num(root, "frequency_penalty", -2, 2, &x, e)) return e->status; j->frequency_penalty = (float)x;
+    sp.presence_penalty = 0;
+    v = cJSON_GetObjectItemCaseSensitive(root, "seed");
+    if (v && !cJSON_IsNull(v)) {
+        if (get_int(root, "seed", -9.2e18, 9.2e18, &n, e)) return e->status;
+        sp.seed = (uint64_t)n;
+    } else {
+        sp.seed = (uint64_t)time(NULL) * 0x9e3779b97f4a7c15ull + __atomic_add_fetch(&seed_counter, 1, __ATOMIC_RELAXED);
+    }
+    j->sp = sp;
+    n = 1;
+    if (get_int(root, "n", 1, 1, &n, e)) return bad(e, "n", "'n' must be 1 (q3 serve makes one choice per request)");
+    long long mt = 0;
+    if (get_int(root, "max_tokens", 1, 1e9, &mt, e)) return e->status;
+    if (get_int(root, "max_completion_tokens", 1, 1e9, &mt, e)) return e->status;
+    j->max_tokens = (int)mt;
+    v = cJSON_GetObjectItemCaseSensitive(root, "stop");
+    if (cJSON_IsString(v)) {
+        if (v->valuestring[0]) j->stop[j->n_stop++] = strdup(v->valuestring);
+    } else if (cJSON_IsArray(v)) {
+        if (cJSON_GetArraySize(v) > SRV_MAX_STOP) return bad(e, "stop", "at most %d stop strings", SRV_MAX_STOP);
+        for (const cJSON *s = v->child; s; s = s->next) {
+            if (!cJSON_IsString(s)) return bad(e, "stop", "'stop' must be a string or a list of strings");
+            if (s->valuestring[0]) j->stop[j->n_stop++] = strdup(s->valuestring);
+        }
+    } else if (v && !cJSON_IsNull(v)) {
+        return bad(e, "stop", "'stop' must be a string or a list of strings");
+    }
+    for (int i = 0; i < j->n_stop; i++)
+        if (!j->stop[i]) return srv_err_set(e, 500, "server_error", NULL, NULL, "out of memory");
+    if (get_bool(root, "stream", &j->stream, e)) return e->status;
+    v = cJSON_GetObjectItemCaseSensitive(root, "stream_options");
+    if (v && !cJSON_IsNull(v)) {
+        if (!cJSON_IsObject(v)) return bad(e, "stream_options", "'stream_options' must be an object");
+        if (!j->stream) return bad(e, "stream_options", "'stream_options' needs \"stream\": true");
+        static const char *const so_known[] = {"include_usage", "continuous_usage_stats", NULL};
+        if (check_fields(v, so_known, e)) return e->status;
+        if (get_bool(v, "include_usage", &j->include_usage, e)) return e->status;
+    }
+    j->tok = a->tok;
+    if (j->kind == SRV_CHAT) { /* logprobs: bool, top_logprobs: 0..20 */
+        if (get_bool(root, "logprobs", &j->logprobs, e)) return e->status;
+        long long top = 0;
+        if (get_int(root, "top_logprobs", 0, SRV_MAX_TOP_LOGPROBS, &top, e)) return e->status;
+        if (top > 0 && !j->logprobs) return bad(e, "top_logprobs", "'top_logprobs' needs \"logprobs\": true");
+        j->top_logprobs = (int)top;
+    } else { /* legacy completions: logprobs is the number of alternatives */
+        long long top = -1;
+        if (get_int(root, "logprobs", 0, SRV_MAX_TOP_LOGPROBS, &top, e)) return e->status;
+        j->logprobs = top >= 0;
+        j->top_logprobs = top > 0 ? (int)top : 0;
+    }
+    v = cJSON_GetObjectItemCaseSensitive(root, "logit_bias");
+    if (v && !cJSON_IsNull(v) && !(cJSON_IsObject(v) && !v->child))
+        return bad(e, "logit_bias", "logit_bias is not supported by q3 serve");
+    v = cJSON_GetObjectItemCaseSensitive(root, "user");
+    if (v && !cJSON_IsNull(v) && !cJSON_IsString(v)) return bad(e, "user", "'user' must be a string");
+    return 0;
+}
+
+/* The prompt fits with room for at least one token, and max_tokens fits after it. */
+static int check_length(const srv_api *a, srv_job *j, srv_err *e)
+{
+    if (j->n_prompt < 1) return bad(e, "messages", "the prompt is empty");
+    if (j->n_prompt >= a->n_ctx)
+        return srv_err_set(e, 400, "invalid_request_error", "context_length_exceeded", "messages",
+                           "This model's maximum context length is %d tokens. However, your request has %d input "
+                           "tokens. Please reduce the length of the input messages.", a->n_ctx, j->n_prompt);
+    int room = a->n_ctx - j->n_prompt;
+    if (j->max_tokens == 0) j->max_tokens = room;
+    else if (j->max_tokens > room)
+        return srv_err_set(e, 400, "invalid_request_error", "context_length_exceeded", "max_tokens",
+                           "This model's maximum context length is %d tokens. However, you requested %d tokens "
+                           "(%d in the messages, %d in the completion). Please reduce the length of the messages "
+                           "or completion.", a->n_ctx, j->n_prompt + j->max_tokens, j->n_prompt, j->max_tokens);
+    return 0;
+}
+
+static cJSON *parse_body(const char *body, size_t len, srv_err *e)
+{
+    cJSON *root = cJSON_ParseWithLength(body, len);
+    if (!root) {
+        bad(e, NULL, "the body is not valid JSON");
+        return NULL;
+    }
+    if (!cJSON_IsObject(root)) {
+        cJSON_Delete(root);
+        bad(e, NULL, "the body must be a JSON object");
+        return NULL;
+    }
+    return root;
+}
+
+static void fill_ids(srv_job *j, const char *prefix)
+{
+    static unsigned long long counter;
+    unsigned long long c = __atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED);
+    j->created = (long long)time(NULL);
+    snprintf(j->id, sizeof j->id, "%s-%llx%08llx", prefix, (unsigned long long)j->created, c);
+}
+
+/* ---- chat ------------------------------------------------------------------ */
+
+/* A message's content as one string: a string, or the text parts of a list
+ * joined by "\n". NULL content stays NULL. Returns 0, or an error status. */
+static int content_text(const cJSON *m, int idx, char **out, srv_err *e)
+{
+    *out = NULL;
+    const cJSON *c = cJSON_GetObjectItemCaseSensitive(m, "content");
+    if (!c || cJSON_IsNull(c)) return 0;
+    if (cJSON_IsString(c)) {
+        *out = strdup(c->valuestring);
+        return *out ? 0 : srv_err_set(e, 500, "server_error", NULL, NULL, "out of memory");
+    }
+    if (!cJSON_IsArray(c)) return bad(e, "messages", "messages[%d].content must be a string or a list of text parts", idx);
+    q3_strbuf b = {0};
+    int k = 0;
+    for (const cJSON *p = c->child; p; p = p->next, k++) {
+        const cJSON *type = cJSON_GetObjectItemCaseSensitive(p, "type"), *text = cJSON_GetObjectItemCaseSensitive(p, "text");
+        if (!cJSON_IsObject(p) || !cJSON_IsString(type) || strcmp(type->valuestring, "text") || !cJSON_IsString(text)) {
+            free(b.data);
+            return bad(e, "messages", "messages[%d].content[%d]: only {\"type\": \"text\", \"text\": ...} parts are supported", idx, k);
+        }
+        if (k) q3_strbuf_puts(&b, "\n");
+        q3_strbuf_puts(&b, text->valuestring);
+    }
+    if (b.oom) { free(b.data); return srv_err_set(e, 500, "server_error", NULL, NULL, "out of memory"); }
+    *out = b.data ? b.data : strdup("");
+    return 0;
+}
+
+/* Renders the conversation with Qwen3's template and tokenizes it with
+ * q3_chat_encode: the markup's control tokens are tokens, the messages' text
+ * is always plain text ("<|im_end|>" typed in a message stays text), in one
+ * pass, so text without control-token strings gets the reference's ids. */
+static int render_chat(const srv_api *a, const cJSON *messages, const cJSON *tools, int thinking, srv_job *j, srv_err *e)
+{
+    if (!cJSON_IsArray(messages) || cJSON_GetArraySize(messages) < 1) return bad(e, "messages", "'messages' must be a non-empty list");
+    cJSON *conv = cJSON_CreateObject(), *msgs = cJSON_AddArrayToObject(conv, "messages");
+    q3_tokens toks = {0};
+    int rc = 0, idx = 0;
+    for (const cJSON *m = messages->child; m; m = m->next, idx++) {
+        if (!cJSON_IsObject(m)) { rc = bad(e, "messages", "messages[%d] must be an object", idx); goto done; }
+        const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
+        if (!cJSON_IsString(role)) { rc = bad(e, "messages", "messages[%d].role must be a string", idx); goto done; }
+        const char *r = role->valuestring;
+        int assistant = !strcmp(r, "assistant");
+        if (!assistant && strcmp(r, "system") && strcmp(r, "developer") && strcmp(r, "user") && strcmp(r, "tool")) {
+            rc = bad(e, "messages", "messages[%d].role is '%.40s': expected system, developer, user, assistant or tool", idx, r);
+            goto done;
+        }
+        char *text;
+        if ((rc = content_text(m, idx, &text, e))) goto done;
+        if (!text && !assistant) { rc = bad(e, "messages", "messages[%d] (%s) has no content", idx, r); goto done; }
+        cJSON *copy = cJSON_CreateObject();
+        cJSON_AddItemToArray(msgs, copy);
+        cJSON_AddStringToObject(copy, "role", !strcmp(r, "developer") ? "system" : r);
+        cJSON_AddStringToObject(copy, "content", text ? text : ""); /* null beside tool_calls */
+        free(text);
+        if (assistant) {
+            static const char *const keep[] = {"reasoning_content", "tool_calls", NULL};
+            for (int k = 0; keep[k]; k++) {
+                const cJSON *f = cJSON_GetObjectItemCaseSensitive(m, keep[k]);
+                if (f && !cJSON_IsNull(f)) cJSON_AddItemToObject(copy, keep[k], cJSON_Duplicate(f, 1));
+            }
+        }
+    }
+    if (tools) cJSON_AddItemToObject(conv, "tools", cJSON_Duplicate(tools, 1));
+    if (thinking >= 0) cJSON_AddBoolToObject(conv, "enable_thinking", thinking);
+    cJSON_AddBoolToObject(conv, "add_generation_prompt", 1);
+    if (q3_chat_encode(a->tok, conv, 0, &toks)) {
+        rc = bad(e, "messages", "%s", q3_last_error());
+        goto done;
+    }
+    j->prompt = toks.ids;
+    j->n_prompt = (int)toks.n;
+    toks.ids = NULL;
+done:
+    q3_tokens_free(&toks);
+    cJSON_Delete(conv);
+    return rc;
+}
+
+int srv_parse_chat(const srv_api *a, const char *body, size_t len, srv_job *j, srv_err *e)
+{
+    static const char *const known[] = {
+        "model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "min_p",
+        "presence_penalty", "frequency_penalty", "repetition_penalty", "seed", "stop", "stream", "stream_options",
+        "chat_template_kwargs", "tools", "tool_choice", "parallel_tool_calls", "logprobs", "top_logprobs", "n",
+        "user", "response_format", "logit_bias", NULL};
+    cJSON *root = parse_body(body, len, e);
+    if (!root) return e->status;
+    int rc = check_fields(root, known, e);
+    j->kind = SRV_CHAT;
+    j->parse_reasoning = 1;
+    int thinking = -1;
+    const cJSON *kw = cJSON_GetObjectItemCaseSensitive(root, "chat_template_kwargs");
+    if (!rc && kw && !cJSON_IsNull(kw)) {
+        static const char *const kw_known[] = {"enable_thinking", NULL};
+        if (!cJSON_IsObject(kw)) rc = bad(e, "chat_template_kwargs", "'chat_template_kwargs' must be an object");
+        else if (!(rc = check_fields(kw, kw_known, e))) {
+            int t = -1;
+            rc = get_bool(kw, "enable_thinking", &t, e);
+            thinking = t;
+        }
+    }
+    const cJSON *rf = cJSON_GetObjectItemCaseSensitive(root, "response_format");
+    if (!rc && rf && !cJSON_IsNull(rf)) {
+        const cJSON *t = cJSON_GetObjectItemCaseSensitive(rf, "type");
+        if (!cJSON_IsObject(rf) || !cJSON_IsString(t) || strcmp(t->valuestring, "text"))
+            rc = bad(e, "response_format", "only response_format {\"type\": \"text\"} is supported");
+    }
+    const cJSON *tools = cJSON_GetObjectItemCaseSensitive(root, "tools");
+    if (!rc && tools && !cJSON_IsNull(tools)) {
+        if (!cJSON_IsArray(tools)) rc = bad(e, "tools", "'tools' must be a list");
+        for (const cJSON *t = tools->child; !rc && t; t = t->next) {
+            const cJSON *f = cJSON_GetObjectItemCaseSensitive(t, "function");
+            const cJSON *nm = cJSON_GetObjectItemCaseSensitive(f, "name");
+            if (!cJSON_IsObject(t) || !cJSON_IsObject(f) || !cJSON_IsString(nm))
+                rc = bad(e, "tools", "each tool must be {\"type\": \"function\", \"function\": {\"name\": ...}}");
+        }
+        if (!rc && cJSON_GetArraySize(tools) == 0) tools = NULL;
+    } else {
+        tools = NULL;
+    }
+    const cJSON *tc = cJSON_GetObjectItemCaseSensitive(root, "tool_choice");
+    if (!rc && tc && !cJSON_IsNull(tc)) {
+        if (cJSON_IsString(tc) && !strcmp(tc->valuestring, "none")) tools = NULL;
+        else if (!(cJSON_IsString(tc) && !strcmp(tc->valuestring, "auto")))
+            rc = bad(e, "tool_choice", "tool_choice must be \"auto\" or \"none\" (q3 serve does not force tool calls)");
+    }
+    j->parse_tools = tools != NULL;
+    if (!rc) rc = parse_common(a, root, j, thinking != 0, e);
+    if (!rc) {
+        const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(root, "messages");
+        if (!msgs) rc = bad(e, "messages", "'messages' is required");
+        else rc = render_chat(a, msgs, tools, thinking, j, e);
+    }
+    if (!rc) rc = check_length(a, j, e);
+    fill_ids(j, "chatcmpl");
+    cJSON_Delete(root);
+    return rc;
+}
+
+int srv_parse_completion(const srv_api *a, const char *body, size_t len, srv_job *j, srv_err *e)
+{
+    static const char *const known[] = {
+        "model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "min_p", "presence_penalty",
+        "frequency_penalty", "repetition_penalty", "seed", "stop", "stream", "stream_options", "n", "user",
+        "logprobs", "echo", "best_of", "suffix", "logit_bias", NULL};
+    cJSON *root = parse_body(body, len, e);
+    if (!root) return e->status;
+    j->kind = SRV_COMPLETION;
+    int rc = check_fields(root, known, e);
+    if (!rc) rc = parse_common(a, root, j, 0, e);
+    int echo = 0;
+    long long best_of = 1;
+    if (!rc && !(rc = get_bool(root, "echo", &echo, e)) && echo) rc = bad(e, "echo", "echo is not supported");
+    if (!rc && !(rc = get_int(root, "best_of", 1, 1e9, &best_of, e)) && best_of != 1) rc = bad(e, "best_of", "best_of must be 1");
+    const cJSON *sfx = cJSON_GetObjectItemCaseSensitive(root, "suffix");
+    if (!rc && sfx && !cJSON_IsNull(sfx)) rc = bad(e, "suffix", "suffix is not supported");
+    const cJSON *p = cJSON_GetObjectItemCaseSensitive(root, "prompt");
+    if (!rc) {
+        if (cJSON_IsArray(p) && cJSON_GetArraySize(p) == 1 && cJSON_IsString(p->child)) p = p->child;
+        if (cJSON_IsString(p)) {
+            int32_t *ids = NULL;
+            size_t n = 0;
+            if (q3_tokenizer_encode(a->tok, p->valuestring, strlen(p->valuestring), Q3_ENCODE_DEFAULT, &ids, &n)) rc = bad(e, "prompt", "%s", q3_last_error());
+            j->prompt = ids;
+            j->n_prompt = (int)n;
+        } else if (cJSON_IsArray(p) && cJSON_GetArraySize(p) > 0 && cJSON_IsNumber(p->child)) {
+            int n = cJSON_GetArraySize(p), k = 0;
+            if (n > a->n_ctx) n = a->n_ctx; /* longer is refused below anyway */
+            j->prompt = malloc((size_t)n * sizeof *j->prompt);
+            if (!j->prompt) rc = srv_err_set(e, 500, "server_error", NULL, NULL, "out of memory");
+            for (const cJSON *t = p->child; !rc && t; t = t->next, k++) {
+                if (!cJSON_IsNumber(t) || t->valuedouble != floor(t->valuedouble) || t->valuedouble < 0 || t->valuedouble >= a->vocab)
+                    rc = bad(e, "prompt", "prompt[%d] is not a token id in [0, %d)", k, a->vocab);
+                else if (k < n) j->prompt[k] = (int32_t)t->valuedouble;
+            }
+            j->n_prompt = cJSON_GetArraySize(p);
+        } else {
+            rc = bad(e, "prompt", "'prompt' must be a string or a non-empty list of token ids");
+        }
+    }
+    if (!rc) rc = check_length(a, j, e);
+    fill_ids(j, "cmpl");
+    cJSON_Delete(root);
+    return rc;
+}
+
+/* ---- tokenize / detokenize / models ----------------------------------------- */
+
+int srv_tokenize(const srv_api *a, const char *body, size_t len, q3_strbuf *out, srv_err *e)
+{
+    static const char *const known[] = {"model", "prompt", "messages", "add_special_tokens", "add_generation_prompt",
+                                        "chat_template_kwargs", "tools", NULL};
+    cJSON *root = parse_body(body, len, e);
+    if (!root) return e->status;
+    int rc = check_fields(root, known, e);
+    srv_job *j = srv_job_new();
+    if (!j) rc = srv_err_set(e, 500, "server_error", NULL, NULL, "out of memory");
+    const cJSON *p = cJSON_GetObjectItemCaseSensitive(root, "prompt"), *m = cJSON_GetObjectItemCaseSensitive(root, "messages");
+    if (!rc) {
+        if (cJSON_IsString(p)) {
+            int32_t *ids = NULL;
+            size_t n = 0;
+            if (q3_tokenizer_encode(a->tok, p->valuestring, strlen(p->valuestring), Q3_ENCODE_DEFAULT, &ids, &n)) rc = bad(e, "prompt", "%s", q3_last_error());
+            j->prompt = ids;
+            j->n_prompt = (int)n;
+        } else if (m) {
+            int thinking = -1;
+            const cJSON *kw = cJSON_GetObjectItemCaseSensitive(root, "chat_template_kwargs");
+            const cJSON *et = cJSON_GetObjectItemCaseSensitive(kw, "enable_thinking");
+            if (cJSON_IsBool(et)) thinking = cJSON_IsTrue(et);
+            const cJSON *tools = cJSON_GetObjectItemCaseSensitive(root, "tools");
+            rc = render_chat(a, m, cJSON_IsArray(tools) ? tools : NULL, thinking, j, e);
+        } else {
+            rc = bad(e, "prompt", "'prompt' (a string) or 'messages' is required");
+        }
+    }
+    if (!rc) {
+        cJSON *r = cJSON_CreateObject(), *arr = cJSON_AddArrayToObject(r, "tokens");
+        for (int i = 0; i < j->n_prompt; i++) cJSON_AddItemToArray(arr, cJSON_CreateNumber(j->prompt[i]));
+        cJSON_AddNumberToObject(r, "count", j->n_prompt);
+        cJSON_AddNumberToObject(r, "max_model_len", a->n_ctx);
+        put_json(out, r);
+        cJSON_Delete(r);
+    }
+    if (j) srv_job_unref(j);
+    cJSON_Delete(root);
+    return rc;
+}
+
+int srv_detokenize(const srv_api *a, const char *body, size_t len, q3_strbuf *out, srv_err *e)
+{
+    static const char *const known[] = {"model", "tokens", NULL};
+    cJSON *root = parse_body(body, len, e);
+    if (!root) return e->status;
+    int rc = check_fields(root, known, e);
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(root, "tokens");
+    if (!rc && !cJSON_IsArray(t)) rc = bad(e, "tokens", "'tokens' must be a list of token ids");
+    int n = rc ? 0 : cJSON_GetArraySize(t), k = 0;
+    int32_t *ids = malloc((size_t)(n ? n : 1) * sizeof *ids);
+    if (!rc && !ids) rc = srv_err_set(e, 500, "server_error", NULL, NULL, "out of memory");
+    for (const cJSON *x = rc ? NULL : t->child; x && !rc; x = x->next, k++) {
+        if (!cJSON_IsNumber(x) || x->valuedouble != floor(x->valuedouble) || x->valuedouble < 0 || x->valuedouble >= a->vocab ||
+            !q3_tokenizer_token_bytes(a->tok, (int32_t)x->valuedouble, &(size_t){0}))
+            rc = bad(e, "tokens", "tokens[%d] is not a token id of this tokenizer", k);
+        else ids[k] = (int32_t)x->valuedouble;
+    }
+    if (!rc) {
+        char *text = NULL;
+        size_t tl = 0;
+        if (q3_tokenizer_decode(a->tok, ids, (size_t)n, &text, &tl)) {
+            rc = bad(e, "tokens", "%s", q3_last_error());
+        } else {
+            /* lossy, as Hugging Face decodes: bytes that are not UTF-8 become U+FFFD */
+            q3_detok d;
+            q3_detok_init(&d, a->tok);
+            q3_strbuf s = {0};
+            const char *piece;
+            size_t pl;
+            for (int i = 0; i < n; i++)
+                if (!q3_detok_push(&d, ids[i], &piece, &pl)) q3_strbuf_put(&s, piece, pl);
+            if (!q3_detok_flush(&d, &piece, &pl)) q3_strbuf_put(&s, piece, pl);
+            q3_detok_free(&d);
+            cJSON *r = cJSON_CreateObject();
+            cJSON_AddStringToObject(r, "prompt", s.data ? s.data : "");
+            put_json(out, r);
+            cJSON_Delete(r);
+            free(s.data);
+            free(text);
+        }
+    }
+    free(ids);
+    cJSON_Delete(root);
+    return rc;
+}
+
+void srv_models_json(const srv_api *a, long long created, q3_strbuf *out)
+{
+    cJSON *r = cJSON_CreateObject();
+    cJSON_AddStringToObject(r, "object", "list");
+    cJSON *data = cJSON_AddArrayToObject(r, "data"), *m = cJSON_CreateObject();
+    cJSON_AddItemToArray(data, m);
+    cJSON_AddStringToObject(m, "id", a->model_name);
+    cJSON_AddStringToObject(m, "object", "model");
+    cJSON_AddNumberToObject(m, "created", (double)created);
+    cJSON_AddStringToObject(m, "owned_by", "q3");
+    cJSON_AddNumberToObject(m, "max_model_len", a->n_ctx);
+    put_json(out, r);
+    cJSON_Delete(r);
+}
+
+/* ---- answers ------------------------------------------------------------------ */
+
+static cJSON *usage_json(const srv_job *j)
+{
+    cJSON *u = cJSON_CreateObject();
+    cJSON_AddNumberToObject(u, "prompt_tokens", j->n_prompt);
+    cJSON_AddNumberToObject(u, "completion_tokens", j->n_completion);
+    cJSON_AddNumberToObject(u, "total_tokens", j->n_prompt + j->n_completion);
+    cJSON *d = cJSON_AddObjectToObject(u, "prompt_tokens_details");
+    cJSON_AddNumberToObject(d, "cached_tokens", j->n_cached);
+    return u;
+}
+
+static cJSON *chunk_head(const srv_job *j)
+{
+    cJSON *c = cJSON_CreateObject();
+    cJSON_AddStringToObject(c, "id", j->id);
+    cJSON_AddStringToObject(c, "object", j->kind == SRV_CHAT ? "chat.completion.chunk" : "text_completion");
+    cJSON_AddNumberToObject(c, "created", (double)j->created);
+    cJSON_AddStringToObject(c, "model", j->model_name);
+    return c;
+}
+
+static void sse_put(srv_job *j, cJSON *chunk)
+{
+    q3_strbuf_puts(&j->sse, "data: ");
+    put_json(&j->sse, chunk);
+    q3_strbuf_puts(&j->sse, "\n\n");
+    cJSON_Delete(chunk);
+}
+
+/* A chunk with one choice; delta (chat) or text (completion) given by the caller. */
+static cJSON *chunk_choice(const srv_job *j, cJSON **choice, const char *finish)
+{
+    cJSON *c = chunk_head(j), *arr = cJSON_AddArrayToObject(c, "choices");
+    *choice = cJSON_CreateObject();
+    cJSON_AddItemToArray(arr, *choice);
+    cJSON_AddNumberToObject(*choice, "index", 0);
+    return c;
+}
+
+/* A token's text as valid UTF-8 (a byte that is not part of a whole character
+ * becomes U+FFFD), and its raw bytes. */
+static void token_text(const q3_tokenizer *tok, int32_t id, q3_strbuf *text, cJSON **bytes)
+{
+    size_t n = 0;
+    const char *b = tok ? q3_tokenizer_token_bytes(tok, id, &n) : NULL;
+    if (bytes) *bytes = cJSON_CreateArray();
+    for (size_t i = 0; i < n;) {
+        uint32_t cp;
+        int k = q3_utf8_next((const unsigned char *)b + i, n - i, &cp);
+        if (k > 0) {
+            q3_strbuf_put(text, b + i, (size_t)k);
+            i += (size_t)k;
+        } else {
+            q3_strbuf_puts(text, Q3_UTF8_REPLACEMENT);
+            i += k < 0 ? (size_t)-k : n - i;
+        }
+    }
+    for (size_t i = 0; bytes && i < n; i++) cJSON_AddItemToArray(*bytes, cJSON_CreateNumber((unsigned char)b[i]));
+}
+
+static cJSON *lp_item(const q3_tokenizer *tok, int32_t id, float lp)
+{
+    cJSON *o = cJSON_CreateObject(), *bytes;
+    q3_strbuf t = {0};
+    token_text(tok, id, &t, &bytes);
+    cJSON_AddStringToObject(o, "token", t.data ? t.data : "");
+    cJSON_AddNumberToObject(o, "logprob", lp);
+    cJSON_AddItemToObject(o, "bytes", bytes);
+    free(t.data);
+    return o;
+}
+
+/* The logprobs object for entries [from, to): chat {"content": [...]}, or the
+ * completions form {"tokens", "token_logprobs", "top_logprobs", "text_offset"}. */
+static cJSON *logprobs_json(const srv_job *j, int from, int to)
+{
+    cJSON *o = cJSON_CreateObject();
+    if (j->kind == SRV_CHAT) {
+        cJSON *arr = cJSON_AddArrayToObject(o, "content");
+        for (int i = from; i < to; i++) {
+            const srv_logprob *l = &j->lp[i];
+            cJSON *it = lp_item(j->tok, l->id, l->logprob), *top = cJSON_AddArrayToObject(it, "top_logprobs");
+            for (int k = 0; k < l->n_top; k++) cJSON_AddItemToArray(top, lp_item(j->tok, l->top_id[k], l->top_lp[k]));
+            cJSON_AddItemToArray(arr, it);
+        }
+        return o;
+    }
+    cJSON *toks = cJSON_AddArrayToObject(o, "tokens"), *lps = cJSON_AddArrayToObject(o, "token_logprobs");
+    cJSON *tops = cJSON_AddArrayToObject(o, "top_logprobs"), *offs = cJSON_AddArrayToObject(o, "text_offset");
+    size_t off = 0;
+    for (int i = 0; i < from; i++) {
+        size_t n = 0;
+        if (j->tok) q3_tokenizer_token_bytes(j->tok, j->lp[i].id, &n);
+        off += n;
+    }
+    for (int i = from; i < to; i++) {
+        const srv_logprob *l = &j->lp[i];
+        q3_strbuf t = {0};
+        token_text(j->tok, l->id, &t, NULL);
+        cJSON_AddItemToArray(toks, cJSON_CreateString(t.data ? t.data : ""));
+        cJSON_AddItemToArray(lps, cJSON_CreateNumber(l->logprob));
+        cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)off));
+        size_t n = 0;
+        if (j->tok) q3_tokenizer_token_bytes(j->tok, l->id, &n);
+        off += n;
+        free(t.data);
+        cJSON *top = cJSON_CreateObject();
+        for (int k = 0; k < l->n_top; k++) {
+            q3_strbuf tt = {0};
+            token_text(j->tok, l->top_id[k], &tt, NULL);
+            if (!cJSON_GetObjectItemCaseSensitive(top, tt.data ? tt.data : ""))
+                cJSON_AddNumberToObject(top, tt.data ? tt.data : "", l->top_lp[k]);
+            free(tt.data);
+        }
+        cJSON_AddItemToArray(tops, top);
+    }
+    return o;
+}
+
+/* Stream chunks carry the entries not yet sent (j->mu held by the caller). */
+static void choice_logprobs(srv_job *j, cJSON *choice)
+{
+    if (!j->logprobs) {
+        cJSON_AddNullToObject(choice, "logprobs");
+        return;
+    }
+    cJSON_AddItemToObject(choice, "logprobs", logprobs_json(j, j->lp_sent, j->n_lp));
+    j->lp_sent = j->n_lp;
+}
+
+static void choice_tail(cJSON *choice, const char *finish)
+{
+    if (finish) cJSON_AddStringToObject(choice, "finish_reason", finish);
+    else cJSON_AddNullToObject(choice, "finish_reason");
+}
+
+void srv_stream_begin(srv_job *j)
+{
+    if (j->kind != SRV_CHAT) return;
+    cJSON *choice, *c = chunk_choice(j, &choice, NULL);
+    cJSON *d = cJSON_AddObjectToObject(choice, "delta");
+    cJSON_AddStringToObject(d, "role", "assistant");
+    cJSON_AddStringToObject(d, "content", "");
+    cJSON_AddNullToObject(choice, "logprobs");
+    choice_tail(choice, NULL);
+    sse_put(j, c);
+}
+
+/* One piece of text of a kind (0 content, 1 reasoning). */
+static void emit(srv_out *o, srv_job *j, int kind, const char *s, size_t n)
+{
+    if (!n) return;
+    if (!j->stream) {
+        q3_strbuf_put(kind ? &j->reasoning : &j->content, s, n);
+        return;
+    }
+    char *t = strndup(s, n);
+    if (!t) { j->sse.oom = 1; return; }
+    cJSON *choice, *c = chunk_choice(j, &choice, NULL);
+    if (j->kind == SRV_CHAT) {
+        cJSON *d = cJSON_AddObjectToObject(choice, "delta");
+        cJSON_AddStringToObject(d, kind ? "reasoning_content" : "content", t);
+    } else {
+        cJSON_AddStringToObject(choice, "text", t);
+    }
+    choice_logprobs(j, choice);
+    choice_tail(choice, NULL);
+    sse_put(j, c);
+    free(t);
+}
+
+static void emit_content(srv_out *o, srv_job *j, const char *s, size_t n)
+{
+    if (!o->content_any) { /* the blank lines after a think block */
+        while (n && (*s == '\n')) { s++; n--; }
+        if (!n) return;
+        o->content_any = 1;
+    }
+    emit(o, j, 0, s, n);
+}
+
+static void emit_reasoning(srv_out *o, srv_job *j, const char *s, size_t n, int final)
+{
+    if (!o->reasoning_any) {
+        while (n && *s == '\n') { s++; n--; }
+        if (!n) return;
+    }
+    /* newlines at the end are held until more reasoning follows */
+    size_t body = n;
+    while (body && s[body - 1] == '\n') body--;
+    if (body) {
+        static const char nl[] = "\n\n\n\n\n\n\n\n";
+        while (o->held_nl > 0) {
+            int k = o->held_nl > 8 ? 8 : o->held_nl;
+            emit(o, j, 1, nl, (size_t)k);
+            o->held_nl -= k;
+        }
+        emit(o, j, 1, s, body);
+        o->reasoning_any = 1;
+    }
+    o->held_nl += (int)(n - body);
+    if (final) o->held_nl = 0;
+}
+
+int srv_parse_tool_call(const char *text, size_t len, char **name, char **arguments)
+{
+    *name = *arguments = NULL;
+    cJSON *v = cJSON_ParseWithLength(text, len);
+    const cJSON *nm = cJSON_GetObjectItemCaseSensitive(v, "name");
+    const cJSON *args = cJSON_GetObjectItemCaseSensitive(v, "arguments");
+    if (!cJSON_IsObject(v) || !cJSON_IsString(nm)) {
+        cJSON_Delete(v);
+        return -1;
+    }
+    *name = strdup(nm->valuestring);
+    if (cJSON_IsString(args)) *arguments = strdup(args->valuestring);
+    else if (args) *arguments = cJSON_PrintUnformatted(args);
+    else *arguments = strdup("{}");
+    cJSON_Delete(v);
+    if (!*name || !*arguments) {
+        free(*name);
+        free(*arguments);
+        *name = *arguments = NULL;
+        return -1;
+    }
+    return 0;
+}
+
+static void tool_call_done(srv_out *o, srv_job *j)
+{
+    char *name, *args;
+    const char *t = o->tool.data ? o->tool.data : "";
+    if (j->n_tool_calls >= SRV_MAX_TOOL_CALLS || srv_parse_tool_call(t, o->tool.len, &name, &args)) {
+        /* not a tool call after all: it stays text */
+        emit_content(o, j, "<tool_call>", 11);
+        emit_content(o, j, t, o->tool.len);
+        emit_content(o, j, "</tool_call>", 12);
+    } else {
+        int k = j->n_tool_calls++;
+        j->tool_calls[k].name = name;
+        j->tool_calls[k].arguments = args;
+        if (j->stream) {
+            cJSON *choice, *c = chunk_choice(j, &choice, NULL);
+            cJSON *d = cJSON_AddObjectToObject(choice, "delta"), *arr = cJSON_AddArrayToObject(d, "tool_calls");
+            cJSON *tc = cJSON_CreateObject();
+            cJSON_AddItemToArray(arr, tc);
+            char id[96];
+            snprintf(id, sizeof id, "call_%s_%d", j->id, k);
+            cJSON_AddNumberToObject(tc, "index", k);
+            cJSON_AddStringToObject(tc, "id", id);
+            cJSON_AddStringToObject(tc, "type", "function");
+            cJSON *f = cJSON_AddObjectToObject(tc, "function");
+            cJSON_AddStringToObject(f, "name", name);
+            cJSON_AddStringToObject(f, "arguments", args);
+            choice_logprobs(j, choice);
+            choice_tail(choice, NULL);
+            sse_put(j, c);
+        }
+    }
+    o->tool.len = 0;
+}
+
+/* Markers the text is split at, by mode. */
+static const char *const MARK_THINK = "<think>", *const MARK_THINK_END = "</think>";
+static const char *const MARK_TOOL = "<tool_call>", *const MARK_TOOL_END = "</tool_call>";
+
+/* Length of the longest suffix of s[0..n) that is a proper prefix of mark. */
+static size_t partial_mark(const char *s, size_t n, const char *mark)
+{
+    size_t ml = strlen(mark);
+    for (size_t k = ml - 1; k > 0; k--)
+        if (k <= n && !memcmp(s + n - k, mark, k)) return k;
+    return 0;
+}
+
+static void process(srv_out *o, srv_job *j, int final)
+{
+    for (;;) {
+        const char *s = o->pend.data ? o->pend.data : "";
+        size_t n = o->pend.len;
+        const char *m1 = NULL, *m2 = NULL;
+        if (o->mode == 0) {
+            m1 = j->parse_reasoning ? MARK_THINK : NULL;
+            m2 = j->parse_tools ? MARK_TOOL : NULL;
+        } else {
+            m1 = o->mode == 1 ? MARK_THINK_END : MARK_TOOL_END;
+        }
+        const char *h1 = m1 ? memmem(s, n, m1, strlen(m1)) : NULL, *h2 = m2 ? memmem(s, n, m2, strlen(m2)) : NULL;
+        const char *hit = h1, *mark = m1;
+        if (h2 && (!hit || h2 < hit)) { hit = h2; mark = m2; }
+        size_t upto = hit ? (size_t)(hit - s) : n;
+        if (!hit && !final) {
+            size_t k1 = m1 ? partial_mark(s, n, m1) : 0, k2 = m2 ? partial_mark(s, n, m2) : 0;
+            upto = n - (k1 > k2 ? k1 : k2);
+        }
+        if (o->mode == 0) emit_content(o, j, s, upto);
+        else if (o->mode == 1) emit_reasoning(o, j, s, upto, hit != NULL || final);
+        else q3_strbuf_put(&o->tool, s, upto);
+        size_t consumed = upto;
+        if (hit) {
+            consumed += strlen(mark);
+            if (o->mode == 0) o->mode = mark == MARK_THINK ? 1 : 2;
+            else {
+                if (o->mode == 1) o->content_any = 0; /* strip the blank lines after </think> */
+                if (o->mode == 2) tool_call_done(o, j);
+                o->mode = 0;
+            }
+        }
+        memmove(o->pend.data, s + consumed, n - consumed);
+        o->pend.len = n - consumed;
+        if (o->pend.data) o->pend.data[o->pend.len] = 0;
+        if (!hit) break;
+    }
+    if (final && o->mode == 2) { /* an unfinished tool call is text */
+        emit_content(o, j, MARK_TOOL, strlen(MARK_TOOL));
+        emit_content(o, j, o->tool.data ? o->tool.data : "", o->tool.len);
+        o->tool.len = 0;
+        o->mode = 0;
+    }
+}
+
+void srv_out_text(srv_out *o, srv_job *j, const char *text, size_t len)
+{
+    if (j->kind == SRV_COMPLETION) { /* raw text: no markers */
+        emit(o, j, 0, text, len);
+        return;
+    }
+    q3_strbuf_put(&o->pend, text, len);
+    process(o, j, 0);
+}
+
+void srv_out_finish(srv_out *o, srv_job *j, const char *finish_reason)
+{
+    if (j->kind == SRV_CHAT) process(o, j, 1);
+    if (j->n_tool_calls && !strcmp(finish_reason, "stop")) finish_reason = "tool_calls";
+    j->finish_reason = finish_reason;
+    if (!j->stream) return;
+    cJSON *choice, *c = chunk_choice(j, &choice, NULL);
+    if (j->kind == SRV_CHAT) cJSON_AddObjectToObject(choice, "delta");
+    else cJSON_AddStringToObject(choice, "text", "");
+    choice_logprobs(j, choice);
+    choice_tail(choice, finish_reason);
+    sse_put(j, c);
+    if (j->include_usage) {
+        c = chunk_head(j);
+        cJSON_AddArrayToObject(c, "choices");
+        cJSON_AddItemToObject(c, "usage", usage_json(j));
+        sse_put(j, c);
+    }
+    q3_strbuf_puts(&j->sse, "data: [DONE]\n\n");
+}
+
+void srv_out_free(srv_out *o)
+{
+    free(o->pend.data);
+    free(o->tool.data);
+    memset(o, 0, sizeof *o);
+}
+
+void srv_response_json(const srv_job *j, q3_strbuf *out)
+{
+    cJSON *r = cJSON_CreateObject();
+    cJSON_AddStringToObject(r, "id", j->id);
+    cJSON_AddStringToObject(r, "object", j->kind == SRV_CHAT ? "chat.completion" : "text_completion");
+    cJSON_AddNumberToObject(r, "created", (double)j->created);
+    cJSON_AddStringToObject(r, "model", j->model_name);
+    cJSON *arr = cJSON_AddArrayToObject(r, "choices"), *choice = cJSON_CreateObject();
+    cJSON_AddItemToArray(arr, choice);
+    cJSON_AddNumberToObject(choice, "index", 0);
+    const char *content = j->content.data ? j->content.data : "";
+    if (j->kind == SRV_CHAT) {
+        cJSON *m = cJSON_AddObjectToObject(choice, "message");
+        cJSON_AddStringToObject(m, "role", "assistant");
+        if (j->n_tool_calls && !j->content.len) cJSON_AddNullToObject(m, "content");
+        else cJSON_AddStringToObject(m, "content", content);
+        if (j->reasoning.len) cJSON_AddStringToObject(m, "reasoning_content", j->reasoning.data);
+        if (j->n_tool_calls) {
+            cJSON *tcs = cJSON_AddArrayToObject(m, "tool_calls");
+            for (int k = 0; k < j->n_tool_calls; k++) {
+                cJSON *tc = cJSON_CreateObject();
+                cJSON_AddItemToArray(tcs, tc);
+                char id[96];
+                snprintf(id, sizeof id, "call_%s_%d", j->id, k);
+                cJSON_AddStringToObject(tc, "id", id);
+                cJSON_AddStringToObject(tc, "type", "function");
+                cJSON *f = cJSON_AddObjectToObject(tc, "function");
+                cJSON_AddStringToObject(f, "name", j->tool_calls[k].name);
+                cJSON_AddStringToObject(f, "arguments", j->tool_calls[k].arguments);
+            }
+        }
+    } else {
+        cJSON_AddStringToObject(choice, "text", content);
+    }
+    if (j->logprobs) cJSON_AddItemToObject(choice, "logprobs", logprobs_json(j, 0, j->n_lp));
+    else cJSON_AddNullToObject(choice, "logprobs");
+    choice_tail(choice, j->finish_reason ? j->finish_reason : "stop");
+    cJSON_AddItemToObject(r, "usage", usage_json(j));
+    put_json(out, r);
+    cJSON_Delete(r);
+}

@@ -1,0 +1,205 @@
+/* Helpers for the q3 serve tests: start `q3 serve` on a free loopback port,
+ * raw HTTP/1.1 requests over a socket (chunked bodies decoded), SSE events. */
+#ifndef Q3_TESTS_SERVE_UTIL_H
+#define Q3_TESTS_SERVE_UTIL_H
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+typedef struct test_server {
+    pid_t pid;
+    int port;
+    FILE *err;    /* the server's stderr */
+} test_server;
+
+static inline double ts_now(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+/* Starts $BUILD/q3 serve with extra args (NULL-terminated), port 0, and reads
+ * the port from its first stderr line. 0 on success. */
+static inline int ts_start(test_server *s, const char *const *extra)
+{
+    const char *build = getenv("BUILD") ? getenv("BUILD") : "build";
+    char exe[256];
+    snprintf(exe, sizeof exe, "%s/q3", build);
+    memset(s, 0, sizeof *s);
+    int p[2];
+    if (pipe(p)) return -1;
+    const char *argv[64];
+    int n = 0;
+    argv[n++] = exe;
+    argv[n++] = "serve";
+    argv[n++] = "--port";
+    argv[n++] = "0";
+    for (int i = 0; extra[i] && n < 62; i++) argv[n++] = extra[i];
+    argv[n] = NULL;
+    s->pid = fork();
+    if (s->pid < 0) return -1;
+    if (s->pid == 0) {
+        dup2(p[1], 2);
+        close(p[0]);
+        close(p[1]);
+        execv(exe, (char *const *)argv);
+        _exit(127);
+    }
+    close(p[1]);
+    s->err = fdopen(p[0], "r");
+    char line[512];
+    s->port = 0;
+    while (fgets(line, sizeof line, s->err)) {
+        const char *h = strstr(line, "listening on http://127.0.0.1:");
+        if (h) { s->port = atoi(h + strlen("listening on http://127.0.0.1:")); break; }
+        fprintf(stderr, "server: %s", line);
+    }
+    return s->port > 0 ? 0 : -1;
+}
+
+/* Reads the server's stderr until a line containing `what` (or EOF). */
+static inline int ts_wait_line(test_server *s, const char *what)
+{
+    char line[512];
+    while (fgets(line, sizeof line, s->err))
+        if (strstr(line, what)) return 0;
+    return -1;
+}
+
+/* Sends SIGTERM and waits; returns the exit status (or -1). */
+static inline int ts_stop(test_server *s)
+{
+    if (s->pid <= 0) return -1;
+    kill(s->pid, SIGTERM);
+    int st = 0;
+    for (int i = 0; i < 600; i++) { /* 30 s at most */
+        pid_t r = waitpid(s->pid, &st, WNOHANG);
+        if (r == s->pid) {
+            if (s->err) fclose(s->err);
+            s->err = NULL;
+            s->pid = 0;
+            return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        }
+        usleep(50000);
+    }
+    kill(s->pid, SIGKILL);
+    waitpid(s->pid, &st, 0);
+    s->pid = 0;
+    return -1;
+}
+
+static inline int ts_connect(int port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) return -1;
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    struct timeval tv = {.tv_sec = 60};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    if (connect(fd, (struct sockaddr *)&a, sizeof a)) { close(fd); return -1; }
+    return fd;
+}
+
+static inline int ts_send_all(int fd, const char *buf, size_t n)
+{
+    while (n) {
+        ssize_t w = send(fd, buf, n, MSG_NOSIGNAL);
+        if (w <= 0) return -1;
+        buf += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+/* Sends a request (Connection: close). extra_headers: "" or lines ending in \r\n. */
+static inline int ts_send_request(int fd, const char *method, const char *path, const char *extra_headers, const char *body)
+{
+    size_t bl = body ? strlen(body) : 0;
+    size_t hl = strlen(extra_headers) + 256 + strlen(path);
+    char *h = malloc(hl);
+    snprintf(h, hl, "%s %s HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n%s%s%zu\r\n\r\n", method, path,
+             extra_headers, body ? "Content-Type: application/json\r\nContent-Length: " : "Content-Length: ", bl);
+    int r = ts_send_all(fd, h, strlen(h));
+    free(h);
+    if (!r && bl) r = ts_send_all(fd, body, bl);
+    return r;
+}
+
+typedef struct ts_resp {
+    int status;
+    char *head;   /* status line and headers */
+    char *body;   /* decoded (chunked transfer removed), NUL-terminated */
+    size_t len;
+} ts_resp;
+
+static inline void ts_resp_free(ts_resp *r) { free(r->head); free(r->body); memset(r, 0, sizeof *r); }
+
+/* Reads a whole response until the server closes. */
+static inline int ts_read_response(int fd, ts_resp *r)
+{
+    memset(r, 0, sizeof *r);
+    size_t cap = 1 << 16, len = 0;
+    char *raw = malloc(cap);
+    for (;;) {
+        if (len + 4096 > cap) raw = realloc(raw, cap *= 2);
+        ssize_t n = recv(fd, raw + len, cap - len - 1, 0);
+        if (n <= 0) break;
+        len += (size_t)n;
+    }
+    raw[len] = 0;
+    char *sep = strstr(raw, "\r\n\r\n");
+    if (!sep) { free(raw); return -1; }
+    *sep = 0;
+    r->head = strdup(raw);
+    sscanf(raw, "HTTP/1.%*d %d", &r->status);
+    const char *b = sep + 4;
+    size_t bl = len - (size_t)(b - raw);
+    r->body = malloc(bl + 1);
+    if (strcasestr(r->head, "transfer-encoding: chunked")) {
+        size_t o = 0;
+        const char *p = b, *end = b + bl;
+        while (p < end) {
+            char *e;
+            unsigned long n = strtoul(p, &e, 16);
+            const char *crlf = strstr(p, "\r\n");
+            if (!crlf || n == 0) break;
+            p = crlf + 2;
+            if (p + n > end) n = (unsigned long)(end - p);
+            memcpy(r->body + o, p, n);
+            o += n;
+            p += n + 2;
+        }
+        r->len = o;
+    } else {
+        memcpy(r->body, b, bl);
+        r->len = bl;
+    }
+    r->body[r->len] = 0;
+    free(raw);
+    return 0;
+}
+
+static inline int ts_request(int port, const char *method, const char *path, const char *headers, const char *body, ts_resp *r)
+{
+    int fd = ts_connect(port);
+    if (fd < 0) { memset(r, 0, sizeof *r); return -1; }
+    int rc = ts_send_request(fd, method, path, headers ? headers : "", body);
+    if (!rc) rc = ts_read_response(fd, r);
+    else memset(r, 0, sizeof *r);
+    close(fd);
+    return rc;
+}
+
+#endif
