@@ -71,6 +71,7 @@ static void test_usage_errors(void)
     static const struct { const char *cmd, *base, *missing_value, *bad_number, *missing_file, *positional; } c[] = {
         {"run", "-m " E2E " -p hi -n 1", "-m", "-n 1.5", "-m /nonexistent-q3", "stray"},
         {"chat", "-m " E2E, "--temp", "--top-k x", "--system-file /nonexistent-q3", "stray"},
+        {"serve", "-m " TINY " --port 0", "--port", "--parallel 1.5", "-m /nonexistent-q3", "stray"},
         {"info", "-m " TINY, "-m", NULL, "-m /nonexistent-q3", "stray"},
         {"logits", "-m " TINY " --tokens 1 -o /dev/null", "--tokens", "--chunk 0", "-m /nonexistent-q3", "stray"},
         {"bench", "-m " TINY " --no-limits --gen 1 --repeats 1", "--chunk", "--gen 1.5", "-m /nonexistent-q3", "stray"},

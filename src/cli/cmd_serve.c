@@ -9,76 +9,24 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "cli/opts.h"
 #include "model/model.h"
 #include "server/server.h"
-#include "text/chat_template.h"
-#include "text/tokenizer_gguf.h"
 #include "util/file.h"
 
-static const char *usage =
-    "usage: q3 serve -m MODEL [options]\n"
-    "  -m, --model PATH       a Hugging Face folder (or .gguf)\n"
-    "  --tokenizer PATH       tokenizer.json (or its folder) when the model has none\n"
-    "  --name NAME            the model's name in the API (default: the folder or file name)\n"
-    "  --host ADDR            address to listen on (default 127.0.0.1; 0.0.0.0 for every interface)\n"
-    "  --port N               port (default 8080; 0: any free port, printed)\n"
-    "  --parallel N           sequences generated at once (default 4)\n"
-    "  --ctx N                positions per sequence (default: min(model, 4096))\n"
-    "  --kv-size TOKENS       KV cache for all sequences together (default: parallel x ctx)\n"
-    "  --chunk N              prefill chunk (default 128)\n"
-    "  -t, --threads N        compute threads (default: one per physical core)\n"
-    "  --backend UNIT         compute unit (default: the best present)\n"
-    "  --kv f32|f16|bf16      KV cache type\n"
-    "  --api-key KEY          require Authorization: Bearer KEY on /v1/* and /tokenize (default: $Q3_API_KEY)\n"
-    "  --max-queue N          requests waiting at most; more get 429 (default 256)\n"
-    "  --max-body BYTES       largest request body (default 8388608)\n"
-    "  --max-connections N    open connections at most (default 256)\n"
-    "  --timeout S            idle connections close after S seconds (default 60)\n"
-    "  --drain-timeout S      on SIGTERM, wait at most S seconds for requests in flight (default 30)\n";
-
-static int num_arg(const char *opt, const char *v, long long lo, long long hi, long long *out)
-{
-    char *end;
-    long long x = strtoll(v, &end, 10);
-    if (end == v || *end || x < lo || x > hi)
-        return cli_error("serve", "option '%s' needs an integer in [%lld, %lld], got '%s'", opt, lo, hi, v);
-    *out = x;
-    return 0;
-}
-
-static int open_tokenizer(const char *model_path, const char *tok_path, q3_model *m, q3_tokenizer **tok)
+/* The model's own tokenizer, or --tokenizer (a tokenizer.json or its folder). */
+static int open_tokenizer(const char *tok_path, q3_model *m, q3_tokenizer **tok)
 {
     char p[PATH_MAX];
-    if (tok_path) {
-        if (q3_is_dir(tok_path)) { snprintf(p, sizeof p, "%s/tokenizer.json", tok_path); tok_path = p; }
-    } else if (q3_is_dir(model_path)) {
-        snprintf(p, sizeof p, "%s/tokenizer.json", model_path);
-        tok_path = p;
-    } else {
-        if (!m->gguf || q3_tokenizer_load_gguf(m->gguf, tok))
-            return cli_error("serve", "%s (pass --tokenizer PATH)", q3_last_error());
+    if (!tok_path) {
+        if (q3_tokenizer_for_model(m, tok)) return cli_error("serve", "%s (pass --tokenizer PATH)", q3_last_error());
         return 0;
+    }
+    if (q3_is_dir(tok_path)) {
+        snprintf(p, sizeof p, "%s/tokenizer.json", tok_path);
+        tok_path = p;
     }
     if (q3_tokenizer_load(tok_path, tok)) return cli_error("serve", "%s", q3_last_error());
-    return 0;
-}
-
-/* The chat endpoint renders Qwen3's template: refuse a model whose template is another. */
-static int check_template(const char *model_path, q3_model *m)
-{
-    if (!q3_is_dir(model_path)) {
-        q3_gguf_tokenizer_info info;
-        if (m->gguf && !q3_gguf_tokenizer_info_read(m->gguf, &info) && info.chat_template &&
-            info.template_kind != Q3_CHAT_TEMPLATE_QWEN3)
-            return cli_error("serve", "%s: its chat template is not one q3 knows", model_path);
-        return 0;
-    }
-    char a[PATH_MAX], b[PATH_MAX];
-    snprintf(a, sizeof a, "%s/tokenizer_config.json", model_path);
-    snprintf(b, sizeof b, "%s/chat_template.jinja", model_path);
-    if (!q3_file_exists(a) && !q3_file_exists(b)) return 0;
-    q3_chat_template_kind kind;
-    if (q3_chat_template_load(model_path, &kind)) return cli_error("serve", "%s", q3_last_error());
     return 0;
 }
 
@@ -87,33 +35,41 @@ int cmd_serve(int argc, char **argv)
     const char *model_path = NULL, *tok_path = NULL, *name = NULL;
     srv_server_opts so = {.host = "127.0.0.1", .port = 8080, .api_key = getenv("Q3_API_KEY")};
     q3_ctx_opts co = {.max_seqs = 4};
-    long long max_queue = 256, drain = 30, x;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) { fputs(usage, stdout); return 0; }
-        if (!v) return cli_error("serve", "unknown option or missing value: '%s' (q3 serve --help)", a);
-        i++;
-        if (!strcmp(a, "-m") || !strcmp(a, "--model")) model_path = v;
-        else if (!strcmp(a, "--tokenizer")) tok_path = v;
-        else if (!strcmp(a, "--name")) name = v;
-        else if (!strcmp(a, "--host")) so.host = v;
-        else if (!strcmp(a, "--api-key")) so.api_key = v;
-        else if (!strcmp(a, "--backend")) co.backend = v;
-        else if (!strcmp(a, "--kv")) co.kv_dtype = v;
-        else if (!strcmp(a, "--port")) { if (num_arg(a, v, 0, 65535, &x)) return 1; so.port = (int)x; }
-        else if (!strcmp(a, "--parallel")) { if (num_arg(a, v, 1, 256, &x)) return 1; co.max_seqs = (int)x; }
-        else if (!strcmp(a, "--ctx")) { if (num_arg(a, v, 1, 1 << 24, &x)) return 1; co.n_ctx = (int)x; }
-        else if (!strcmp(a, "--kv-size")) { if (num_arg(a, v, 16, INT_MAX, &x)) return 1; co.kv_tokens = (int)x; }
-        else if (!strcmp(a, "--chunk")) { if (num_arg(a, v, 1, 4096, &x)) return 1; co.chunk = (int)x; }
-        else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) { if (num_arg(a, v, 1, 1024, &x)) return 1; co.n_threads = (int)x; }
-        else if (!strcmp(a, "--max-queue")) { if (num_arg(a, v, 1, 1 << 20, &max_queue)) return 1; }
-        else if (!strcmp(a, "--max-body")) { if (num_arg(a, v, 1024, 1ll << 32, &x)) return 1; so.max_body = (size_t)x; }
-        else if (!strcmp(a, "--max-connections")) { if (num_arg(a, v, 1, 1 << 16, &x)) return 1; so.max_connections = (int)x; }
-        else if (!strcmp(a, "--timeout")) { if (num_arg(a, v, 1, 86400, &x)) return 1; so.timeout_s = (int)x; }
-        else if (!strcmp(a, "--drain-timeout")) { if (num_arg(a, v, 0, 86400, &drain)) return 1; }
-        else return cli_error("serve", "unknown option '%s' (q3 serve --help)", a);
-    }
-    if (!model_path) return cli_error("serve", "no model given (-m MODEL)");
+    int port = 8080, max_body = 8 << 20, max_conn = 256, timeout = 60, drain = 30, max_queue = 256;
+    const cli_opt tab[] = {
+        CLI_OPT("model", 'm', CLI_FILE, &model_path, "PATH", "a Hugging Face folder (or .gguf)", .flags = CLI_REQUIRED),
+        CLI_OPT("tokenizer", 0, CLI_FILE, &tok_path, "PATH", "tokenizer.json (or its folder) when the model has none"),
+        CLI_OPT("name", 0, CLI_STR, &name, "NAME", "the model's name in the API (default: the folder or file name)"),
+        CLI_OPT("host", 0, CLI_STR, &so.host, "ADDR", "address to listen on (default 127.0.0.1; 0.0.0.0 for every interface)"),
+        CLI_OPT("port", 0, CLI_INT, &port, "N", "port (default 8080; 0: any free port, printed)", .lo = 0, .hi = 65535),
+        CLI_OPT("parallel", 0, CLI_INT, &co.max_seqs, "N", "sequences generated at once (default 4)", .lo = 1, .hi = 256),
+        CLI_OPT("ctx", 0, CLI_INT, &co.n_ctx, "N", "positions per sequence (default: min(model, 4096))", .lo = 1, .hi = 1 << 24),
+        CLI_OPT("kv-size", 0, CLI_INT, &co.kv_tokens, "TOKENS", "KV cache for all sequences together (default: parallel x ctx)",
+                .lo = 16, .hi = 1 << 28),
+        CLI_OPT("chunk", 0, CLI_INT, &co.chunk, "N", "prefill chunk (default 128)", .lo = 1, .hi = 4096),
+        CLI_OPT("threads", 't', CLI_INT, &co.n_threads, "N", "compute threads (default: one per physical core, or $Q3_THREADS)",
+                .lo = 1, .hi = 1024),
+        CLI_OPT("backend", 0, CLI_STR, &co.backend, "UNIT", "compute unit (default: the best present)"),
+        CLI_OPT("kv", 0, CLI_STR, &co.kv_dtype, "TYPE", "KV cache type: f32, f16, bf16 or q8_0"),
+        CLI_OPT("api-key", 0, CLI_STR, &so.api_key, "KEY", "require Authorization: Bearer KEY on /v1/* and /tokenize (default: $Q3_API_KEY)"),
+        CLI_OPT("max-queue", 0, CLI_INT, &max_queue, "N", "requests waiting at most; more get 429 (default 256)", .lo = 1, .hi = 1 << 20),
+        CLI_OPT("max-body", 0, CLI_INT, &max_body, "BYTES", "largest request body (default 8388608)", .lo = 1024, .hi = 1 << 30),
+        CLI_OPT("max-connections", 0, CLI_INT, &max_conn, "N", "open connections at most (default 256)", .lo = 1, .hi = 1 << 16),
+        CLI_OPT("timeout", 0, CLI_INT, &timeout, "S", "idle connections close after S seconds (default 60)", .lo = 1, .hi = 86400),
+        CLI_OPT("drain-timeout", 0, CLI_INT, &drain, "S", "on SIGTERM, wait at most S seconds for requests in flight (default 30)",
+                .lo = 0, .hi = 86400),
+        {0},
+    };
+    cli_spec spec = {"serve", "q3 serve -m MODEL [options]",
+                     "An OpenAI-compatible HTTP server with continuous batching: /v1/chat/completions, /v1/completions,\n"
+                     "/v1/models, /tokenize, /detokenize, /health, /metrics. SIGTERM or SIGINT drain and exit 0.\n",
+                     tab, 0, NULL};
+    int prc = cli_parse(&spec, argc, argv, NULL);
+    if (prc) return prc == CLI_HELP_SHOWN ? 0 : prc;
+    so.port = port;
+    so.max_body = (size_t)max_body;
+    so.max_connections = max_conn;
+    so.timeout_s = timeout;
     if (so.api_key && !*so.api_key) so.api_key = NULL;
 
     /* signals are taken by sigwait below, never by a handler in some thread */
@@ -145,7 +101,9 @@ int cmd_serve(int argc, char **argv)
         snprintf(model_name, sizeof model_name, "%s", base ? base + 1 : tmp);
     }
     if (q3_model_open(model_path, &m)) { cli_error("serve", "%s", q3_last_error()); goto done; }
-    if (open_tokenizer(model_path, tok_path, m, &tok) || check_template(model_path, m)) goto done;
+    if (open_tokenizer(tok_path, m, &tok)) goto done;
+    int present; /* the chat endpoint renders Qwen3's template: refuse a model whose template is another */
+    if (q3_model_chat_template_check(m, &present)) { cli_error("serve", "%s", q3_last_error()); goto done; }
     if (q3_tokenizer_vocab_size(tok) > q3_model_vocab_size(m)) {
         cli_error("serve", "the tokenizer has %d tokens but the model's vocabulary is %d", q3_tokenizer_vocab_size(tok),
                   q3_model_vocab_size(m));
@@ -168,7 +126,7 @@ int cmd_serve(int argc, char **argv)
     srv_server_refuse(srv);
     fprintf(stderr, "q3 serve: %s: draining\n", sig == SIGTERM ? "SIGTERM" : "SIGINT");
     int left = srv_server_drain(srv, (double)drain);
-    if (left) fprintf(stderr, "q3 serve: %d requests still in flight after %lld s: ending them\n", left, drain);
+    if (left) fprintf(stderr, "q3 serve: %d requests still in flight after %d s: ending them\n", left, drain);
     rc = 0;
 done:
     srv_server_free(srv);
