@@ -23,6 +23,7 @@
  * 256-byte slices of 2 KB rows stream at half the speed) and merges after;
  * prefill folds as it goes. Same bits either way. */
 #include <math.h>
+#include <stdbool.h>
 #include <string.h>
 
 #include "backend/cpu/kernels.h"
@@ -197,6 +198,76 @@ Q3_INLINE void pv_update(const int QG, head_ws *h, const float *vb, int q0, int 
     }
 }
 
+/* ---- decode: keys and values read straight from their rows ------------------------------
+ *
+ * With a few queries per KV head (decode: 2 for Qwen3-0.6B) converting a
+ * block's rows to F32 in scratch costs more than the dot products that use
+ * them. These variants convert each 16-value chunk in registers where it is
+ * used: the same F32 values (load16 and the Q8_0 half-block dequantization
+ * are exactly what load_rows stores), the same FMAs in the same order, so the
+ * same bits as scores/pv_update. */
+
+/* 16 values of a row from value c on (masked past hd), as F32: as load_rows makes them. */
+Q3_INLINE __m512 row16(const q3_cpu_attn *a, const char *row, int c)
+{
+    if (a->kv_dtype == Q3_Q8_0) {
+        const uint8_t *b = (const uint8_t *)row + (size_t)(c / 32) * 34;
+        __m512 d = _mm512_set1_ps(_cvtsh_ss((unsigned short)(b[0] | b[1] << 8)));
+        __m128i q = _mm_loadu_si128((const __m128i *)(b + 2 + (c % 32)));
+        return _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)));
+    }
+    return load16(a->kv_dtype, row, c, q3_mask16(a->head_dim - c));
+}
+
+Q3_INLINE void scores_direct(const int QT, const q3_cpu_attn *a, head_ws *h, const char *const *krows, size_t off,
+                             int q0, int hdp, int nb)
+{
+    for (int j0 = 0; j0 < KEY_BLOCK; j0 += 4) {
+        __m512 acc[4][4];
+#pragma GCC unroll 4
+        for (int i = 0; i < QT; i++)
+#pragma GCC unroll 4
+            for (int j = 0; j < 4; j++) acc[i][j] = _mm512_setzero_ps();
+        const float *q = h->qr + (size_t)q0 * hdp;
+        if (j0 < nb) {
+            for (int c = 0; c < hdp; c += 16) {
+                __m512 kv[4];
+#pragma GCC unroll 4
+                for (int j = 0; j < 4; j++) kv[j] = j0 + j < nb ? row16(a, krows[j0 + j] + off, c) : _mm512_setzero_ps();
+#pragma GCC unroll 4
+                for (int i = 0; i < QT; i++) {
+                    __m512 qv = _mm512_load_ps(q + (size_t)i * hdp + c);
+#pragma GCC unroll 4
+                    for (int j = 0; j < 4; j++) acc[i][j] = _mm512_fmadd_ps(qv, kv[j], acc[i][j]);
+                }
+            }
+        }
+#pragma GCC unroll 4
+        for (int i = 0; i < QT; i++)
+            _mm_store_ps(h->p + (size_t)(q0 + i) * KEY_BLOCK + j0, q3_reduce4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]));
+    }
+}
+
+Q3_INLINE void pv_direct(const int QG, const q3_cpu_attn *a, head_ws *h, const char *const *vrows, size_t off, int q0,
+                         int hdp, int nb)
+{
+    for (int c = 0; c < hdp; c += 16) {
+        __m512 acc[4];
+        float *ac = h->acc + (size_t)q0 * hdp + c;
+#pragma GCC unroll 4
+        for (int i = 0; i < QG; i++)
+            acc[i] = _mm512_mul_ps(_mm512_load_ps(ac + (size_t)i * hdp), _mm512_set1_ps(h->corr[q0 + i]));
+        const float *p = h->p + (size_t)q0 * KEY_BLOCK;
+        for (int j = 0; j < nb; j++, p++) {
+            __m512 vv = row16(a, vrows[j] + off, c);
+#pragma GCC unroll 4
+            for (int i = 0; i < QG; i++) acc[i] = _mm512_fmadd_ps(_mm512_set1_ps(p[i * KEY_BLOCK]), vv, acc[i]);
+        }
+#pragma GCC unroll 4
+        for (int i = 0; i < QG; i++) _mm512_store_ps(ac + (size_t)i * hdp, acc[i]);
+    }
+}
+
 /* Calls CALL(QG, q0) over the nqp (padded) queries in groups of QG. */
 #define FOR_QUERY_GROUPS(nqp, CALL)                                                                               \
     for (int q0 = 0; q0 < (nqp); q0 += 16) {                                                                       \
@@ -219,10 +290,16 @@ static void block_update(const q3_cpu_attn *a, attn_ws *w, head_ws *h, const cha
 {
     const int hd = a->head_dim, hdp = padded_hd(hd), nqp = w->nqp;
     const size_t off = (size_t)h->kvh * q3_cpu_attn_head_bytes(a);
-    load_rows(a, krows, off, nb, w->kb, hdp);
+    const bool direct = nqp <= 4; /* decode: rows read where they lie */
+    if (direct) {
+        if (nqp == 2) scores_direct(2, a, h, krows, off, 0, hdp, nb);
+        else scores_direct(4, a, h, krows, off, 0, hdp, nb);
+    } else {
+        load_rows(a, krows, off, nb, w->kb, hdp);
 #define SCORES(QT, q0) scores(QT, h, w->kb, q0, hdp)
-    FOR_SCORE_GROUPS(nqp, SCORES)
+        FOR_SCORE_GROUPS(nqp, SCORES)
 #undef SCORES
+    }
     for (int i = 0; i < nqp; i++) {
         float *p = h->p + (size_t)i * KEY_BLOCK;
         int valid = h->n_keys[i] - t0;
@@ -241,6 +318,11 @@ static void block_update(const q3_cpu_attn *a, attn_ws *w, head_ws *h, const cha
         h->l[i] = h->l[i] * corr + q3_hsum(pv);
         h->m[i] = m_new;
         h->corr[i] = corr;
+    }
+    if (direct) {
+        if (nqp == 2) pv_direct(2, a, h, vrows, off, 0, hdp, nb);
+        else pv_direct(4, a, h, vrows, off, 0, hdp, nb);
+        return;
     }
     load_rows(a, vrows, off, nb, w->vb, hdp);
 #define PV(QG, q0) pv_update(QG, h, w->vb, q0, hdp, nb)
