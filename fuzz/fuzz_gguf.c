@@ -217,6 +217,7 @@ static int gw_dtype(uint32_t ggml)
     case 8: return Q3_Q8_0;
     case 2: return Q3_Q4_0;
     case 12: return Q3_Q4_K;
+    case 13: return Q3_Q5_K;
     case 14: return Q3_Q6_K;
     default: return -1;
     }

@@ -173,7 +173,7 @@ int main(void)
     run_target("safetensors", fuzz_safetensors, 3);
     run_target("config", fuzz_config, 2);
     run_target("shard_index", fuzz_shard_index, 0);
-    run_target("gguf", fuzz_gguf, 0);
+    run_target("gguf", fuzz_gguf, 1);
     run_target("chat_template", fuzz_chat_template, 0);
     run_target("tokenizer_json", fuzz_tokenizer_json, 1);
     run_target("tokenize", fuzz_tokenize, 0);
