@@ -188,6 +188,23 @@ static void test_quantize(void)
 
 /* ---- matmul against the reference --------------------------------------------------- */
 
+/* Where table kt reads the [n][k] weight w: w itself, or its packed layout
+ * (made into *owned, which the caller frees) for tables that pack this type. */
+static const void *table_weight(const q3_quant_kernels *kt, q3_dtype wt, const void *w, size_t ws, int n, int k,
+                                void **owned)
+{
+    *owned = NULL;
+    size_t bytes = kt->packed_bytes ? kt->packed_bytes(wt, n, k) : 0;
+    if (!bytes) return w;
+    *owned = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
+    if (!*owned) abort();
+    /* two ranges, the second starting off a panel boundary is rounded down: packs overlap-free halves */
+    int half = n / 2 - n / 2 % kt->granule;
+    kt->pack(wt, w, ws, n, k, *owned, 0, half);
+    kt->pack(wt, w, ws, n, k, *owned, half, n);
+    return *owned;
+}
+
 #define SENTINEL (-12345.0f)
 
 /* One shape: every table against the reference, on ranges [o0, o1) cut at
@@ -212,9 +229,10 @@ static void check_shape(q3_dtype wt, int rows, int n, int k)
         const q3_quant_kernels *kt = tables[t];
         for (size_t i = 0; i < (size_t)rows * ldy; i++) got[i] = SENTINEL;
         size_t sb = kt->scratch(wt, rows, k);
-        void *scratch = sb ? xalloc(sb) : NULL;
-        kt->matmul(wt, w, ws, &qa, got, ldy, 0, cut, scratch);
-        kt->matmul(wt, w, ws, &qa, got, ldy, cut, n, scratch);
+        void *scratch = sb ? xalloc(sb) : NULL, *packed;
+        const void *tw = table_weight(kt, wt, w, ws, n, k, &packed);
+        kt->matmul(wt, tw, ws, &qa, got, ldy, 0, cut, scratch);
+        kt->matmul(wt, tw, ws, &qa, got, ldy, cut, n, scratch);
         int diff = 0, outside = 0;
         for (int r = 0; r < rows; r++) {
             for (int o = 0; o < n; o++) diff += memcmp(&ref[(size_t)r * ldy + o], &got[(size_t)r * ldy + o], 4) != 0;
@@ -228,7 +246,7 @@ static void check_shape(q3_dtype wt, int rows, int n, int k)
         if (n >= 5) {
             for (size_t i = 0; i < (size_t)rows * ldy; i++) got[i] = SENTINEL;
             int a = 1 + (int)(rnd() % 3), b = n - 1 - (int)(rnd() % 2);
-            kt->matmul(wt, w, ws, &qa, got, ldy, a, b, scratch);
+            kt->matmul(wt, tw, ws, &qa, got, ldy, a, b, scratch);
             int wrong = 0;
             for (int r = 0; r < rows; r++)
                 for (int o = 0; o < n; o++) {
@@ -246,7 +264,7 @@ static void check_shape(q3_dtype wt, int rows, int n, int k)
             for (int r = 0; r < rows; r++) {
                 q3_qact one = q3_qact_carve(q1, 1, k);
                 kt->quantize(wt, x + (size_t)r * k, (size_t)k, &one, 0, 1);
-                kt->matmul(wt, w, ws, &one, y1, (size_t)n, 0, n, NULL);
+                kt->matmul(wt, tw, ws, &one, y1, (size_t)n, 0, n, NULL);
                 for (int o = 0; o < n; o++) gd += memcmp(&y1[o], &ref[(size_t)r * ldy + o], 4) != 0;
             }
             CHECK(gd == 0, "%s %s rows %d n %d k %d: %d GEMV outputs differ from the GEMM's", kt->name,
@@ -255,6 +273,7 @@ static void check_shape(q3_dtype wt, int rows, int n, int k)
             free(y1);
         }
         free(scratch);
+        free(packed);
     }
     free((uint8_t *)w - 1);
     free(x);
@@ -363,6 +382,8 @@ static void test_mm_interface(void)
                 const q3_cpu_mm_kernels *kt = mm_tables[t];
                 q3_cpu_matmul mm = {.w = w, .wtype = (q3_dtype)wt, .w_row_bytes = ws, .x = x, .ldx = ldx, .y = got,
                                     .ldy = ldy, .m = m, .n = n, .k = k};
+                void *packed;
+                mm.w = table_weight(tables[t], (q3_dtype)wt, w, ws, n, k, &packed);
                 size_t sb = kt->scratch(&mm);
                 void *s0 = xalloc(sb), *s1 = xalloc(sb);
                 int g = kt->granule(&mm);
@@ -377,6 +398,7 @@ static void test_mm_interface(void)
                       q3_dtype_name((q3_dtype)wt), m, n, k, diff);
                 free(s0);
                 free(s1);
+                free(packed);
             }
             free((uint8_t *)w - 1);
             free(x);
@@ -408,7 +430,9 @@ static void check_weight(const q3_quant_kernels *kt, const char *set, const name
     float *y = xalloc((size_t)rows * n * sizeof(float));
     size_t sb = kt->scratch(t->dtype, rows, k);
     void *scratch = sb ? xalloc(sb) : NULL;
-    kt->matmul(t->dtype, t->data, ws, &qa, y, (size_t)n, 0, n, scratch);
+    void *packed;
+    kt->matmul(t->dtype, table_weight(kt, t->dtype, t->data, ws, n, k, &packed), ws, &qa, y, (size_t)n, 0, n, scratch);
+    free(packed);
 
     float *wrow = xalloc((size_t)k * sizeof(float));
     double worst_exact = 0, worst_bound = 0, se = 0, se_pred = 0, sy = 0;

@@ -335,6 +335,14 @@ q3_status q3_model_open(const char *path, q3_model **out)
 void q3_model_close(q3_model *m)
 {
     if (!m) return;
+    /* compute units' packed copies of the weights (matmuls: the layers' and the LM head) */
+    for (int l = 0; m->w.layers && l < m->cfg.n_layers; l++) {
+        const q3_layer_weights *L = &m->w.layers[l];
+        const q3_tensor *ts[] = {L->wq, L->wk, L->wv, L->wo, L->w_gate, L->w_up, L->w_down};
+        for (size_t i = 0; i < sizeof ts / sizeof *ts; i++)
+            if (ts[i]) q3_tensor_drop_packed(ts[i]);
+    }
+    if (m->w.lm_head) q3_tensor_drop_packed(m->w.lm_head);
     for (int i = 0; i < m->n_files; i++) q3_safetensors_close(&m->files[i]);
     free(m->files);
     for (size_t i = 0; i < m->n_weight_map; i++) free(m->weight_map[i].tensor);

@@ -226,3 +226,11 @@ int q3_file_exists(const char *path)
     struct stat st;
     return stat(path, &st) == 0 && S_ISREG(st.st_mode);
 }
+
+void q3_mapped_pages_release(const void *p, size_t n)
+{
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), a = ((uintptr_t)p + page - 1) & ~(page - 1),
+              b = ((uintptr_t)p + n) & ~(page - 1);
+    if (n && b > a && q3_mapped_file_at(p) && q3_mapped_file_at((const char *)p + n - 1))
+        madvise((void *)a, b - a, MADV_DONTNEED);
+}

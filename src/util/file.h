@@ -20,6 +20,12 @@ typedef struct q3_mapping {
     int slot;     /* 1 + its entry in the table of mapped files, 0 for none */
 } q3_mapping;
 
+/* Gives back the whole pages of [p, p + n) when they lie in a file
+ * q3_map_file mapped (read again from the file if touched later; anything
+ * else, e.g. malloc'd memory, is left alone): for weights copied into
+ * another layout that will not be read here again. */
+void q3_mapped_pages_release(const void *p, size_t n);
+
 /* Maps a regular file read-only and records [data, data+size) and path in a
  * table q3_mapped_file_at reads, so a SIGBUS handler can name the file that
  * changed underneath (truncated while mapped). */

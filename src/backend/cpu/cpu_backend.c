@@ -33,6 +33,7 @@
 #include "backend/cpu/threadpool.h"
 #include "model/rope.h"
 #include "util/error.h"
+#include "util/file.h"
 
 /* Elementwise ops with fewer values than this run inline on one thread:
  * waking the pool costs about a microsecond, more than they take. */
@@ -328,6 +329,53 @@ static void mm_item(void *ctx, int item, int ith)
     j->k->range(&j->mm, j->u->scratch[ith].p, o0, o1);
 }
 
+/* Packing a weight: panels of outputs over the pool's threads. */
+typedef struct pack_job {
+    const q3_cpu_mm_kernels *k;
+    const q3_tensor *w;
+    void *dst;
+    int item; /* outputs per work item */
+} pack_job;
+
+static void pack_item(void *ctx, int item, int ith)
+{
+    const pack_job *j = ctx;
+    int n = (int)j->w->shape[0], o0 = item * j->item, o1 = o0 + j->item < n ? o0 + j->item : n;
+    j->k->pack(j->w->dtype, j->w->data, q3_dtype_row_bytes(j->w->dtype, (size_t)j->w->shape[1]), n, (int)j->w->shape[1],
+               j->dst, o0, o1);
+}
+
+/* The kernels' packed copy of w, made now if no unit has made it yet (*out =
+ * NULL: these kernels read w in place). Racing contexts each pack; one copy is
+ * published, the others freed. */
+static q3_status packed_weight(cpu_unit *u, const q3_op *op, const q3_cpu_mm_kernels *k, const void **out)
+{
+    const q3_tensor *w = op->weight;
+    *out = NULL;
+    size_t bytes = k->packed_bytes ? k->packed_bytes(w->dtype, (int)w->shape[0], (int)w->shape[1]) : 0;
+    if (!bytes) return Q3_OK;
+    void *p = atomic_load_explicit(&((q3_tensor *)w)->packed, memory_order_acquire);
+    if (!p) {
+        if (!(p = aligned_alloc(64, (bytes + 63) & ~(size_t)63)))
+            return q3_fail(Q3_ERR_NOMEM, "cpu unit: cannot allocate %zu bytes for the packed weight of %s", bytes,
+                           op->name);
+        pack_job j = {.k = k, .w = w, .dst = p, .item = 16 * 64};
+        q3_pool_job job = {.item = pack_item, .ctx = &j, .n_items = (int)((w->shape[0] + j.item - 1) / j.item)};
+        q3_pool_run(u->pool, &job);
+        void *none = NULL;
+        if (!atomic_compare_exchange_strong(&((q3_tensor *)w)->packed, &none, p)) {
+            free(p);
+            p = none;
+        } else {
+            /* the matmuls read the copy from now on: the file's pages go back
+               (a tied embedding's few rows a step are read in again) */
+            q3_mapped_pages_release(w->data, w->nbytes);
+        }
+    }
+    *out = p;
+    return Q3_OK;
+}
+
 static q3_status run_matmul(cpu_unit *u, const q3_exec *e, const q3_op *op)
 {
     const q3_tensor *w = op->weight;
@@ -350,7 +398,11 @@ static q3_status run_matmul(cpu_unit *u, const q3_exec *e, const q3_op *op)
     if (q3_quant_kernels_admit(w->dtype, w->shape[1]))
         k = u->isa == &isa_avx2 ? &q3_cpu_mm_quant_avx2 : &q3_cpu_mm_quant_avx512;
     j.k = k;
-    q3_status st = ensure_scratch(u, op, k->scratch(&j.mm));
+    const void *packed;
+    q3_status st = packed_weight(u, op, k, &packed);
+    if (st) return st;
+    if (packed) j.mm.w = packed;
+    st = ensure_scratch(u, op, k->scratch(&j.mm));
     if (st) return st;
     int g = k->granule(&j.mm);
     bool inline_run = u->nth == 1 || (double)j.mm.m * j.mm.n * j.mm.k < PARALLEL_MIN_MACS;

@@ -30,7 +30,8 @@
 
 /* One MATMUL: y[r][o] = sum_i x[r][i] * w[o][i] for r < m, o < n. */
 typedef struct q3_cpu_matmul {
-    const void *w;         /* [n][k] of wtype, rows w_row_bytes apart (the mapped weight) */
+    const void *w;         /* [n][k] of wtype, rows w_row_bytes apart (the mapped weight), or the
+                              kernels' packed copy of it (packed_bytes != 0) */
     q3_dtype wtype;        /* F32, F16 or BF16 */
     size_t w_row_bytes;
     const float *x;        /* [m][k], rows ldx floats apart */
@@ -88,6 +89,11 @@ static inline const char *q3_cpu_attn_cache_row(const q3_cpu_attn *a, int v, int
  * [o0, o1) it takes. Ranges should start at multiples of granule(mm) (tiles
  * then never straddle two ranges; results do not depend on it). */
 typedef struct q3_cpu_mm_kernels {
+    /* Optional: the kernels read some weights in a layout of their own, made
+       once per weight (see q3_quant_kernels in quant_kernels.h); NULL: every
+       weight is read where it is mapped. */
+    size_t (*packed_bytes)(q3_dtype wt, int n, int k);
+    void (*pack)(q3_dtype wt, const void *w, size_t w_row_bytes, int n, int k, void *dst, int o0, int o1);
     size_t (*scratch)(const q3_cpu_matmul *mm);
     int (*granule)(const q3_cpu_matmul *mm);
     void (*prepare)(const q3_cpu_matmul *mm, void *scratch);

@@ -12,11 +12,12 @@
  * cvt + mul + fma folds them into the panel's 16 float sums: 8 dot
  * instructions per 4 others (the broadcast of c included), and no lane
  * reductions at all.
- *  - GEMV (1 row): each panel's blocks are transposed as they stream from
- *    memory and used at once (each weight byte read once; the compute runs
- *    at ~25 GB/s of Q8_0 from L2, ~15 of Q4_0, well above the memory);
- *  - GEMM (rows > 1): each panel is transposed once into scratch (576 bytes
- *    per block), then every tile of 16 activation rows walks it: the 8 T
+ * The transposition is done once per weight: the table reads Q8_0/Q4_0
+ * weights packed panel by panel ("packed weights" below), so
+ *  - GEMV (1 to 16 rows): each packed panel streams in address order and
+ *    meets every row at once (each weight byte read once per step);
+ *  - GEMM (more rows): each panel is unpacked into scratch (576 bytes per
+ *    block), then every tile of 16 activation rows walks it: the 8 T
  *    vectors and 16 integer accumulators in registers, the activations'
  *    4-byte groups broadcast from memory inside vpdpbusd, the 16 float sums
  *    half in registers, half in L1. ~85% of the vector units' issue rate.
@@ -107,18 +108,18 @@ static void panel_rows_init(panel_rows *pr, const void *w, size_t ws, int o, int
     pr->vidx = _mm512_loadu_si512(idx);
 }
 
-/* The 16 f16 scales at byte boff of each row, as floats (the gather reads the
- * scale and the block's first 2 quant bytes: always inside the block). */
-Q3_INLINE __m512 panel_scales(const panel_rows *pr, size_t boff)
+/* The 16 f16 scales at byte boff of each row (the gather reads the scale and
+ * the block's first 2 quant bytes: always inside the block). */
+Q3_INLINE __m256i panel_scales_f16(const panel_rows *pr, size_t boff)
 {
     __m512i g = _mm512_i32gather_epi32(pr->vidx, (const void *)(pr->p[0] + boff), 1);
-    return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(g));
+    return _mm512_cvtepi32_epi16(g);
 }
 
 /* Q8_0 block at byte boff of each row -> T[8] (bytes xor 0x80). Z[i] holds
  * rows (i, i+4) for i < 4 and (i+4, i+8) for i >= 4 in its 256-bit halves,
  * so that the three unpack/shuffle stages leave rows 0..15 in lane order. */
-Q3_INLINE void panel_q8(const panel_rows *pr, size_t boff, __m512i T[8], __m512 *dw)
+Q3_INLINE void panel_q8(const panel_rows *pr, size_t boff, __m512i T[8], __m256i *dw)
 {
     const __m512i flip = _mm512_set1_epi8((char)0x80);
     __m512i Z[8], t[8], u[8];
@@ -147,15 +148,14 @@ Q3_INLINE void panel_q8(const panel_rows *pr, size_t boff, __m512i T[8], __m512 
         T[j] = _mm512_shuffle_i32x4(u[j], u[4 + j], _MM_SHUFFLE(2, 0, 2, 0));
         T[j + 4] = _mm512_shuffle_i32x4(u[j], u[4 + j], _MM_SHUFFLE(3, 1, 3, 1));
     }
-    *dw = panel_scales(pr, boff);
+    *dw = panel_scales_f16(pr, boff);
 }
 
-/* Q4_0 block at byte boff of each row -> T[8] (T[j]: low nibbles of bytes
- * 4j..4j+3 = values 4j..4j+3; T[4+j]: their high nibbles = values
- * 16+4j..). Y[i] holds rows i, 4+i, 8+i, 12+i in its 128-bit lanes. */
-Q3_INLINE void panel_q4(const panel_rows *pr, size_t boff, __m512i T[8], __m512 *dw)
+/* Q4_0 block at byte boff of each row -> V[4] (lane l of V[j]: the 4 quant
+ * bytes 4j..4j+3 of row l, two nibbles each; Y[i] holds rows i, 4+i, 8+i,
+ * 12+i in its 128-bit lanes). */
+Q3_INLINE void panel_q4(const panel_rows *pr, size_t boff, __m512i V[4], __m256i *dw)
 {
-    const __m512i low4 = _mm512_set1_epi8(0x0f);
     __m512i Y[4];
 #pragma GCC unroll 4
     for (int i = 0; i < 4; i++) {
@@ -166,14 +166,83 @@ Q3_INLINE void panel_q4(const panel_rows *pr, size_t boff, __m512i T[8], __m512 
     }
     __m512i t0 = _mm512_unpacklo_epi32(Y[0], Y[1]), t1 = _mm512_unpackhi_epi32(Y[0], Y[1]);
     __m512i t2 = _mm512_unpacklo_epi32(Y[2], Y[3]), t3 = _mm512_unpackhi_epi32(Y[2], Y[3]);
-    __m512i V[4] = {_mm512_unpacklo_epi64(t0, t2), _mm512_unpackhi_epi64(t0, t2), _mm512_unpacklo_epi64(t1, t3),
-                    _mm512_unpackhi_epi64(t1, t3)};
-#pragma GCC unroll 4
-    for (int j = 0; j < 4; j++) {
-        T[j] = _mm512_and_si512(V[j], low4);
-        T[j + 4] = _mm512_and_si512(_mm512_srli_epi16(V[j], 4), low4);
+    V[0] = _mm512_unpacklo_epi64(t0, t2);
+    V[1] = _mm512_unpackhi_epi64(t0, t2);
+    V[2] = _mm512_unpacklo_epi64(t1, t3);
+    V[3] = _mm512_unpackhi_epi64(t1, t3);
+    *dw = panel_scales_f16(pr, boff);
+}
+
+/* ---- packed weights ------------------------------------------------------------------------
+ *
+ * Transposing a panel's blocks as they stream in (the shuffles above and the
+ * scale gather: about as many cycles per byte as the memory takes to deliver
+ * it) and reading 16 rows side by side (16 interleaved streams, which the
+ * hardware prefetchers follow poorly) kept the GEMV well below the read
+ * bandwidth. So this table reads Q8_0/Q4_0 weights in a layout of its own,
+ * made once per weight by pack(): panel after panel (16 outputs; a last
+ * partial panel repeats its last row), each panel its nb transposed blocks in
+ * order (Q8_0: T[0..7], 512 bytes, already offset by 0x80; Q4_0: V[0..3], 256
+ * bytes of nibble pairs), then the panel's f16 scales (16 per block). The
+ * GEMV streams that in address order with no shuffle (Q4_0: two ands and a
+ * shift per vector), and the GEMM unpacks each panel into its tile layout.
+ * The same bytes meet the same dot products: the results do not change. */
+
+static size_t qblock_bytes(int q8) { return q8 ? 512 : 256; }
+
+static size_t panel_bytes(int q8, int nb) { return ((size_t)nb * (qblock_bytes(q8) + 32) + 63) & ~(size_t)63; }
+
+static size_t avx512_packed_bytes(q3_dtype wt, int n, int k)
+{
+    if (wt != Q3_Q8_0 && wt != Q3_Q4_0) return 0; /* the K-quants are read in place */
+    return (size_t)((n + PANEL - 1) / PANEL) * panel_bytes(wt == Q3_Q8_0, k / Q3_QBLOCK);
+}
+
+static void avx512_pack(q3_dtype wt, const void *w, size_t ws, int n, int k, void *dst, int o0, int o1)
+{
+    const int q8 = wt == Q3_Q8_0, nb = k / Q3_QBLOCK;
+    const size_t bb = q8 ? 34 : 18, qb = qblock_bytes(q8), pb = panel_bytes(q8, nb);
+    for (int o = o0 - o0 % PANEL; o < o1; o += PANEL) {
+        panel_rows pr;
+        panel_rows_init(&pr, w, ws, o, n);
+        char *q = (char *)dst + (size_t)(o / PANEL) * pb, *sc = q + (size_t)nb * qb;
+        for (int b = 0; b < nb; b++, q += qb, sc += 32) {
+            __m512i T[8];
+            __m256i d;
+            if (q8) panel_q8(&pr, (size_t)b * bb, T, &d);
+            else panel_q4(&pr, (size_t)b * bb, T, &d);
+            for (int j = 0; j < (q8 ? 8 : 4); j++) _mm512_store_si512(q + 64 * j, T[j]);
+            _mm256_storeu_si256((__m256i *)sc, d);
+        }
     }
-    *dw = panel_scales(pr, boff);
+}
+
+/* Block b of a packed panel -> T[8] and the 16 scales as floats. */
+Q3_INLINE void packed_block(const int q8, const char *panel, int nb, int b, __m512i T[8], __m512 *dw)
+{
+    const char *q = panel + (size_t)b * qblock_bytes(q8);
+    if (q8) {
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; j++) T[j] = _mm512_load_si512(q + 64 * j);
+    } else {
+        const __m512i low4 = _mm512_set1_epi8(0x0f);
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++) { /* low nibbles: values 4j..4j+3; high: 16+4j.. */
+            __m512i v = _mm512_load_si512(q + 64 * j);
+            T[j] = _mm512_and_si512(v, low4);
+            T[j + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+        }
+    }
+    *dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(panel + (size_t)nb * qblock_bytes(q8) + (size_t)b * 32)));
+}
+
+/* The lanes of panel p (outputs 16p..16p+15) that fall in [o0, o1). */
+Q3_INLINE __mmask16 panel_mask(int p, int o0, int o1)
+{
+    int lo = o0 - p * PANEL, hi = o1 - p * PANEL;
+    lo = lo < 0 ? 0 : lo;
+    hi = hi > PANEL ? PANEL : hi;
+    return (__mmask16)(q3_mask16(hi) & ~q3_mask16(lo));
 }
 
 /* ---- the dot products -------------------------------------------------------------------- */
@@ -205,39 +274,17 @@ Q3_INLINE void block_dot(const int R, const __m512i T[8], __m512 dw, const char 
     }
 }
 
-static size_t block_bytes(q3_dtype wt) { return wt == Q3_Q8_0 ? 34 : 18; }
-
-/* Prefetches lines [from, to) of a region of bytes (clipped to its size). */
-Q3_INLINE void prefetch_lines(const char *p, size_t bytes, size_t from, size_t to, const int hint)
-{
-    if (to > bytes) to = bytes;
-    for (size_t l = from; l < to; l += 64) {
-        if (hint == 0) _mm_prefetch(p + l, _MM_HINT_T0);
-        else _mm_prefetch(p + l, _MM_HINT_T1);
-    }
-}
-
-/* The GEMV streams each panel's 16 rows at once (16 interleaved streams,
- * which the hardware prefetchers follow poorly: ~60% of the read bandwidth),
- * so it prefetches the next panel, a contiguous 16 rows, in address order,
- * spread over the current panel's block steps (and the first panel of the
- * range up front): ~90% of the bandwidth. */
 /* R activation rows (R = qa->rows <= SMALL_ROWS: one tile) against each
- * panel as it streams in: the GEMV's loop, each transposed block used by all
- * R rows at once (a decode step of a few sequences reads each weight byte
- * once, with no packed copy). R = 1 is the GEMV. */
-Q3_INLINE void gemv_kind(const int q8, const int R, const void *w, size_t ws, const q3_qact *qa, float *y, size_t ldy,
-                         int o0, int o1)
+ * packed panel as it streams in, in address order: the GEMV's loop, each block
+ * used by all R rows at once (a decode step of a few sequences reads each
+ * weight byte once). R = 1 is the GEMV. */
+Q3_INLINE void gemv_kind(const int q8, const int R, const char *packed, const q3_qact *qa, float *y, size_t ldy, int o0,
+                         int o1)
 {
     const int nb = qa->k / Q3_QBLOCK;
-    const size_t bb = q8 ? 34 : 18, pbytes = (size_t)PANEL * ws;
-    const size_t per_step = (pbytes / 64 + (size_t)nb - 1) / (size_t)nb * 64; /* bytes of the next panel per block */
-    prefetch_lines((const char *)w + (size_t)o0 * ws, (size_t)(o1 - o0) * ws, 0, pbytes, 0);
-    for (int o = o0; o < o1; o += PANEL) {
-        panel_rows pr;
-        panel_rows_init(&pr, w, ws, o, o1);
-        const char *next = (const char *)w + (size_t)(o + PANEL) * ws;
-        const size_t next_bytes = o + PANEL < o1 ? (size_t)(o1 - o - PANEL) * ws : 0;
+    const size_t pb = panel_bytes(q8, nb);
+    for (int p = o0 / PANEL; p * PANEL < o1; p++) {
+        const char *panel = packed + (size_t)p * pb;
         __m512 f[Q3_QACT_TILE];
 #pragma GCC unroll 16
         for (int r = 0; r < R; r++) f[r] = _mm512_setzero_ps();
@@ -245,27 +292,26 @@ Q3_INLINE void gemv_kind(const int q8, const int R, const void *w, size_t ws, co
         for (int b = 0; b < nb; b++, a += R * Q3_QACT_BLOCK_BYTES) {
             __m512i T[8];
             __m512 dw;
-            prefetch_lines(next, next_bytes < pbytes ? next_bytes : pbytes, (size_t)b * per_step, (size_t)(b + 1) * per_step, 0);
-            if (q8) panel_q8(&pr, (size_t)b * bb, T, &dw);
-            else panel_q4(&pr, (size_t)b * bb, T, &dw);
+            packed_block(q8, panel, nb, b, T, &dw);
             block_dot(R, T, dw, a, f);
         }
+        const __mmask16 m = panel_mask(p, o0, o1);
 #pragma GCC unroll 16
-        for (int r = 0; r < R; r++) _mm512_mask_storeu_ps(y + (size_t)r * ldy + o, q3_mask16(o1 - o), f[r]);
+        for (int r = 0; r < R; r++) _mm512_mask_storeu_ps(y + (size_t)r * ldy + (size_t)p * PANEL, m, f[r]);
     }
 }
 
 /* Rows up to which the GEMV's streaming loop serves several rows (beyond, the
- * GEMM packs each panel once for its 16-row tiles). */
+ * GEMM unpacks each panel once for its 16-row tiles). */
 #define SMALL_ROWS 16
 
-static void gemv_rows(q3_dtype wt, const void *w, size_t ws, const q3_qact *qa, float *y, size_t ldy, int o0, int o1)
+static void gemv_rows(q3_dtype wt, const void *packed, const q3_qact *qa, float *y, size_t ldy, int o0, int o1)
 {
     const int q8 = wt == Q3_Q8_0;
 #define ROWS_CASE(n)                                                                                                 \
     case n:                                                                                                          \
-        if (q8) gemv_kind(1, n, w, ws, qa, y, ldy, o0, o1);                                                           \
-        else gemv_kind(0, n, w, ws, qa, y, ldy, o0, o1);                                                              \
+        if (q8) gemv_kind(1, n, packed, qa, y, ldy, o0, o1);                                                          \
+        else gemv_kind(0, n, packed, qa, y, ldy, o0, o1);                                                             \
         break;
     switch (qa->rows) {
         ROWS_CASE(1) ROWS_CASE(2) ROWS_CASE(3) ROWS_CASE(4) ROWS_CASE(5) ROWS_CASE(6) ROWS_CASE(7) ROWS_CASE(8)
@@ -276,24 +322,27 @@ static void gemv_rows(q3_dtype wt, const void *w, size_t ws, const q3_qact *qa, 
 
 /* ---- the GEMM -------------------------------------------------------------------------------- */
 
-/* Transposes the panel at output o (all nb blocks) into dst: per block T[0..7]
- * then the 16 scales (PANEL_BLOCK_BYTES). */
-static void pack_panel(q3_dtype wt, const void *w, size_t ws, int nb, int o, int o1, char *dst)
+/* Prefetches lines [from, to) of a region of bytes (clipped to its size) into L2. */
+Q3_INLINE void prefetch_lines(const char *p, size_t bytes, size_t from, size_t to)
 {
-    const size_t bb = block_bytes(wt);
-    panel_rows pr;
-    panel_rows_init(&pr, w, ws, o, o1);
+    if (to > bytes) to = bytes;
+    for (size_t l = from; l < to; l += 64) _mm_prefetch(p + l, _MM_HINT_T1);
+}
+
+/* A packed panel (all nb blocks) -> dst in the tile layout: per block T[0..7]
+ * then the 16 scales as floats (PANEL_BLOCK_BYTES). */
+static void unpack_panel(int q8, const char *panel, int nb, char *dst)
+{
     for (int b = 0; b < nb; b++, dst += PANEL_BLOCK_BYTES) {
         __m512i T[8];
         __m512 dw;
-        if (wt == Q3_Q8_0) panel_q8(&pr, (size_t)b * bb, T, &dw);
-        else panel_q4(&pr, (size_t)b * bb, T, &dw);
+        packed_block(q8, panel, nb, b, T, &dw);
         for (int j = 0; j < 8; j++) _mm512_store_si512(dst + 64 * j, T[j]);
         _mm512_store_ps(dst + 512, dw);
     }
 }
 
-/* R rows (one activation tile) against a packed panel, all blocks. The R
+/* R rows (one activation tile) against an unpacked panel, all blocks. The R
  * sums live in f[] (beyond the registers for R = 16: the compiler keeps
  * them in L1, one load and store per row and block next to 8 dot products). */
 Q3_INLINE void gemm_tile(const int R, const char *panel, int nb, const char *a, float *y, size_t ldy, __mmask16 m)
@@ -311,7 +360,7 @@ Q3_INLINE void gemm_tile(const int R, const char *panel, int nb, const char *a, 
     for (int r = 0; r < R; r++) _mm512_mask_storeu_ps(y + (size_t)r * ldy, m, f[r]);
 }
 
-/* The activation tile at row t0 (th rows) against a packed panel. */
+/* The activation tile at row t0 (th rows) against an unpacked panel. */
 static void gemm_rows(const char *panel, int nb, const q3_qact *qa, int t0, float *y, size_t ldy, __mmask16 m)
 {
     const char *a = q3_qact_block(qa, t0, 0);
@@ -325,21 +374,21 @@ static void gemm_rows(const char *panel, int nb, const q3_qact *qa, int t0, floa
     }
 }
 
-static void gemm(q3_dtype wt, const void *w, size_t ws, const q3_qact *qa, float *y, size_t ldy, int o0, int o1,
-                 void *scratch)
+static void gemm(q3_dtype wt, const char *packed, const q3_qact *qa, float *y, size_t ldy, int o0, int o1, void *scratch)
 {
-    const int nb = qa->k / Q3_QBLOCK, n_tiles = (qa->rows + Q3_QACT_TILE - 1) / Q3_QACT_TILE;
-    const size_t pbytes = (size_t)PANEL * ws, per_tile = (pbytes / 64 + (size_t)n_tiles - 1) / (size_t)n_tiles * 64;
-    for (int o = o0; o < o1; o += PANEL) {
-        pack_panel(wt, w, ws, nb, o, o1, scratch);
+    const int q8 = wt == Q3_Q8_0, nb = qa->k / Q3_QBLOCK, n_tiles = (qa->rows + Q3_QACT_TILE - 1) / Q3_QACT_TILE;
+    const size_t pb = panel_bytes(q8, nb), per_tile = (pb / 64 + (size_t)n_tiles - 1) / (size_t)n_tiles * 64;
+    const int p1 = (o1 + PANEL - 1) / PANEL;
+    for (int p = o0 / PANEL; p < p1; p++) {
+        unpack_panel(q8, packed + (size_t)p * pb, nb, scratch);
         /* the next panel's weights into L2 while this one computes */
-        const char *next = (const char *)w + (size_t)(o + PANEL) * ws;
-        size_t next_bytes = o + PANEL < o1 ? (size_t)(o1 - o - PANEL) * ws : 0;
-        if (next_bytes > pbytes) next_bytes = pbytes;
+        const char *next = packed + (size_t)(p + 1) * pb;
+        const size_t next_bytes = p + 1 < p1 ? pb : 0;
+        const __mmask16 m = panel_mask(p, o0, o1);
         for (int t = 0; t < n_tiles; t++) {
-            prefetch_lines(next, next_bytes, (size_t)t * per_tile, (size_t)(t + 1) * per_tile, 1);
+            prefetch_lines(next, next_bytes, (size_t)t * per_tile, (size_t)(t + 1) * per_tile);
             int t0 = t * Q3_QACT_TILE;
-            gemm_rows(scratch, nb, qa, t0, y + (size_t)t0 * ldy + o, ldy, q3_mask16(o1 - o));
+            gemm_rows(scratch, nb, qa, t0, y + (size_t)t0 * ldy + (size_t)p * PANEL, ldy, m);
         }
     }
 }
@@ -350,13 +399,14 @@ static size_t avx512_scratch(q3_dtype wt, int rows, int k)
     return rows > SMALL_ROWS ? (size_t)(k / Q3_QBLOCK) * PANEL_BLOCK_BYTES : 0;
 }
 
+/* Q8_0/Q4_0: w is the packed weight (ws unused); the K-quants are read in place. */
 static void avx512_matmul(q3_dtype wt, const void *w, size_t ws, const q3_qact *qa, float *y, size_t ldy, int o0, int o1,
                           void *scratch)
 {
     if (o1 <= o0) return;
     if (q3_is_kquant(wt)) q3_kquant_matmul_avx512(wt, w, ws, qa, y, ldy, o0, o1, scratch);
-    else if (qa->rows > SMALL_ROWS) gemm(wt, w, ws, qa, y, ldy, o0, o1, scratch);
-    else gemv_rows(wt, w, ws, qa, y, ldy, o0, o1);
+    else if (qa->rows > SMALL_ROWS) gemm(wt, w, qa, y, ldy, o0, o1, scratch);
+    else gemv_rows(wt, w, qa, y, ldy, o0, o1);
 }
 
 const q3_quant_kernels q3_quant_avx512 = {
@@ -364,6 +414,8 @@ const q3_quant_kernels q3_quant_avx512 = {
     .granule = PANEL,
     .quantize = avx512_quantize,
     .scratch = avx512_scratch,
+    .packed_bytes = avx512_packed_bytes,
+    .pack = avx512_pack,
     .matmul = avx512_matmul,
 };
 
@@ -390,6 +442,8 @@ static void mm_range(const q3_cpu_matmul *mm, void *scratch, int o0, int o1)
 }
 
 const q3_cpu_mm_kernels q3_cpu_mm_quant_avx512 = {
+    .packed_bytes = avx512_packed_bytes,
+    .pack = avx512_pack,
     .scratch = mm_scratch,
     .granule = mm_granule,
     .prepare = mm_prepare,

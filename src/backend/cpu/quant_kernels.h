@@ -139,8 +139,16 @@ typedef struct q3_quant_kernels {
     /* Bytes of per-thread scratch matmul needs for qa->rows rows of k values
        (64-byte aligned; 0 when rows == 1). */
     size_t (*scratch)(q3_dtype wt, int rows, int k);
+    /* Optional (NULL: every weight is read in place, as the file holds it).
+       packed_bytes(wt, n, k): bytes of the table's own layout of an [n][k]
+       weight (0: this type is read in place); pack() writes outputs [o0, o1)
+       of it (whole panels of granule outputs: threads may pack disjoint
+       ranges) from w (rows w_row_bytes apart). Made once per weight. */
+    size_t (*packed_bytes)(q3_dtype wt, int n, int k);
+    void (*pack)(q3_dtype wt, const void *w, size_t w_row_bytes, int n, int k, void *dst, int o0, int o1);
     /* y[r][o] for r < qa->rows, o in [o0, o1): w is the [n][k] weight of type
-       wt (rows w_row_bytes apart, read in place), qa its quantized
+       wt (rows w_row_bytes apart, read in place; or its packed layout when
+       packed_bytes says so, w_row_bytes then unused), qa its quantized
        activations (all rows done before the call), y rows ldy floats apart.
        Writes only y[r][o0..o1). rows == 1 is the decode GEMV (weights
        streamed once); rows > 1 the prefill GEMM (each weight block reused
@@ -179,8 +187,10 @@ extern const q3_quant_kernels q3_quant_avx512;  /* AVX-512 VNNI (vpdpbusd) GEMV 
  *  - prepare(mm, scratch) quantizes all m rows of x into the thread's own
  *    scratch (redundantly on every thread: cheap next to the matmul, see
  *    bench_quant), so no barrier is needed between quantizing and the range;
- *  - range(mm, scratch, o0, o1) runs the table's matmul;
- *  - granule(mm) = the table's granule. */
+ *  - range(mm, scratch, o0, o1) runs the table's matmul (mm->w packed when
+ *    the table packs this type);
+ *  - granule(mm) = the table's granule;
+ *  - packed_bytes/pack: the table's (NULL where it has none). */
 extern const q3_cpu_mm_kernels q3_cpu_mm_quant_avx2, q3_cpu_mm_quant_avx512;
 
 #endif
