@@ -6,7 +6,8 @@
  *   qwen3.context_length, embedding_length, block_count, feed_forward_length,
  *         attention.head_count, attention.head_count_kv, attention.key_length,
  *         attention.value_length, rope.freq_base, attention.layer_norm_rms_epsilon
- *   general.file_type (llama_ftype: 0 F32, 1 F16, 32 BF16, 7 Q8_0, 2 Q4_0),
+ *   general.file_type (llama_ftype: 0 F32, 1 F16, 32 BF16, 7 Q8_0, 2 Q4_0, 14/15 Q4_K_S/M,
+ *         16/17 Q5_K_S/M, 18 Q6_K),
  *   general.quantization_version 2
  *   tokenizer.ggml.model "gpt2", .pre "qwen2", .tokens (byte-level strings by id, added
  *         tokens as their text, ids without a token as "[PAD<id>]"), .token_type (1 normal,
