@@ -10,7 +10,9 @@ CFLAGS  ?=
 WARN    := -Wall -Wextra -Wno-unused-parameter -Wno-format-truncation $(if $(WERROR),-Werror)
 # Position-independent everywhere (libq3.a can go into a shared object too);
 # hidden visibility, so libq3.so exports only what include/q3.h marks Q3_API.
-BASE    := -std=c17 -g $(OPT) -MMD -MP -Iinclude -Isrc -D_GNU_SOURCE -fno-math-errno -fPIC -fvisibility=hidden
+# -ffp-contract=off: no fused multiply-adds the source does not spell (GCC's default
+# under -std=c17, not clang's); the quantizers match llama.cpp's bytes only so.
+BASE    := -std=c17 -g $(OPT) -MMD -MP -Iinclude -Isrc -D_GNU_SOURCE -fno-math-errno -ffp-contract=off -fPIC -fvisibility=hidden
 LDLIBS  := -lcjson -lpcre2-8 -lutf8proc -lm -lpthread
 
 ifeq ($(SAN),1)

@@ -1,10 +1,11 @@
 /* K-quants (Q4_K, Q6_K): dequantization of hand-built super-blocks against
  * values worked out here from the format's definition; q3's quantizers
  * (round-trip error, edge cases); GGUF files with Q4_K/Q6_K tensors (read
- * back, other K types still refused); a small Qwen3 in Q4_K/Q6_K/Q8_0 whose
- * logits on the reference unit equal those of the same weights dequantized
- * to F32 (written by q3 convert); and the planner keeping K-quant ops off a
- * unit that has no kernels for them. */
+ * back, other K types still refused); a small Qwen3 in Q4_K/Q6_K (written by
+ * q3 convert --type q4_k_m) whose logits on the reference unit equal those of
+ * the same weights dequantized to F32 (written by q3 convert); and the planner
+ * placing the K-quant ops on the cpu unit. Whether q3's quantizers and mixes
+ * are llama-quantize's, byte for byte: tests/test_convert_kquants.c. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -526,93 +527,21 @@ static void test_gguf_read(void)
 
 /* ==== a small Qwen3 in K-quants ================================================================ */
 
-/* hidden 256, intermediate 384: every matrix but ffn_down has rows of 256 (one
- * super-block); ffn_down's rows of 384 are not whole super-blocks, so it falls
- * back to Q8_0 as llama.cpp does. The mix is Q4_K_M's: Q4_K for most matrices,
- * Q6_K for attn_v and the token embedding (the output head, as it is tied). */
+/* hidden 256, intermediate 512: every row is whole super-blocks. Written by
+ * q3 convert --type q4_k_m (llama-quantize's mix): Q6_K for the token embedding
+ * (the output head, as it is tied) and for attn_v and ffn_down of layer 1 (of
+ * 2, a "more bits" layer), Q4_K for every other matrix. */
 static void small_config(q3_config *c)
 {
     q3_synth_preset_tiny(c);
     c->n_layers = 2;
     c->dim = 256;
-    c->ffn_dim = 384;
+    c->ffn_dim = 512;
     c->n_heads = 4;
     c->n_kv_heads = 2;
     c->head_dim = 64;
     c->vocab_size = 320;
     c->max_seq_len = 2048;
-}
-
-static q3_dtype kquant_type(const char *name, int64_t row)
-{
-    q3_dtype t = strstr(name, "attn_v") || strstr(name, "token_embd") || !strcmp(name, "output.weight") ? Q3_Q6_K : Q3_Q4_K;
-    return row % 256 ? Q3_Q8_0 : t;
-}
-
-typedef struct {
-    uint8_t *bufs[64];
-    int n;
-} bufset;
-
-static q3_status add_weight(q3_gguf_writer *w, bufset *bs, const char *name, const q3_tensor *t)
-{
-    size_t numel = q3_tensor_numel(t), cols = (size_t)t->shape[t->ndim - 1];
-    float *f = malloc(numel * sizeof *f);
-    for (size_t r = 0; r < numel / cols; r++)
-        q3_row_to_f32(t->dtype, (const char *)t->data + r * q3_dtype_row_bytes(t->dtype, cols), f + r * cols, cols);
-    q3_dtype dt = t->ndim == 1 ? Q3_F32 : kquant_type(name, (int64_t)cols);
-    uint8_t *q = malloc(q3_dtype_row_bytes(dt, numel));
-    q3_status st = q3_quantize(dt, f, q, numel);
-    free(f);
-    bs->bufs[bs->n++] = q;
-    return st ? st : q3_gguf_writer_add_tensor(w, name, dt, t->ndim, t->shape, q);
-}
-
-/* Writes the weights of m (F32) as a K-quant GGUF with llama.cpp's names. */
-static q3_status write_kquant_gguf(const q3_model *m, const char *path)
-{
-    const q3_config *c = &m->cfg;
-    q3_gguf_writer *w;
-    q3_status st = q3_gguf_writer_new(&w);
-    if (st) return st;
-    bufset bs = {.n = 0};
-    if ((st = q3_gguf_writer_add_str(w, "general.architecture", "qwen3")) ||
-        (st = q3_gguf_writer_add_str(w, "general.name", "kquant-test")) ||
-        (st = q3_gguf_writer_add_u32(w, "qwen3.context_length", (uint32_t)c->max_seq_len)) ||
-        (st = q3_gguf_writer_add_u32(w, "qwen3.embedding_length", (uint32_t)c->dim)) ||
-        (st = q3_gguf_writer_add_u32(w, "qwen3.block_count", (uint32_t)c->n_layers)) ||
-        (st = q3_gguf_writer_add_u32(w, "qwen3.feed_forward_length", (uint32_t)c->ffn_dim)) ||
-        (st = q3_gguf_writer_add_u32(w, "qwen3.attention.head_count", (uint32_t)c->n_heads)) ||
-        (st = q3_gguf_writer_add_u32(w, "qwen3.attention.head_count_kv", (uint32_t)c->n_kv_heads)) ||
-        (st = q3_gguf_writer_add_u32(w, "qwen3.attention.key_length", (uint32_t)c->head_dim)) ||
-        (st = q3_gguf_writer_add_u32(w, "qwen3.attention.value_length", (uint32_t)c->head_dim)) ||
-        (st = q3_gguf_writer_add_f32(w, "qwen3.rope.freq_base", c->rope_theta)) ||
-        (st = q3_gguf_writer_add_f32(w, "qwen3.attention.layer_norm_rms_epsilon", c->rms_eps)) ||
-        (st = q3_gguf_writer_add_u32(w, "general.file_type", 15)) || /* llama.cpp's MOSTLY_Q4_K_M */
-        (st = q3_gguf_writer_add_str(w, "tokenizer.ggml.model", "none")))
-        goto done;
-    const q3_weights *wt = &m->w;
-    if ((st = add_weight(w, &bs, "token_embd.weight", wt->embed)) ||
-        (st = add_weight(w, &bs, "output_norm.weight", wt->out_norm)))
-        goto done;
-    if (wt->lm_head != wt->embed && (st = add_weight(w, &bs, "output.weight", wt->lm_head))) goto done;
-    static const char *const names[] = {"attn_norm", "attn_q",      "attn_k",      "attn_v",   "attn_output", "attn_q_norm",
-                                        "attn_k_norm", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down"};
-    for (int l = 0; l < c->n_layers; l++) {
-        const q3_layer_weights *L = &wt->layers[l];
-        const q3_tensor *ts[] = {L->attn_norm, L->wq,     L->wk,       L->wv,   L->wo,    L->q_norm,
-                                 L->k_norm,    L->ffn_norm, L->w_gate, L->w_up, L->w_down};
-        for (int i = 0; i < 11; i++) {
-            char n[64];
-            snprintf(n, sizeof n, "blk.%d.%s.weight", l, names[i]);
-            if ((st = add_weight(w, &bs, n, ts[i]))) goto done;
-        }
-    }
-    st = q3_gguf_writer_write(w, path, NULL, NULL);
-done:
-    q3_gguf_writer_free(w);
-    for (int i = 0; i < bs.n; i++) free(bs.bufs[i]);
-    return st;
 }
 
 /* Logits [n][V] of a prefill of tokens[0..n_pre) then decodes of the rest, on unit. */
@@ -683,22 +612,34 @@ static void test_model(void)
     CHECK(q3_model_open(hf, &src) == Q3_OK, "open synth: %s", q3_last_error());
     if (!src) return;
     const char *kq_path = tmp_path("kq-model.gguf"), *deq_path = tmp_path("deq-model.gguf");
-    CHECK(write_kquant_gguf(src, kq_path) == Q3_OK, "write K-quant GGUF: %s", q3_last_error());
+    q3_convert_opts o = {.type = Q3_Q4_K, .kmix = Q3_KMIX_M, .no_tokenizer = 1};
+    CHECK(q3_convert_model(src, kq_path, &o) == Q3_OK, "convert to q4_k_m: %s", q3_last_error());
     CHECK(q3_model_open(kq_path, &kq) == Q3_OK, "open K-quant GGUF: %s", q3_last_error());
     if (!kq) goto out;
     const q3_weights *w = &kq->w;
     CHECK(w->embed->dtype == Q3_Q6_K && w->layers[0].wq->dtype == Q3_Q4_K && w->layers[1].wv->dtype == Q3_Q6_K &&
-              w->layers[0].w_gate->dtype == Q3_Q4_K && w->layers[0].w_down->dtype == Q3_Q8_0 &&
+              w->layers[0].wv->dtype == Q3_Q4_K && w->layers[0].w_gate->dtype == Q3_Q4_K &&
+              w->layers[0].w_down->dtype == Q3_Q4_K && w->layers[1].w_down->dtype == Q3_Q6_K &&
               w->out_norm->dtype == Q3_F32,
-          "the K-quant mix: embed %s, wq %s, wv %s, gate %s, down %s", q3_dtype_name(w->embed->dtype),
-          q3_dtype_name(w->layers[0].wq->dtype), q3_dtype_name(w->layers[1].wv->dtype),
-          q3_dtype_name(w->layers[0].w_gate->dtype), q3_dtype_name(w->layers[0].w_down->dtype));
+          "the K-quant mix: embed %s, wq %s, wv %s/%s, gate %s, down %s/%s", q3_dtype_name(w->embed->dtype),
+          q3_dtype_name(w->layers[0].wq->dtype), q3_dtype_name(w->layers[0].wv->dtype),
+          q3_dtype_name(w->layers[1].wv->dtype), q3_dtype_name(w->layers[0].w_gate->dtype),
+          q3_dtype_name(w->layers[0].w_down->dtype), q3_dtype_name(w->layers[1].w_down->dtype));
 
-    /* q3 convert: K-quant output is refused; F32 output from a K-quant source is
-     * the dequantized weights, value for value */
-    q3_convert_opts o = {.type = Q3_Q4_K, .no_tokenizer = 1};
-    CHECK(q3_convert_model(kq, deq_path, &o) == Q3_ERR_INVALID, "convert to q4_k is refused");
-    CHECK(access(deq_path, F_OK) != 0, "nothing written when refused");
+    /* q3 convert from a K-quant source: to the same mix, every tensor is copied
+     * as it is; to F32, the dequantized weights, value for value */
+    CHECK(q3_convert_model(kq, deq_path, &o) == Q3_OK, "convert K-quant -> q4_k_m: %s", q3_last_error());
+    {
+        q3_gguf *g2 = NULL;
+        size_t same = 0, n_t = q3_gguf_tensor_count(kq->gguf);
+        CHECK(q3_gguf_open(deq_path, &g2) == Q3_OK, "open: %s", q3_last_error());
+        for (size_t i = 0; g2 && i < n_t; i++) {
+            const q3_tensor *a = q3_gguf_tensor_at(kq->gguf, i), *b = q3_gguf_find_tensor(g2, a->name);
+            same += b && b->dtype == a->dtype && b->nbytes == a->nbytes && !memcmp(a->data, b->data, a->nbytes);
+        }
+        CHECK(same == n_t && n_t == 2 + 11 * (size_t)cfg.n_layers, "%zu of %zu tensors copied unchanged", same, n_t);
+        q3_gguf_close(g2);
+    }
     o.type = Q3_F32;
     CHECK(q3_convert_model(kq, deq_path, &o) == Q3_OK, "convert K-quant -> f32: %s", q3_last_error());
     CHECK(q3_model_open(deq_path, &deq) == Q3_OK, "open dequantized GGUF: %s", q3_last_error());
@@ -759,9 +700,9 @@ static void test_model(void)
     CHECK(q3_graph_build_prefill(kq, 8, false, &pre) == Q3_OK, "prefill graph");
     CHECK(q3_graph_build_decode(kq, 1, &dec) == Q3_OK, "decode graph");
     if (q3_backend_cpu.present(&q3_backend_cpu)) {
-        /* per layer: q, k, o, gate, up (Q4_K), v (Q6_K); plus embed and lm_head (Q6_K) */
+        /* per layer: q, k, v, o, gate, up, down (Q4_K or Q6_K); plus embed and lm_head (Q6_K) */
         int n_pre = check_plan(&pre, "prefill"), n_dec = check_plan(&dec, "decode");
-        CHECK(n_pre == 6 * cfg.n_layers + 2 && n_dec == n_pre, "K-quant ops: %d prefill, %d decode", n_pre, n_dec);
+        CHECK(n_pre == 7 * cfg.n_layers + 2 && n_dec == n_pre, "K-quant ops: %d prefill, %d decode", n_pre, n_dec);
         /* and a session on cpu runs close to ref (activations rounded to 8 bits per 32 values) */
         float *lc = run(kq, toks, NT, NPRE, "cpu", "f32");
         if (lc && lk) {

@@ -1,5 +1,6 @@
 /* q3 convert: a model folder (or a GGUF) to a GGUF file llama.cpp loads, with
- * the weights in F32, F16, BF16, Q8_0 or Q4_0. */
+ * the weights in F32, F16, BF16, Q8_0, Q4_0 or one of llama-quantize's K-quant
+ * mixes (Q4_K_M, Q4_K_S, Q5_K_M, Q5_K_S, Q6_K). */
 #include <errno.h>
 #include <stdio.h>
 #include <sys/stat.h>
@@ -54,7 +55,11 @@ int cmd_convert(int argc, char **argv)
         CLI_OPT("type", 0, CLI_STR, &type_name, "T",
                 "f32, f16, bf16, q8_0 or q4_0: type of the 2-D weights; norms stay F32,\n"
                 "and with q8_0/q4_0 a matrix whose rows are not whole 32-value blocks\n"
-                "stays F16 (default: the model's own type when it is f32, f16 or bf16)"),
+                "stays F16 (default: the model's own type when it is f32, f16 or bf16);\n"
+                "q4_k_m, q4_k_s, q5_k_m, q5_k_s, q6_k (q4_k, q5_k: the _m mixes):\n"
+                "llama-quantize's mix of that name without an importance matrix, tensor\n"
+                "for tensor and byte for byte (Q6_K output, Q6_K attn_v/ffn_down in some\n"
+                "layers, ...); quantize from the F32/F16/BF16 weights llama-quantize reads"),
         CLI_OPT("outtype", 0, CLI_STR, &type_name, "T", NULL, .flags = CLI_HIDDEN),
         CLI_OPT("tokenizer", 0, CLI_FILE, &o.tokenizer_dir, "DIR",
                 "take tokenizer.json / tokenizer_config.json from DIR\n"
@@ -64,7 +69,7 @@ int cmd_convert(int argc, char **argv)
         CLI_OPT("quiet", 'q', CLI_FLAG, &quiet, NULL, "no progress on stderr"),
         {0},
     };
-    cli_spec spec = {"convert", "q3 convert -m MODEL -o OUT.gguf [--type f32|f16|bf16|q8_0|q4_0] [options]\nq3 convert MODEL -o OUT.gguf [options]",
+    cli_spec spec = {"convert", "q3 convert -m MODEL -o OUT.gguf [--type f32|f16|bf16|q8_0|q4_0|q4_k_m|q5_k_m|q6_k|...] [options]\nq3 convert MODEL -o OUT.gguf [options]",
                      "Writes a GGUF (architecture qwen3, llama.cpp's tensor names and metadata) from MODEL,\n"
                      "a Hugging Face folder (config.json, safetensors, tokenizer.json) or a .gguf.\n",
                      tab, 1, NULL};
@@ -86,12 +91,14 @@ int cmd_convert(int argc, char **argv)
     q3_model *m;
     if (q3_model_open(model, &m)) return cli_error("convert", "%s", q3_last_error());
     if (type_name) {
-        int t = q3_dtype_from_name(type_name);
-        if (t < 0) {
+        if (q3_convert_parse_type(type_name, &o.type, &o.kmix) ||
+            !(o.type == Q3_F32 || o.type == Q3_F16 || o.type == Q3_BF16 || o.type == Q3_Q8_0 || o.type == Q3_Q4_0 ||
+              o.type == Q3_Q4_K || o.type == Q3_Q5_K || o.type == Q3_Q6_K)) {
             q3_model_close(m);
-            return cli_usage_error("convert", "--type must be f32, f16, bf16, q8_0 or q4_0, not \"%s\"", type_name);
+            return cli_usage_error("convert",
+                                   "--type must be f32, f16, bf16, q8_0, q4_0, q4_k_m, q4_k_s, q5_k_m, q5_k_s or "
+                                   "q6_k (q4_k, q5_k), not \"%s\"", type_name);
         }
-        o.type = (q3_dtype)t;
     } else {
         o.type = m->w.layers[0].wq->dtype; /* lossless: the model's own type */
     }
@@ -111,7 +118,7 @@ int cmd_convert(int argc, char **argv)
     if (f && !fseek(f, 0, SEEK_END)) size = ftell(f);
     if (f) fclose(f);
     printf("wrote %s: %d layers, vocab %d, weights %s, %.1f MB in %.2f s\n", out, m->cfg.n_layers,
-           m->cfg.vocab_size, q3_dtype_name(o.type), (double)size / 1e6, now_s() - p.t0);
+           m->cfg.vocab_size, q3_convert_type_name(o.type, o.kmix), (double)size / 1e6, now_s() - p.t0);
     q3_model_close(m);
     return 0;
 }

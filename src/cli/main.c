@@ -22,7 +22,7 @@ static const struct {
     {"probe", cmd_probe, "per-op placement of the prefill and decode graphs under each policy, and why"},
     {"chat-template", cmd_chat_template, "render a conversation with Qwen3's chat template"},
     {"synth", cmd_synth, "write a Qwen3 checkpoint with random weights (0.6B shapes by default)"},
-    {"convert", cmd_convert, "write a GGUF (f32, f16, bf16, q8_0, q4_0) from a model folder or GGUF"},
+    {"convert", cmd_convert, "write a GGUF (f32, f16, bf16, q8_0, q4_0, q4_k_m, q5_k_m, q6_k, ...) from a model folder or GGUF"},
     {"compare", cmd_compare, "accuracy of quantized weights: KL divergence and top-1 agreement vs the model"},
     {"tokenize", cmd_tokenize, "print the token ids of a text (or of JSONL lines) as JSON"},
     {"detokenize", cmd_detokenize, "print the text of token ids (a JSON array or a comma list)"},

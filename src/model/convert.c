@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 
 #include "model/layout.h"
@@ -24,16 +25,52 @@ static const char qwen2_pattern[] =
 
 #define TOKENIZER_JSON_MAX (512u << 20)
 
-uint32_t q3_convert_file_type(q3_dtype t)
+static int is_kquant(q3_dtype t) { return t == Q3_Q4_K || t == Q3_Q5_K || t == Q3_Q6_K; }
+
+uint32_t q3_convert_file_type(q3_dtype t, q3_kmix mix)
 {
     switch (t) {
     case Q3_F32: return 0;
     case Q3_F16: return 1;
     case Q3_Q4_0: return 2;
     case Q3_Q8_0: return 7;
+    case Q3_Q4_K: return mix == Q3_KMIX_S ? 14 : 15;
+    case Q3_Q5_K: return mix == Q3_KMIX_S ? 16 : 17;
+    case Q3_Q6_K: return 18;
     case Q3_BF16: return 32;
     default: return 0;
     }
+}
+
+static const struct {
+    const char *name;
+    q3_dtype type;
+    q3_kmix mix;
+} kquant_names[] = {
+    {"q4_k_m", Q3_Q4_K, Q3_KMIX_M}, {"q4_k_s", Q3_Q4_K, Q3_KMIX_S}, {"q5_k_m", Q3_Q5_K, Q3_KMIX_M},
+    {"q5_k_s", Q3_Q5_K, Q3_KMIX_S}, {"q6_k", Q3_Q6_K, Q3_KMIX_M},
+};
+
+int q3_convert_parse_type(const char *name, q3_dtype *type, q3_kmix *mix)
+{
+    for (size_t i = 0; i < sizeof kquant_names / sizeof kquant_names[0]; i++)
+        if (!strcasecmp(name, kquant_names[i].name)) {
+            *type = kquant_names[i].type;
+            *mix = kquant_names[i].mix;
+            return 0;
+        }
+    int t = q3_dtype_from_name(name); /* q4_k and q5_k: the _M mixes, as llama-quantize has them */
+    if (t < 0) return -1;
+    *type = (q3_dtype)t;
+    *mix = Q3_KMIX_M;
+    return 0;
+}
+
+const char *q3_convert_type_name(q3_dtype t, q3_kmix mix)
+{
+    for (size_t i = 0; i < sizeof kquant_names / sizeof kquant_names[0]; i++)
+        if (kquant_names[i].type == t && (t == Q3_Q6_K || kquant_names[i].mix == mix)) return kquant_names[i].name;
+    return q3_dtype_name(t);
 }
 
 q3_dtype q3_convert_tensor_type(q3_dtype want, int ndim, const int64_t *shape)
@@ -42,6 +79,50 @@ q3_dtype q3_convert_tensor_type(q3_dtype want, int ndim, const int64_t *shape)
     size_t block = q3_dtype_block_values(want);
     if (block > 1 && shape[ndim - 1] % (int64_t)block) return Q3_F16;
     return want;
+}
+
+/* llama-quantize's "use more bits" layers of the _M mixes: the first and last eighth,
+ * and every third layer between. */
+static int more_bits(int i, int n) { return i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2; }
+
+static int name_ends(const char *name, const char *suffix)
+{
+    size_t n = strlen(name), k = strlen(suffix);
+    return n >= k && !strcmp(name + n - k, suffix);
+}
+
+q3_status q3_convert_pick_type(const q3_convert_opts *o, const q3_config *c, int tied, const char *name, int ndim,
+                               const int64_t *shape, q3_dtype *out)
+{
+    if (!is_kquant(o->type) || ndim < 2) {
+        *out = q3_convert_tensor_type(o->type, ndim, shape);
+        return Q3_OK;
+    }
+    int64_t cols = shape[ndim - 1];
+    int layer = -1, n = c->n_layers, m_mix = o->kmix == Q3_KMIX_M;
+    if (sscanf(name, "blk.%d.", &layer) != 1) layer = -1;
+    q3_dtype t = o->type;
+    if (!strcmp(name, q3_lm_head_layout.gguf) || (tied && !strcmp(name, q3_embed_layout.gguf))) {
+        t = cols % 256 ? Q3_Q8_0 : Q3_Q6_K;
+    } else if (layer >= 0 && name_ends(name, ".attn_v.weight")) {
+        if (m_mix && (o->type == Q3_Q4_K || o->type == Q3_Q5_K) && more_bits(layer, n)) t = Q3_Q6_K;
+        else if (!m_mix && o->type == Q3_Q4_K && layer < 4) t = Q3_Q5_K;
+    } else if (layer >= 0 && name_ends(name, ".ffn_down.weight")) {
+        if (m_mix && (o->type == Q3_Q4_K || o->type == Q3_Q5_K) && more_bits(layer, n)) t = Q3_Q6_K;
+        else if (!m_mix && o->type == Q3_Q4_K && layer < n / 8) t = Q3_Q5_K;
+    }
+    if (cols % (int64_t)q3_dtype_block_values(t)) { /* rows not of whole blocks: llama-quantize's fallback */
+        const char *lacking = t == Q3_Q4_K ? "Q5_0" : t == Q3_Q5_K ? "Q5_1" : NULL;
+        if (cols % 32) t = Q3_F16;
+        else if (lacking)
+            return q3_fail(Q3_ERR_UNSUPPORTED,
+                           "convert: %s has rows of %lld values, not whole 256-value super-blocks; llama-quantize "
+                           "stores it in %s there, a type q3 has no quantizer for",
+                           name, (long long)cols, lacking);
+        else t = Q3_Q8_0; /* from Q6_K (Q8_0 itself fits: 32 divides cols) */
+    }
+    *out = t;
+    return Q3_OK;
 }
 
 /* ---- copying metadata ------------------------------------------------------------- */
@@ -441,12 +522,12 @@ static q3_status fill_tensor(void *user, void *dst, size_t nbytes)
 }
 
 static q3_status add_tensor(q3_gguf_writer *w, tensor_job *jobs, size_t *n, const q3_tensor *t, const char *name,
-                            q3_dtype want)
+                            const q3_convert_opts *o, const q3_model *m)
 {
     tensor_job *j = &jobs[(*n)++];
     j->src = t;
-    j->dst = q3_convert_tensor_type(want, t->ndim, t->shape);
-    return q3_gguf_writer_add_tensor_fn(w, name, j->dst, t->ndim, t->shape, fill_tensor, j);
+    q3_status st = q3_convert_pick_type(o, &m->cfg, m->w.lm_head == m->w.embed, name, t->ndim, t->shape, &j->dst);
+    return st ? st : q3_gguf_writer_add_tensor_fn(w, name, j->dst, t->ndim, t->shape, fill_tensor, j);
 }
 
 static q3_status add_model(q3_gguf_writer *w, const q3_model *m, const q3_convert_opts *o, const char *name,
@@ -469,7 +550,7 @@ static q3_status add_model(q3_gguf_writer *w, const q3_model *m, const q3_conver
         (st = q3_gguf_writer_add_u32(w, "qwen3.attention.value_length", (uint32_t)c->head_dim)) ||
         (st = q3_gguf_writer_add_f32(w, "qwen3.rope.freq_base", c->rope_theta)) ||
         (st = q3_gguf_writer_add_f32(w, "qwen3.attention.layer_norm_rms_epsilon", c->rms_eps)) ||
-        (st = q3_gguf_writer_add_u32(w, "general.file_type", q3_convert_file_type(o->type))) ||
+        (st = q3_gguf_writer_add_u32(w, "general.file_type", q3_convert_file_type(o->type, o->kmix))) ||
         (st = q3_gguf_writer_add_u32(w, "general.quantization_version", 2)))
         return st;
     const q3_rope_scaling *y = &c->rope_scaling;
@@ -489,16 +570,16 @@ static q3_status add_model(q3_gguf_writer *w, const q3_model *m, const q3_conver
     const q3_weights *wt = &m->w;
     size_t n = 0;
     char tn[64];
-    if ((st = add_tensor(w, jobs, &n, wt->embed, q3_embed_layout.gguf, o->type))) return st;
+    if ((st = add_tensor(w, jobs, &n, wt->embed, q3_embed_layout.gguf, o, m))) return st;
     for (int l = 0; l < c->n_layers; l++) {
         const q3_tensor *const *lt = (const q3_tensor *const *)&wt->layers[l]; /* q3_layer_layout order */
         for (size_t i = 0; i < Q3_LAYER_TENSORS; i++) {
             q3_layer_tensor_name(l, i, 1, tn, sizeof tn);
-            if ((st = add_tensor(w, jobs, &n, lt[i], tn, o->type))) return st;
+            if ((st = add_tensor(w, jobs, &n, lt[i], tn, o, m))) return st;
         }
     }
-    if ((st = add_tensor(w, jobs, &n, wt->out_norm, q3_out_norm_layout.gguf, o->type))) return st;
-    if (wt->lm_head != wt->embed && (st = add_tensor(w, jobs, &n, wt->lm_head, q3_lm_head_layout.gguf, o->type)))
+    if ((st = add_tensor(w, jobs, &n, wt->out_norm, q3_out_norm_layout.gguf, o, m))) return st;
+    if (wt->lm_head != wt->embed && (st = add_tensor(w, jobs, &n, wt->lm_head, q3_lm_head_layout.gguf, o, m)))
         return st;
     return Q3_OK;
 }
@@ -524,9 +605,11 @@ static int has_tokenizer_keys(const q3_gguf *g)
 q3_status q3_convert_model(const q3_model *m, const char *out_path, const q3_convert_opts *o)
 {
     q3_clear_error();
-    if (o->type != Q3_F32 && o->type != Q3_F16 && o->type != Q3_BF16 && o->type != Q3_Q8_0 && o->type != Q3_Q4_0)
-        return q3_fail(Q3_ERR_INVALID, "q3 convert cannot write %s weights (f32, f16, bf16, q8_0, q4_0): pass --type",
-                       q3_dtype_name(o->type));
+    if (o->type != Q3_F32 && o->type != Q3_F16 && o->type != Q3_BF16 && o->type != Q3_Q8_0 && o->type != Q3_Q4_0 &&
+        !is_kquant(o->type))
+        return q3_fail(Q3_ERR_INVALID,
+                       "q3 convert cannot write %s weights (f32, f16, bf16, q8_0, q4_0, q4_k_m, q4_k_s, q5_k_m, "
+                       "q5_k_s, q6_k): pass --type", q3_dtype_name(o->type));
     const q3_gguf *src_gguf = m->gguf;
     int folder = q3_is_dir(m->path);
     char tok_dir[PATH_MAX] = "", config_json[PATH_MAX] = "";

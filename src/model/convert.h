@@ -6,7 +6,8 @@
  *   qwen3.context_length, embedding_length, block_count, feed_forward_length,
  *         attention.head_count, attention.head_count_kv, attention.key_length,
  *         attention.value_length, rope.freq_base, attention.layer_norm_rms_epsilon
- *   general.file_type (llama_ftype: 0 F32, 1 F16, 32 BF16, 7 Q8_0, 2 Q4_0),
+ *   general.file_type (llama_ftype: 0 F32, 1 F16, 32 BF16, 7 Q8_0, 2 Q4_0, 14/15 Q4_K_S/M,
+ *         16/17 Q5_K_S/M, 18 Q6_K),
  *   general.quantization_version 2
  *   tokenizer.ggml.model "gpt2", .pre "qwen2", .tokens (byte-level strings by id, added
  *         tokens as their text, ids without a token as "[PAD<id>]"), .token_type (1 normal,
@@ -16,10 +17,13 @@
  *   tensors with llama.cpp's names: token_embd, blk.N.{attn_norm, attn_q, attn_k, attn_v,
  *         attn_output, attn_q_norm, attn_k_norm, ffn_norm, ffn_gate, ffn_up, ffn_down},
  *         output_norm, output (only when the embeddings are not tied); ".weight" each.
- * Norms (1-D) are F32; every 2-D weight is in the chosen type, except that a matrix
- * whose rows are not whole 32-value blocks stays F16 when Q8_0/Q4_0 is asked for (as
- * llama.cpp's converter falls back). Q8_0/Q4_0 come from src/model/quantize.h, so they
- * are the bytes llama.cpp's quantizer makes from the same F32 values. */
+ * Norms (1-D) are F32. With F32, F16, BF16, Q8_0 or Q4_0 every 2-D weight is in that
+ * type, except that a matrix whose rows are not whole 32-value blocks stays F16 when
+ * Q8_0/Q4_0 is asked for (as llama.cpp's converter falls back). With Q4_K, Q5_K or Q6_K
+ * the 2-D weights follow llama-quantize's mixes (Q4_K_M, Q4_K_S, Q5_K_M, Q5_K_S, Q6_K;
+ * no importance matrix), tensor for tensor, as q3_convert_pick_type says. Every quantizer
+ * comes from src/model/quantize.h, so the tensors are the bytes llama.cpp's quantizer makes
+ * from the same F32 values. */
 #ifndef Q3_MODEL_CONVERT_H
 #define Q3_MODEL_CONVERT_H
 
@@ -32,8 +36,18 @@
 #include "model/model.h"
 #include "q3.h"
 
+/* Which of llama-quantize's mixes a Q4_K or Q5_K file follows (its plain Q4_K and Q5_K
+ * are the _M mixes). */
+typedef enum q3_kmix {
+    Q3_KMIX_M = 0, /* Q6_K for attn_v and ffn_down in the "more bits" layers */
+    Q3_KMIX_S,     /* Q4_K_S: Q5_K for attn_v of layers 0-3 and ffn_down of the first eighth;
+                      Q5_K_S: Q5_K throughout */
+} q3_kmix;
+
 typedef struct q3_convert_opts {
-    q3_dtype type;             /* type of the 2-D weights: F32, F16, BF16, Q8_0 or Q4_0 */
+    q3_dtype type;             /* type of the 2-D weights: F32, F16, BF16, Q8_0 or Q4_0; or the
+                                  base type of a K-quant mix: Q4_K, Q5_K or Q6_K */
+    q3_kmix kmix;              /* with Q4_K or Q5_K: the mix (default: _M) */
     const char *tokenizer_dir; /* a folder with tokenizer.json (+ tokenizer_config.json); NULL:
                                   the model's own (its folder, or the source GGUF's metadata) */
     int no_tokenizer;          /* write tokenizer.ggml.model "none" and no vocabulary (a model
@@ -43,11 +57,36 @@ typedef struct q3_convert_opts {
     void *user;
 } q3_convert_opts;
 
-/* The llama_ftype code of general.file_type for a weight type. */
-uint32_t q3_convert_file_type(q3_dtype t);
+/* The llama_ftype code of general.file_type for a weight type (and mix, for Q4_K/Q5_K):
+ * 0 F32, 1 F16, 2 Q4_0, 7 Q8_0, 14/15 Q4_K_S/M, 16/17 Q5_K_S/M, 18 Q6_K, 32 BF16. */
+uint32_t q3_convert_file_type(q3_dtype t, q3_kmix mix);
 
-/* The type a tensor of this shape is stored in when `want` is asked for. */
+/* Parses a --type name: f32, f16, bf16, q8_0, q4_0, q4_k_m, q4_k_s, q5_k_m, q5_k_s, q6_k,
+ * and q4_k / q5_k (llama-quantize's aliases of the _M mixes); any case. Returns 0, or -1
+ * for an unknown name. */
+int q3_convert_parse_type(const char *name, q3_dtype *type, q3_kmix *mix);
+
+/* The name of a file type as --type spells it ("q4_k_m", "q6_k", "q8_0", "bf16"). */
+const char *q3_convert_type_name(q3_dtype t, q3_kmix mix);
+
+/* The type a tensor of this shape is stored in when the plain type `want` (F32, F16,
+ * BF16, Q8_0 or Q4_0) is asked for. */
 q3_dtype q3_convert_tensor_type(q3_dtype want, int ndim, const int64_t *shape);
+
+/* The type q3 convert stores tensor `name` (a GGUF name: token_embd.weight, output.weight,
+ * blk.N.attn_v.weight, ...) of the given shape in, for a model of config c whose output
+ * matrix is the embedding (tied) or not. For the plain types, q3_convert_tensor_type.
+ * For the K-quant mixes, llama-quantize's choice for a Qwen3 model (its
+ * llama_tensor_get_type, read as a rule): the output matrix (the embedding when tied)
+ * Q6_K, or Q8_0 when its rows are not whole 256-value super-blocks; attn_v and ffn_down
+ * of layer i Q6_K in the _M mixes where i < n/8, i >= 7n/8 or (i - n/8) % 3 == 2
+ * (n layers); in Q4_K_S, Q5_K for attn_v of layers 0-3 and ffn_down of layers below
+ * n/8; everything else the base type. A matrix whose rows are not whole super-blocks
+ * then falls back as there: Q6_K to Q8_0, Q4_K to Q5_0, Q5_K to Q5_1, and to F16 when
+ * not even whole 32-value blocks. Fails with Q3_ERR_UNSUPPORTED where that is Q5_0 or
+ * Q5_1 (q3 has neither; no released Qwen3 has such rows), naming the tensor. */
+q3_status q3_convert_pick_type(const q3_convert_opts *o, const q3_config *c, int tied, const char *name, int ndim,
+                               const int64_t *shape, q3_dtype *out);
 
 /* Converts an open model (from a folder or a GGUF) to a GGUF file at out_path
  * (written under a unique temporary name, renamed when complete). Fails with Q3_ERR_INVALID (a type

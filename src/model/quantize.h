@@ -1,15 +1,12 @@
-/* Quantizing F32 rows into llama.cpp's Q8_0, Q4_0, Q4_K and Q6_K blocks.
+/* Quantizing F32 rows into llama.cpp's Q8_0, Q4_0, Q4_K, Q5_K and Q6_K blocks.
  *
- * The Q8_0 and Q4_0 quantizers reproduce llama.cpp's reference (non-imatrix)
- * quantizers bit for bit, so a file q3 writes matches one llama-quantize writes
- * from the same F32 weights. Blocks are 32 values; the block layouts are in
- * model/dtype.h.
+ * Every quantizer here reproduces llama.cpp's reference (non-imatrix) quantizer
+ * bit for bit, so a file q3 writes matches one llama-quantize writes from the
+ * same F32 weights (the K-quants checked against llama-quantize's own output in
+ * tests/test_convert_kquants.c). The block layouts are in model/dtype.h.
  *
- * The Q4_K and Q6_K quantizers are q3's own: they write valid blocks that
- * llama.cpp reads, with a round-trip error of the same order as llama.cpp's
- * reference quantizers, but not the same bytes (llama.cpp's searches for the
- * sub-block scales differ in detail). They exist so tests and experiments can
- * make K-quant files; real K-quant models come from llama-quantize. */
+ * Matching to the bit needs the float operations in llama.cpp's order with no
+ * fused multiply-adds: the Makefile compiles with -ffp-contract=off. */
 #ifndef Q3_MODEL_QUANTIZE_H
 #define Q3_MODEL_QUANTIZE_H
 
@@ -29,24 +26,22 @@ void q3_quantize_q8_0(const float *src, void *dst, size_t n);
  * n must be a multiple of 32; dst receives n / 32 * 18 bytes. */
 void q3_quantize_q4_0(const float *src, void *dst, size_t n);
 
-/* Q4_K (256-value super-blocks of 8 sub-blocks of 32): each sub-block is fit
- * as x ~ s*q - m, q in 0..15, s >= 0, m = -min(0, lowest fit) >= 0, by a small
- * search over the quantization step with a least-squares refit of (s, m) for
- * each candidate, keeping the least squared error. Then d = max s / 63 and
- * dmin = max m / 63 (stored as f16), the 6-bit sub-block scales and mins are
- * round(s / d) and round(m / dmin), and every q is chosen again against the
- * scale and min the block really stores. n must be a multiple of 256; dst
- * receives n / 256 * 144 bytes. Inputs are expected finite: NaN and +-inf are
- * quantized as 0. */
+/* The K-quants: super-blocks of 256 values; n must be a multiple of 256.
+ * Non-finite inputs (which llama-quantize rejects) are quantized as 0.
+ *
+ * Q4_K (144 bytes a block) and Q5_K (176): each 32-value sub-block is fit as
+ * x ~ s*l - m (l in 0..15, resp. 0..31; m >= 0) by weighted least squares,
+ * weights sqrt(mean x^2) + |x|, over a sweep of 21 (resp. 16) candidate steps;
+ * then d = max s / 63 and dmin = max m / 63 (f16), 6-bit scales and mins
+ * round(63 s / max s), round(63 m / max m), and every l chosen again against
+ * the scale and min the block stores.
+ *
+ * Q6_K (210 bytes): each 16-value sub-block is fit as x ~ s*l (l in -32..31),
+ * weights x^2, over 19 candidate steps around (value of largest magnitude) /
+ * -32; then d = (the s of largest magnitude) / -128 (f16), int8 scales
+ * round(s / d) (at most 127), and every l chosen again. */
 void q3_quantize_q4_k(const float *src, void *dst, size_t n);
-
-/* Q6_K (256-value super-blocks of 16 sub-blocks of 16): each sub-block's
- * scale s (x ~ s*q, q in -32..31) is searched around (value of largest
- * magnitude) / -32 with a least-squares refit for each candidate; then
- * d = (the s of largest magnitude) / -128 as f16, the int8 scales are
- * round(s / d) clamped to -128..127, and every q is chosen again against the
- * stored scale. n must be a multiple of 256; dst receives n / 256 * 210 bytes.
- * NaN and +-inf are quantized as 0. */
+void q3_quantize_q5_k(const float *src, void *dst, size_t n);
 void q3_quantize_q6_k(const float *src, void *dst, size_t n);
 
 /* Stores n floats as type t: F32/F16/BF16 converted, the others quantized.
