@@ -173,7 +173,8 @@ Q3_API q3_status q3_session_rewind(q3_session *s, int pos);
 
 typedef struct q3_tokenizer q3_tokenizer;
 
-/* Loads a Hugging Face tokenizer.json. Q3_ERR_IO, Q3_ERR_FORMAT (malformed,
+/* Loads a Hugging Face tokenizer.json (path: the file, or a folder holding
+ * it), or the tokenizer in a .gguf file's metadata. Q3_ERR_IO, Q3_ERR_FORMAT (malformed,
  * truncated, inconsistent) or Q3_ERR_UNSUPPORTED (an option q3 does not
  * implement), the message naming the file and the field. Free with
  * q3_tokenizer_free. */

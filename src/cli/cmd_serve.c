@@ -9,27 +9,13 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "cli/gen_common.h"
 #include "cli/opts.h"
 #include "model/model.h"
 #include "server/server.h"
 #include "util/file.h"
 
 /* The model's own tokenizer, or --tokenizer (a tokenizer.json or its folder). */
-static int open_tokenizer(const char *tok_path, q3_model *m, q3_tokenizer **tok)
-{
-    char p[PATH_MAX];
-    if (!tok_path) {
-        if (q3_tokenizer_for_model(m, tok)) return cli_error("serve", "%s (pass --tokenizer PATH)", q3_last_error());
-        return 0;
-    }
-    if (q3_is_dir(tok_path)) {
-        snprintf(p, sizeof p, "%s/tokenizer.json", tok_path);
-        tok_path = p;
-    }
-    if (q3_tokenizer_load(tok_path, tok)) return cli_error("serve", "%s", q3_last_error());
-    return 0;
-}
-
 int cmd_serve(int argc, char **argv)
 {
     const char *model_path = NULL, *tok_path = NULL, *name = NULL;
@@ -101,7 +87,7 @@ int cmd_serve(int argc, char **argv)
         snprintf(model_name, sizeof model_name, "%s", base ? base + 1 : tmp);
     }
     if (q3_model_open(model_path, &m)) { cli_error("serve", "%s", q3_last_error()); goto done; }
-    if (open_tokenizer(tok_path, m, &tok)) goto done;
+    if (cli_open_tokenizer("serve", tok_path, m, &tok)) goto done;
     int present; /* the chat endpoint renders Qwen3's template: refuse a model whose template is another */
     if (q3_model_chat_template_check(m, &present)) { cli_error("serve", "%s", q3_last_error()); goto done; }
     if (q3_tokenizer_vocab_size(tok) > q3_model_vocab_size(m)) {

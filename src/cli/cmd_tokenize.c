@@ -8,6 +8,7 @@
 
 #include "cli/cli.h"
 #include "cli/defaults.h"
+#include "cli/gen_common.h"
 #include "cli/opts.h"
 #include "text/json_write.h"
 #include "text/tokenizer.h"
@@ -63,21 +64,6 @@ static int parse_opts(const char *cmd, int argc, char **argv, int tokenize, tok_
     if (o->model && o->tokenizer) return cli_usage_error(cmd, "-m and --tokenizer exclude each other");
     if (!o->model && !o->tokenizer && !(o->tokenizer = cli_default_tokenizer_dir()))
         return cli_usage_error(cmd, "no tokenizer: pass -m MODEL or --tokenizer PATH (or fetch the built-in one: make deps)");
-    return 0;
-}
-
-static int open_tokenizer(const char *cmd, const tok_opts *o, q3_tokenizer **tok)
-{
-    const char *src = o->tokenizer ? o->tokenizer : o->model;
-    char path[PATH_MAX];
-    if (q3_is_dir(src)) {
-        snprintf(path, sizeof path, "%s/tokenizer.json", src);
-        src = path;
-    }
-    size_t n = strlen(src);
-    int gguf = n >= 5 && !strcmp(src + n - 5, ".gguf"); /* the tokenizer in its metadata */
-    q3_status st = gguf ? q3_tokenizer_load_gguf_file(src, tok) : q3_tokenizer_load(src, tok);
-    if (st != Q3_OK) return cli_error(cmd, "%s", q3_last_error());
     return 0;
 }
 
@@ -168,7 +154,7 @@ int cmd_tokenize(int argc, char **argv)
     int rc = parse_opts(cmd, argc, argv, 1, &o);
     if (rc) return rc == CLI_HELP_SHOWN ? 0 : rc;
     q3_tokenizer *tok = NULL;
-    rc = open_tokenizer(cmd, &o, &tok);
+    rc = cli_open_tokenizer(cmd, o.tokenizer ? o.tokenizer : o.model, NULL, &tok);
     unsigned flags = o.special_as_text ? Q3_ENCODE_SPECIAL_AS_TEXT : Q3_ENCODE_DEFAULT;
     if (!rc && o.jsonl) {
         rc = tokenize_jsonl(cmd, tok, flags);
@@ -253,7 +239,7 @@ int cmd_detokenize(int argc, char **argv)
     int rc = parse_opts(cmd, argc, argv, 0, &o);
     if (rc) return rc == CLI_HELP_SHOWN ? 0 : rc;
     q3_tokenizer *tok = NULL;
-    rc = open_tokenizer(cmd, &o, &tok);
+    rc = cli_open_tokenizer(cmd, o.tokenizer ? o.tokenizer : o.model, NULL, &tok);
     if (!rc && o.jsonl) {
         rc = detokenize_jsonl(cmd, tok);
     } else if (!rc) {

@@ -64,23 +64,12 @@ int cli_gen_add_opts(cli_gen *g, cli_opt *t)
     return (int)n;
 }
 
-/* --tokenizer (a file or a folder), or the model's own (folder or GGUF). */
-static int open_tokenizer(cli_gen *g)
+int cli_open_tokenizer(const char *cmd, const char *path, q3_model *m, q3_tokenizer **tok)
 {
-    if (g->tokenizer_path) {
-        char p[PATH_MAX];
-        const char *src = g->tokenizer_path;
-        struct stat st;
-        if (!stat(src, &st) && S_ISDIR(st.st_mode)) {
-            snprintf(p, sizeof p, "%s/tokenizer.json", src);
-            src = p;
-        }
-        if (q3_tokenizer_load(src, &g->tok)) return cli_error(g->cmd, "%s", q3_last_error());
-        return 0;
-    }
-    if (q3_tokenizer_for_model(g->model, &g->tok)) {
+    if (path) return q3_tokenizer_load(path, tok) ? cli_error(cmd, "%s", q3_last_error()) : 0;
+    if (q3_tokenizer_for_model(m, tok)) {
         const char *dflt = cli_default_tokenizer_dir();
-        return cli_error(g->cmd, "%s: pass --tokenizer PATH (the built-in one is %s)", q3_last_error(),
+        return cli_error(cmd, "%s: pass --tokenizer PATH (the built-in one is %s)", q3_last_error(),
                          dflt ? dflt : "not fetched: make deps");
     }
     return 0;
@@ -90,7 +79,7 @@ int cli_gen_open(cli_gen *g)
 {
     double t0 = cli_now();
     if (q3_model_open(g->model_path, &g->model)) return cli_error(g->cmd, "%s", q3_last_error());
-    if (open_tokenizer(g)) return 1;
+    if (cli_open_tokenizer(g->cmd, g->tokenizer_path, g->model, &g->tok)) return 1;
     if (q3_tokenizer_vocab_size(g->tok) > q3_model_vocab_size(g->model))
         return cli_error(g->cmd, "the tokenizer has %d tokens but the model's vocabulary is %d",
                          q3_tokenizer_vocab_size(g->tok), q3_model_vocab_size(g->model));

@@ -43,6 +43,10 @@ void cli_gen_init(cli_gen *g, const char *cmd);
  * returns how many. tab must have room for CLI_GEN_N_OPTS more. */
 #define CLI_GEN_N_OPTS 24
 int cli_gen_add_opts(cli_gen *g, cli_opt *tab);
+/* The tokenizer at path (a tokenizer.json, a folder holding one, or a .gguf's
+ * metadata), or model m's own when path is NULL. Returns 0 or prints an error
+ * naming cmd and returns 1. */
+int cli_open_tokenizer(const char *cmd, const char *path, q3_model *m, q3_tokenizer **tok);
 /* Opens model, tokenizer (model folder, --tokenizer, or the GGUF), session.
  * Returns 0 or prints an error and returns 1. */
 int cli_gen_open(cli_gen *g);

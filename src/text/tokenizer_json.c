@@ -9,6 +9,7 @@
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,6 +17,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "text/tokenizer_gguf.h"
 #include "text/tokenizer_impl.h"
 #include "text/utf8.h"
 #include "util/error.h"
@@ -812,7 +814,23 @@ done:
     return Q3_OK;
 }
 
+static q3_status load_json_file(const char *path, q3_tokenizer **out);
+
 q3_status q3_tokenizer_load(const char *path, q3_tokenizer **out)
+{
+    *out = NULL;
+    char p[PATH_MAX];
+    if (q3_is_dir(path)) { /* a model folder: its tokenizer.json */
+        if ((size_t)snprintf(p, sizeof p, "%s/tokenizer.json", path) >= sizeof p)
+            return q3_fail(Q3_ERR_INVALID, "%s: path too long", path);
+        path = p;
+    }
+    size_t n = strlen(path);
+    if (n >= 5 && !strcmp(path + n - 5, ".gguf")) return q3_tokenizer_load_gguf_file(path, out); /* its metadata's */
+    return load_json_file(path, out);
+}
+
+static q3_status load_json_file(const char *path, q3_tokenizer **out)
 {
     *out = NULL;
     /* Mapped, not read: no copy of the 11 MB; MAP_POPULATE sets up all its pages in
