@@ -149,64 +149,6 @@ static void prefetch_rows(const q3_cpu_attn *a, int t0, int t1, size_t off, size
 
 /* ---- the block update -------------------------------------------------------------------- */
 
-/* Scores of the QT queries from q0 against the block's 16 keys, 4 keys at a
- * time: for each (query, key), acc = fma(q'[c], k[c], acc) over the chunks c
- * in order, then q3_reduce4; p[q][j] = the score. */
-Q3_INLINE void scores(const int QT, head_ws *h, const float *kb, int q0, int hdp)
-{
-    for (int j0 = 0; j0 < KEY_BLOCK; j0 += 4) {
-        __m512 acc[4][4];
-#pragma GCC unroll 4
-        for (int i = 0; i < QT; i++)
-#pragma GCC unroll 4
-            for (int j = 0; j < 4; j++) acc[i][j] = _mm512_setzero_ps();
-        const float *k = kb + (size_t)j0 * hdp, *q = h->qr + (size_t)q0 * hdp;
-        for (int c = 0; c < hdp; c += 16) {
-            __m512 kv[4];
-#pragma GCC unroll 4
-            for (int j = 0; j < 4; j++) kv[j] = _mm512_load_ps(k + (size_t)j * hdp + c);
-#pragma GCC unroll 4
-            for (int i = 0; i < QT; i++) {
-                __m512 qv = _mm512_load_ps(q + (size_t)i * hdp + c);
-#pragma GCC unroll 4
-                for (int j = 0; j < 4; j++) acc[i][j] = _mm512_fmadd_ps(qv, kv[j], acc[i][j]);
-            }
-        }
-#pragma GCC unroll 4
-        for (int i = 0; i < QT; i++)
-            _mm_store_ps(h->p + (size_t)(q0 + i) * KEY_BLOCK + j0, q3_reduce4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]));
-    }
-}
-
-/* acc[q] = acc[q] * corr[q] + sum_{j < nb} p[q][j] * vb[j] for the QG queries from q0. */
-Q3_INLINE void pv_update(const int QG, head_ws *h, const float *vb, int q0, int hdp, int nb)
-{
-    for (int c = 0; c < hdp; c += 16) {
-        __m512 acc[16];
-        float *a = h->acc + (size_t)q0 * hdp + c;
-#pragma GCC unroll 16
-        for (int i = 0; i < QG; i++)
-            acc[i] = _mm512_mul_ps(_mm512_load_ps(a + (size_t)i * hdp), _mm512_set1_ps(h->corr[q0 + i]));
-        const float *p = h->p + (size_t)q0 * KEY_BLOCK, *v = vb + c;
-        for (int j = 0; j < nb; j++, p++, v += hdp) {
-            __m512 vv = _mm512_load_ps(v);
-#pragma GCC unroll 16
-            for (int i = 0; i < QG; i++) acc[i] = _mm512_fmadd_ps(_mm512_set1_ps(p[i * KEY_BLOCK]), vv, acc[i]);
-        }
-#pragma GCC unroll 16
-        for (int i = 0; i < QG; i++) _mm512_store_ps(a + (size_t)i * hdp, acc[i]);
-    }
-}
-
-/* ---- decode: keys and values read straight from their rows ------------------------------
- *
- * With a few queries per KV head (decode: 2 for Qwen3-0.6B) converting a
- * block's rows to F32 in scratch costs more than the dot products that use
- * them. These variants convert each 16-value chunk in registers where it is
- * used: the same F32 values (load16 and the Q8_0 half-block dequantization
- * are exactly what load_rows stores), the same FMAs in the same order, so the
- * same bits as scores/pv_update. */
-
 /* 16 values of a row from value c on (masked past hd), as F32: as load_rows makes them. */
 Q3_INLINE __m512 row16(const q3_cpu_attn *a, const char *row, int c)
 {
@@ -219,8 +161,31 @@ Q3_INLINE __m512 row16(const q3_cpu_attn *a, const char *row, int c)
     return load16(a->kv_dtype, row, c, q3_mask16(a->head_dim - c));
 }
 
-Q3_INLINE void scores_direct(const int QT, const q3_cpu_attn *a, head_ws *h, const char *const *krows, size_t off,
-                             int q0, int hdp, int nb)
+/* Where a block's keys (or values) come from: staged, F32 rows of hdp values
+ * in scratch (load_rows), or, with a few queries per KV head (decode: 2 for
+ * Qwen3-0.6B), where converting the rows in scratch costs more than the dot
+ * products that use them, "direct": each 16-value chunk converted in
+ * registers where it is used (row16: the same F32 values load_rows stores).
+ * Either way the same FMAs in the same order: the same bits. */
+typedef struct block_rows {
+    const float *staged;                       /* staged: [KEY_BLOCK][hdp], rows >= nb zero */
+    const q3_cpu_attn *a;                      /* direct: row j at rows[j] + off, j < nb */
+    const char *const *rows;
+    size_t off;
+    int nb;
+} block_rows;
+
+Q3_INLINE __m512 chunk16(const int direct, const block_rows *src, int j, int c, int hdp)
+{
+    if (!direct) return _mm512_load_ps(src->staged + (size_t)j * hdp + c);
+    return j < src->nb ? row16(src->a, src->rows[j] + src->off, c) : _mm512_setzero_ps();
+}
+
+/* Scores of the QT queries from q0 against the block's 16 keys, 4 keys at a
+ * time: for each (query, key), acc = fma(q'[c], k[c], acc) over the chunks c
+ * in order, then q3_reduce4; p[q][j] = the score (0 for keys j >= nb: masked
+ * by the caller). */
+Q3_INLINE void scores(const int direct, const int QT, head_ws *h, const block_rows *keys, int q0, int hdp)
 {
     for (int j0 = 0; j0 < KEY_BLOCK; j0 += 4) {
         __m512 acc[4][4];
@@ -229,11 +194,11 @@ Q3_INLINE void scores_direct(const int QT, const q3_cpu_attn *a, head_ws *h, con
 #pragma GCC unroll 4
             for (int j = 0; j < 4; j++) acc[i][j] = _mm512_setzero_ps();
         const float *q = h->qr + (size_t)q0 * hdp;
-        if (j0 < nb) {
+        if (j0 < keys->nb) {
             for (int c = 0; c < hdp; c += 16) {
                 __m512 kv[4];
 #pragma GCC unroll 4
-                for (int j = 0; j < 4; j++) kv[j] = j0 + j < nb ? row16(a, krows[j0 + j] + off, c) : _mm512_setzero_ps();
+                for (int j = 0; j < 4; j++) kv[j] = chunk16(direct, keys, j0 + j, c, hdp);
 #pragma GCC unroll 4
                 for (int i = 0; i < QT; i++) {
                     __m512 qv = _mm512_load_ps(q + (size_t)i * hdp + c);
@@ -248,23 +213,23 @@ Q3_INLINE void scores_direct(const int QT, const q3_cpu_attn *a, head_ws *h, con
     }
 }
 
-Q3_INLINE void pv_direct(const int QG, const q3_cpu_attn *a, head_ws *h, const char *const *vrows, size_t off, int q0,
-                         int hdp, int nb)
+/* acc[q] = acc[q] * corr[q] + sum_{j < nb} p[q][j] * v[j] for the QG queries from q0. */
+Q3_INLINE void pv_update(const int direct, const int QG, head_ws *h, const block_rows *vals, int q0, int hdp)
 {
     for (int c = 0; c < hdp; c += 16) {
-        __m512 acc[4];
-        float *ac = h->acc + (size_t)q0 * hdp + c;
-#pragma GCC unroll 4
+        __m512 acc[16];
+        float *a = h->acc + (size_t)q0 * hdp + c;
+#pragma GCC unroll 16
         for (int i = 0; i < QG; i++)
-            acc[i] = _mm512_mul_ps(_mm512_load_ps(ac + (size_t)i * hdp), _mm512_set1_ps(h->corr[q0 + i]));
+            acc[i] = _mm512_mul_ps(_mm512_load_ps(a + (size_t)i * hdp), _mm512_set1_ps(h->corr[q0 + i]));
         const float *p = h->p + (size_t)q0 * KEY_BLOCK;
-        for (int j = 0; j < nb; j++, p++) {
-            __m512 vv = row16(a, vrows[j] + off, c);
-#pragma GCC unroll 4
+        for (int j = 0; j < vals->nb; j++, p++) {
+            __m512 vv = chunk16(direct, vals, j, c, hdp);
+#pragma GCC unroll 16
             for (int i = 0; i < QG; i++) acc[i] = _mm512_fmadd_ps(_mm512_set1_ps(p[i * KEY_BLOCK]), vv, acc[i]);
         }
-#pragma GCC unroll 4
-        for (int i = 0; i < QG; i++) _mm512_store_ps(ac + (size_t)i * hdp, acc[i]);
+#pragma GCC unroll 16
+        for (int i = 0; i < QG; i++) _mm512_store_ps(a + (size_t)i * hdp, acc[i]);
     }
 }
 
@@ -291,12 +256,14 @@ static void block_update(const q3_cpu_attn *a, attn_ws *w, head_ws *h, const cha
     const int hd = a->head_dim, hdp = padded_hd(hd), nqp = w->nqp;
     const size_t off = (size_t)h->kvh * q3_cpu_attn_head_bytes(a);
     const bool direct = nqp <= 4; /* decode: rows read where they lie */
+    block_rows keys = {.staged = w->kb, .a = a, .rows = krows, .off = off, .nb = nb};
+    block_rows vals = {.staged = w->vb, .a = a, .rows = vrows, .off = off, .nb = nb};
     if (direct) {
-        if (nqp == 2) scores_direct(2, a, h, krows, off, 0, hdp, nb);
-        else scores_direct(4, a, h, krows, off, 0, hdp, nb);
+        if (nqp == 2) scores(1, 2, h, &keys, 0, hdp);
+        else scores(1, 4, h, &keys, 0, hdp);
     } else {
         load_rows(a, krows, off, nb, w->kb, hdp);
-#define SCORES(QT, q0) scores(QT, h, w->kb, q0, hdp)
+#define SCORES(QT, q0) scores(0, QT, h, &keys, q0, hdp)
         FOR_SCORE_GROUPS(nqp, SCORES)
 #undef SCORES
     }
@@ -320,12 +287,12 @@ static void block_update(const q3_cpu_attn *a, attn_ws *w, head_ws *h, const cha
         h->corr[i] = corr;
     }
     if (direct) {
-        if (nqp == 2) pv_direct(2, a, h, vrows, off, 0, hdp, nb);
-        else pv_direct(4, a, h, vrows, off, 0, hdp, nb);
+        if (nqp == 2) pv_update(1, 2, h, &vals, 0, hdp);
+        else pv_update(1, 4, h, &vals, 0, hdp);
         return;
     }
     load_rows(a, vrows, off, nb, w->vb, hdp);
-#define PV(QG, q0) pv_update(QG, h, w->vb, q0, hdp, nb)
+#define PV(QG, q0) pv_update(0, QG, h, &vals, q0, hdp)
     FOR_QUERY_GROUPS(nqp, PV)
 #undef PV
 }
