@@ -2,21 +2,24 @@
  * layout in quant_kernels.h; block layouts in model/dtype.h).
  *
  * The same "output form" as the Q8_0/Q4_0 kernels (quant_avx512.c): a panel
- * is 16 consecutive outputs, one per 32-bit lane. A super-block of the
- * panel's 16 rows is unpacked into 8 packed blocks of 640 bytes, one per
- * activation block of 32 values: T[0..7] (lane l of T[j]: the 4 unsigned
- * quants of row l that meet activation bytes 4j..4j+3, from an in-register
- * transpose of the rows' bytes) and two float vectors F0, F1 (Q4_K/Q5_K:
- * d*sc and dmin*m of each row's sub-block; Q6_K: d*sc of its two
- * sub-blocks). Then one activation row is 8 vpdpbusd (broadcast activation
- * bytes, integer sums exact in the lanes, no lane reductions) and a fold of
- * a few float operations per block, the same sequence whichever way the
- * block was reached:
- *  - GEMV (1 row): each super-block is unpacked into a 5 KB buffer that
- *    stays in L1 and used at once (each weight byte read from memory once),
- *    the next panel prefetched in address order meanwhile;
- *  - GEMM (rows > 1): the whole panel is unpacked once into scratch, then
- *    every tile of activation rows walks it, 8 rows at a time.
+ * is 16 consecutive outputs, one per 32-bit lane. Every 32 bytes of a
+ * super-block of the panel's 16 rows are transposed in registers into
+ * T[0..7] (lane l of T[j]: the 4 bytes of row l that meet activation bytes
+ * 4j..4j+3), from which the unsigned quants of one or two activation blocks
+ * of 32 values are masked out (Q4_K/Q5_K: both nibbles, plus the 5th bit;
+ * Q6_K: a nibble plus 2 top bits); each block's scales are two float vectors
+ * F0, F1 (Q4_K/Q5_K: d*sc and dmin*m of each row's sub-block; Q6_K: d*sc of
+ * its two sub-blocks). Then one activation row is 8 vpdpbusd (broadcast
+ * activation bytes, integer sums exact in the lanes, no lane reductions) and
+ * a fold of a few float operations per block, the same sequence whichever way
+ * the block was reached:
+ *  - GEMV (1 row): the quants go from the transposing registers straight
+ *    into the dot products (no copy), each weight byte read from memory
+ *    once, the next panel prefetched in address order meanwhile, a few lines
+ *    per eighth of a super-block;
+ *  - GEMM (rows > 1): the whole panel is unpacked once into scratch (8
+ *    packed blocks of 640 bytes per super-block: T[0..7], F0, F1), then every
+ *    tile of activation rows walks it, 8 rows at a time.
  * Scales: the 16 header bytes of Q4_K/Q5_K (d, dmin, 12 scale bytes) and
  * the 16 int8 scales of Q6_K come in through one 16 x 16-byte transpose per
  * super-block and are decoded in 32-bit lanes (6-bit fields by shifts and
@@ -282,16 +285,195 @@ Q3_INLINE void prefetch_lines(const char *p, size_t bytes, size_t from, size_t t
     }
 }
 
-/* ---- GEMV ---------------------------------------------------------------------------------------- */
+/* The next panel's bytes, prefetched a few lines at a time as the current
+ * panel is worked through (a panel's worth at once overflows the miss
+ * queue and stalls). */
+typedef struct pf_cursor {
+    const char *p;
+    size_t bytes, at, step;
+} pf_cursor;
 
-Q3_INLINE void gemv(const int kind, const void *w, size_t ws, const q3_qact *qa, float *y, int o0, int o1)
+Q3_INLINE void pf_next(pf_cursor *c)
 {
-    const int nsb = qa->k / 256, nb = qa->k / Q3_QBLOCK;
-    const size_t sbb = kind == 4 ? 144 : kind == 5 ? 176 : 210, pbytes = (size_t)PANEL * ws;
-    /* the next panel's bytes to prefetch per activation block: a few lines at a
-       time (a super-block's worth at once overflows the miss queue and stalls) */
-    const size_t per_step = (pbytes / 64 + (size_t)nb - 1) / (size_t)nb * 64;
-    _Alignas(64) char buf[SB_PACKED];
+    prefetch_lines(c->p, c->bytes, c->at, c->at + c->step, 0);
+    c->at += c->step;
+}
+
+/* ---- GEMV and the few-row decode: fused ------------------------------------------------------ */
+
+/* Sub-block j's scale and min of a Q4_K / Q5_K super-block as floats
+ * (d * sc, dmin * m), from the transposed scale bytes V[1..3]. */
+Q3_INLINE void scales45(const __m512i V[4], __m512 d, __m512 dm, const int j, __m512 *fs, __m512 *fm)
+{
+    const __m512i m6 = _mm512_set1_epi32(63), m4 = _mm512_set1_epi32(15), m2 = _mm512_set1_epi32(3);
+    __m512i sc, m;
+    if (j < 4) {
+        sc = _mm512_and_si512(_mm512_srli_epi32(V[1], 8 * j), m6);
+        m = _mm512_and_si512(_mm512_srli_epi32(V[2], 8 * j), m6);
+    } else {
+        const int s = 8 * (j - 4);
+        sc = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(V[3], s), m4),
+                             _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(V[1], s + 6), m2), 4));
+        m = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(V[3], s + 4), m4),
+                            _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(V[2], s + 6), m2), 4));
+    }
+    *fs = _mm512_mul_ps(d, _mm512_cvtepi32_ps(sc));
+    *fm = _mm512_mul_ps(dm, _mm512_cvtepi32_ps(m));
+}
+
+/* Folds Q4_K / Q5_K block sums I[r] of the R rows of activation block a. */
+Q3_INLINE void fold45(const int R, const __m512i *I, __m512 fs, __m512 fm, const char *a, __m512 *f)
+{
+#pragma GCC unroll 16
+    for (int r = 0; r < R; r++) {
+        const __m512 dx = _mm512_set1_ps(ld_f32(a + 36 * R + 4 * r));
+        const uint32_t c = (uint32_t)ld_i32(a + 32 * R + 4 * r);
+        const float S = (float)((int16_t)(c & 0xffff) + (int16_t)(c >> 16));
+        f[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I[r]), _mm512_mul_ps(fs, dx), f[r]);
+        f[r] = _mm512_fnmadd_ps(_mm512_set1_ps(S), _mm512_mul_ps(fm, dx), f[r]);
+    }
+}
+
+/* One Q4_K (q5 = 0) / Q5_K (q5 = 1) super-block of the panel at boff against
+ * activation blocks a.. (R rows each): every 32 bytes of the 16 rows are
+ * transposed and go straight into the dot products of two activation blocks
+ * (low nibbles: block 2k, high: 2k + 1). Q4_K's high nibbles are used in
+ * place (T & 0xf0: 16 times the quant, so 16 times the exact sum, shifted
+ * back before the fold). */
+Q3_INLINE void sb_q45(const int q5, const int R, const prows *pr, size_t boff, const char *a, __m512 *f, pf_cursor *pf)
+{
+    __m512i V[4];
+    tr16(pr, boff, V);
+    const __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(V[0]));
+    const __m512 dm = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(V[0], 16)));
+    const __m512i lo4 = _mm512_set1_epi8(0x0f), hi4 = _mm512_set1_epi8((char)0xf0), bit4 = _mm512_set1_epi8(0x10);
+    __m512i H[8];
+    if (q5) tr32(pr, boff + 16, H);
+    const size_t qoff = boff + (q5 ? 48 : 16);
+#pragma GCC unroll 1
+    for (int k = 0; k < 4; k++) {
+        __m512i T[8], I0[Q3_QACT_TILE], I1[Q3_QACT_TILE];
+        const char *a0 = a + (size_t)(2 * k) * R * Q3_QACT_BLOCK_BYTES, *a1 = a0 + R * Q3_QACT_BLOCK_BYTES;
+        pf_next(pf);
+        tr32(pr, qoff + 32 * (size_t)k, T);
+#pragma GCC unroll 16
+        for (int r = 0; r < R; r++) I0[r] = I1[r] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; j++) {
+            if (j == 4) pf_next(pf);
+            __m512i lo = _mm512_and_si512(T[j], lo4), hi;
+            if (q5) {
+                hi = _mm512_and_si512(_mm512_srli_epi16(T[j], 4), lo4);
+                const __m512i h = _mm512_srlv_epi16(H[j], _mm512_set1_epi16((short)(2 * k)));
+                lo = _mm512_or_si512(lo, _mm512_and_si512(_mm512_slli_epi16(h, 4), bit4));
+                hi = _mm512_or_si512(hi, _mm512_and_si512(_mm512_slli_epi16(h, 3), bit4));
+            } else {
+                hi = _mm512_and_si512(T[j], hi4);
+            }
+#pragma GCC unroll 16
+            for (int r = 0; r < R; r++) {
+                I0[r] = dot_bcast(I0[r], lo, a0 + 32 * r + 4 * j);
+                I1[r] = dot_bcast(I1[r], hi, a1 + 32 * r + 4 * j);
+            }
+        }
+        if (!q5)
+#pragma GCC unroll 16
+            for (int r = 0; r < R; r++) I1[r] = _mm512_srai_epi32(I1[r], 4);
+        __m512 fs, fm;
+        scales45(V, d, dm, 2 * k, &fs, &fm);
+        fold45(R, I0, fs, fm, a0, f);
+        scales45(V, d, dm, 2 * k + 1, &fs, &fm);
+        fold45(R, I1, fs, fm, a1, f);
+    }
+}
+
+/* One Q6_K super-block of the panel at boff against activation blocks a..:
+ * per half h (values 128h..128h+127: activation blocks 4h + g, g = 0..3),
+ * the top-bit bytes TC and the low-nibble bytes TA (blocks g = 0, 2) then TB
+ * (g = 1, 3) go straight into the dot products, each block's two 16-value
+ * sub-blocks in their own sums (seeded with the -32 offset); the four blocks
+ * are folded in order after. */
+Q3_INLINE void sb_q6(const int R, const prows *pr, size_t boff, const char *a, __m512 *f, pf_cursor *pf)
+{
+    __m512i V[4];
+    tr16(pr, boff + 192, V); /* the 16 int8 scales */
+    __m512i g = _mm512_i32gather_epi32(pr->vidx, (const void *)(pr->p[0] + boff + 206), 1);
+    const __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(g, 16)));
+    const __m512i lo4 = _mm512_set1_epi8(0x0f), hi2 = _mm512_set1_epi8(0x30);
+#pragma GCC unroll 1
+    for (int h = 0; h < 2; h++) {
+        const char *ah = a + (size_t)(4 * h) * R * Q3_QACT_BLOCK_BYTES;
+        __m512i TC[8], T[8], J[4][2][Q3_QACT_TILE];
+#pragma GCC unroll 4
+        for (int q = 0; q < 4; q++)
+#pragma GCC unroll 16
+            for (int r = 0; r < R; r++) {
+                const uint32_t c = (uint32_t)ld_i32(ah + q * R * Q3_QACT_BLOCK_BYTES + 32 * R + 4 * r);
+                J[q][0][r] = _mm512_set1_epi32(-32 * (int16_t)(c & 0xffff));
+                J[q][1][r] = _mm512_set1_epi32(-32 * (int16_t)(c >> 16));
+            }
+        tr32(pr, boff + 128 + 32 * (size_t)h, TC); /* the top 2 bits of the 4 groups at bits 0, 2, 4, 6 */
+#pragma GCC unroll 2
+        for (int p = 0; p < 2; p++) {               /* TA: groups 0 and 2; TB: groups 1 and 3 */
+            pf_next(pf);
+            tr32(pr, boff + 64 * (size_t)h + 32 * (size_t)p, T);
+            const char *ag = ah + (size_t)p * R * Q3_QACT_BLOCK_BYTES, *ag2 = ag + 2 * (size_t)R * Q3_QACT_BLOCK_BYTES;
+#pragma GCC unroll 8
+            for (int j = 0; j < 8; j++) {
+                if (j == 4) pf_next(pf);
+                const __m512i c = TC[j];
+                const __m512i v = _mm512_or_si512(_mm512_and_si512(T[j], lo4),
+                                                  _mm512_and_si512(p ? _mm512_slli_epi16(c, 2) : _mm512_slli_epi16(c, 4), hi2));
+                const __m512i w = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(T[j], 4), lo4),
+                                                  _mm512_and_si512(p ? _mm512_srli_epi16(c, 2) : c, hi2));
+#pragma GCC unroll 16
+                for (int r = 0; r < R; r++) {
+                    J[p][j / 4][r] = dot_bcast(J[p][j / 4][r], v, ag + 32 * r + 4 * j);
+                    J[p + 2][j / 4][r] = dot_bcast(J[p + 2][j / 4][r], w, ag2 + 32 * r + 4 * j);
+                }
+            }
+        }
+#pragma GCC unroll 4
+        for (int q = 0; q < 4; q++) {
+            const char *aq = ah + q * R * Q3_QACT_BLOCK_BYTES;
+#pragma GCC unroll 2
+            for (int e = 0; e < 2; e++) {
+                const int j = 8 * h + 2 * q + e; /* the sub-block */
+                const __m512i sc = _mm512_srai_epi32(_mm512_slli_epi32(V[j / 4], 24 - 8 * (j % 4)), 24);
+                const __m512 F = _mm512_mul_ps(d, _mm512_cvtepi32_ps(sc));
+#pragma GCC unroll 16
+                for (int r = 0; r < R; r++)
+                    f[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(J[q][e][r]),
+                                           _mm512_mul_ps(F, _mm512_set1_ps(ld_f32(aq + 36 * R + 4 * r))), f[r]);
+            }
+        }
+    }
+}
+
+/* All super-blocks of a panel into f[R]. */
+Q3_INLINE void panel_sbs(const int kind, const int R, const prows *pr, const q3_qact *qa, __m512 *f,
+                         pf_cursor *pf)
+{
+    const int nsb = qa->k / 256;
+    const size_t sbb = kind == 4 ? 144 : kind == 5 ? 176 : 210;
+    const char *a = qa->base;
+    for (int s = 0; s < nsb; s++, a += 8 * (size_t)R * Q3_QACT_BLOCK_BYTES) {
+        if (kind == 6) sb_q6(R, pr, (size_t)s * sbb, a, f, pf);
+        else sb_q45(kind == 5, R, pr, (size_t)s * sbb, a, f, pf);
+    }
+}
+
+/* R activation rows (R = qa->rows, one tile) against each panel as it
+ * streams in, every weight byte read once and used by all R rows straight
+ * from the registers it was transposed into; the next panel prefetched in
+ * address order meanwhile. R = 1 is the GEMV. */
+Q3_INLINE void gemv(const int kind, const int R, const void *w, size_t ws, const q3_qact *qa, float *y, size_t ldy,
+                    int o0, int o1)
+{
+    const int nsb = qa->k / 256;
+    const size_t pbytes = (size_t)PANEL * ws;
+    /* the next panel's bytes to prefetch per eighth of a super-block */
+    const size_t per_step = (pbytes / 64 + 8 * (size_t)nsb - 1) / (8 * (size_t)nsb) * 64;
     prefetch_lines((const char *)w + (size_t)o0 * ws, (size_t)(o1 - o0) * ws, 0, pbytes, 0);
     for (int o = o0; o < o1; o += PANEL) {
         prows pr;
@@ -299,18 +481,29 @@ Q3_INLINE void gemv(const int kind, const void *w, size_t ws, const q3_qact *qa,
         const char *next = (const char *)w + (size_t)(o + PANEL) * ws;
         size_t next_bytes = o + PANEL < o1 ? (size_t)(o1 - o - PANEL) * ws : 0;
         if (next_bytes > pbytes) next_bytes = pbytes;
-        __m512 f = _mm512_setzero_ps();
-        const char *a = qa->base;
-        for (int s = 0; s < nsb; s++) {
-            unpack(kind, &pr, (size_t)s * sbb, buf);
-            for (int b = 0; b < 8; b++, a += Q3_QACT_BLOCK_BYTES) {
-                const size_t step = (size_t)(8 * s + b);
-                prefetch_lines(next, next_bytes, step * per_step, (step + 1) * per_step, 0);
-                kdot(kind == 6, 1, buf + b * KB_BYTES, a, 1, 0, &f);
-            }
-        }
-        _mm512_mask_storeu_ps(y + o, q3_mask16(o1 - o), f);
+        __m512 f[Q3_QACT_TILE];
+#pragma GCC unroll 16
+        for (int r = 0; r < R; r++) f[r] = _mm512_setzero_ps();
+        pf_cursor pf = {next, next_bytes, 0, per_step};
+        panel_sbs(kind, R, &pr, qa, f, &pf);
+#pragma GCC unroll 16
+        for (int r = 0; r < R; r++) _mm512_mask_storeu_ps(y + (size_t)r * ldy + o, q3_mask16(o1 - o), f[r]);
     }
+}
+
+static void gemv_q4(const void *w, size_t ws, const q3_qact *qa, float *y, size_t ldy, int o0, int o1)
+{
+    gemv(4, 1, w, ws, qa, y, ldy, o0, o1);
+}
+
+static void gemv_q5(const void *w, size_t ws, const q3_qact *qa, float *y, size_t ldy, int o0, int o1)
+{
+    gemv(5, 1, w, ws, qa, y, ldy, o0, o1);
+}
+
+static void gemv_q6(const void *w, size_t ws, const q3_qact *qa, float *y, size_t ldy, int o0, int o1)
+{
+    gemv(6, 1, w, ws, qa, y, ldy, o0, o1);
 }
 
 /* ---- GEMM ---------------------------------------------------------------------------------------- */
@@ -396,7 +589,7 @@ void q3_kquant_matmul_avx512(q3_dtype wt, const void *w, size_t ws, const q3_qac
     if (o1 <= o0) return;
     const int kind = wt == Q3_Q4_K ? 4 : wt == Q3_Q5_K ? 5 : 6;
     if (qa->rows > 1) gemm(kind, w, ws, qa, y, ldy, o0, o1, scratch);
-    else if (kind == 4) gemv(4, w, ws, qa, y, o0, o1);
-    else if (kind == 5) gemv(5, w, ws, qa, y, o0, o1);
-    else gemv(6, w, ws, qa, y, o0, o1);
+    else if (kind == 4) gemv_q4(w, ws, qa, y, ldy, o0, o1);
+    else if (kind == 5) gemv_q5(w, ws, qa, y, ldy, o0, o1);
+    else gemv_q6(w, ws, qa, y, ldy, o0, o1);
 }
