@@ -337,6 +337,45 @@ Q3_INLINE void fold45(const int R, const __m512i *I, __m512 fs, __m512 fm, const
     }
 }
 
+/* Activation blocks 2k and 2k + 1 of a Q4_K / Q5_K super-block (quants at
+ * qoff + 32k of each row; header V, d, dm; Q5_K's high bits H). */
+Q3_INLINE void sb45_step(const int q5, const int R, const prows *pr, size_t qoff, int k, const __m512i V[4], __m512 d,
+                         __m512 dm, const __m512i H[8], const char *a, __m512 *f, pf_cursor *pf)
+{
+    const __m512i lo4 = _mm512_set1_epi8(0x0f), hi4 = _mm512_set1_epi8((char)0xf0), bit4 = _mm512_set1_epi8(0x10);
+    __m512i T[8], I0[Q3_QACT_TILE], I1[Q3_QACT_TILE];
+    const char *a0 = a + (size_t)(2 * k) * R * Q3_QACT_BLOCK_BYTES, *a1 = a0 + R * Q3_QACT_BLOCK_BYTES;
+    pf_next(pf);
+    tr32(pr, qoff + 32 * (size_t)k, T);
+#pragma GCC unroll 16
+    for (int r = 0; r < R; r++) I0[r] = I1[r] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; j++) {
+        if (j == 4) pf_next(pf);
+        __m512i lo = _mm512_and_si512(T[j], lo4), hi;
+        if (q5) { /* bit 2k of qh is lo's 5th bit, bit 2k + 1 hi's */
+            hi = _mm512_and_si512(_mm512_srli_epi16(T[j], 4), lo4);
+            lo = _mm512_or_si512(lo, _mm512_and_si512(shl16(H[j], 4 - 2 * k), bit4));
+            hi = _mm512_or_si512(hi, _mm512_and_si512(shl16(H[j], 3 - 2 * k), bit4));
+        } else {
+            hi = _mm512_and_si512(T[j], hi4);
+        }
+#pragma GCC unroll 16
+        for (int r = 0; r < R; r++) {
+            I0[r] = dot_bcast(I0[r], lo, a0 + 32 * r + 4 * j);
+            I1[r] = dot_bcast(I1[r], hi, a1 + 32 * r + 4 * j);
+        }
+    }
+    if (!q5)
+#pragma GCC unroll 16
+        for (int r = 0; r < R; r++) I1[r] = _mm512_srai_epi32(I1[r], 4);
+    __m512 fs, fm;
+    scales45(V, d, dm, 2 * k, &fs, &fm);
+    fold45(R, I0, fs, fm, a0, f);
+    scales45(V, d, dm, 2 * k + 1, &fs, &fm);
+    fold45(R, I1, fs, fm, a1, f);
+}
+
 /* One Q4_K (q5 = 0) / Q5_K (q5 = 1) super-block of the panel at boff against
  * activation blocks a.. (R rows each): every 32 bytes of the 16 rows are
  * transposed and go straight into the dot products of two activation blocks
@@ -349,44 +388,17 @@ Q3_INLINE void sb_q45(const int q5, const int R, const prows *pr, size_t boff, c
     tr16(pr, boff, V);
     const __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(V[0]));
     const __m512 dm = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(V[0], 16)));
-    const __m512i lo4 = _mm512_set1_epi8(0x0f), hi4 = _mm512_set1_epi8((char)0xf0), bit4 = _mm512_set1_epi8(0x10);
     __m512i H[8];
     if (q5) tr32(pr, boff + 16, H);
     const size_t qoff = boff + (q5 ? 48 : 16);
+    if (q5) {
+        sb45_step(1, R, pr, qoff, 0, V, d, dm, H, a, f, pf);
+        sb45_step(1, R, pr, qoff, 1, V, d, dm, H, a, f, pf);
+        sb45_step(1, R, pr, qoff, 2, V, d, dm, H, a, f, pf);
+        sb45_step(1, R, pr, qoff, 3, V, d, dm, H, a, f, pf);
+    } else {
 #pragma GCC unroll 1
-    for (int k = 0; k < 4; k++) {
-        __m512i T[8], I0[Q3_QACT_TILE], I1[Q3_QACT_TILE];
-        const char *a0 = a + (size_t)(2 * k) * R * Q3_QACT_BLOCK_BYTES, *a1 = a0 + R * Q3_QACT_BLOCK_BYTES;
-        pf_next(pf);
-        tr32(pr, qoff + 32 * (size_t)k, T);
-#pragma GCC unroll 16
-        for (int r = 0; r < R; r++) I0[r] = I1[r] = _mm512_setzero_si512();
-#pragma GCC unroll 8
-        for (int j = 0; j < 8; j++) {
-            if (j == 4) pf_next(pf);
-            __m512i lo = _mm512_and_si512(T[j], lo4), hi;
-            if (q5) {
-                hi = _mm512_and_si512(_mm512_srli_epi16(T[j], 4), lo4);
-                const __m512i h = _mm512_srlv_epi16(H[j], _mm512_set1_epi16((short)(2 * k)));
-                lo = _mm512_or_si512(lo, _mm512_and_si512(_mm512_slli_epi16(h, 4), bit4));
-                hi = _mm512_or_si512(hi, _mm512_and_si512(_mm512_slli_epi16(h, 3), bit4));
-            } else {
-                hi = _mm512_and_si512(T[j], hi4);
-            }
-#pragma GCC unroll 16
-            for (int r = 0; r < R; r++) {
-                I0[r] = dot_bcast(I0[r], lo, a0 + 32 * r + 4 * j);
-                I1[r] = dot_bcast(I1[r], hi, a1 + 32 * r + 4 * j);
-            }
-        }
-        if (!q5)
-#pragma GCC unroll 16
-            for (int r = 0; r < R; r++) I1[r] = _mm512_srai_epi32(I1[r], 4);
-        __m512 fs, fm;
-        scales45(V, d, dm, 2 * k, &fs, &fm);
-        fold45(R, I0, fs, fm, a0, f);
-        scales45(V, d, dm, 2 * k + 1, &fs, &fm);
-        fold45(R, I1, fs, fm, a1, f);
+        for (int k = 0; k < 4; k++) sb45_step(0, R, pr, qoff, k, V, d, dm, H, a, f, pf);
     }
 }
 
