@@ -18,20 +18,6 @@
 
 #define PANEL 8
 
-Q3_INLINE int32_t ld_i32(const void *p)
-{
-    int32_t v;
-    memcpy(&v, p, 4);
-    return v;
-}
-
-Q3_INLINE float ld_f32(const void *p)
-{
-    float v;
-    memcpy(&v, p, 4);
-    return v;
-}
-
 typedef struct prows {
     const uint8_t *p[PANEL];
     __m256i vidx; /* p[l] - p[0] */
@@ -149,9 +135,9 @@ Q3_INLINE void panel_tile(const int kind, const prows *pr, const q3_qact *qa, in
                 __m256i p[PANEL], A, B;
                 for (int o = 0; o < PANEL; o++) p[o] = _mm256_madd_epi16(_mm256_maddubs_epi16(W[o], x), ones);
                 reduce_halves(p, &A, &B);
-                const uint32_t c = (uint32_t)ld_i32(a + 32 * th + 4 * r);
+                const uint32_t c = (uint32_t)q3_ld_i32(a + 32 * th + 4 * r);
                 const int s0 = (int16_t)(c & 0xffff), s1 = (int16_t)(c >> 16);
-                const __m256 dx = _mm256_set1_ps(ld_f32(a + 36 * th + 4 * r));
+                const __m256 dx = _mm256_set1_ps(q3_ld_f32(a + 36 * th + 4 * r));
                 if (kind == 6) {
                     A = _mm256_add_epi32(A, _mm256_set1_epi32(-32 * s0));
                     B = _mm256_add_epi32(B, _mm256_set1_epi32(-32 * s1));
