@@ -262,6 +262,10 @@ static void bench_decode(const table *tb, q3_dtype t, int nth, int ti)
         const shape *s = i < sizeof layer_shapes / sizeof *layer_shapes ? &layer_shapes[i] : &head_shape;
         double bytes = (double)q3_dtype_row_bytes(t, (size_t)s->k) * s->n, med, best;
         int reps = s->n > 100000 ? (g_reps < 8 ? g_reps : 8) : g_reps * 4;
+        if (!copies_of(t, s)) {
+            printf("  %-12s %5d->%-6d (needs a %zu MiB arena)\n", s->name, s->k, s->n, (size_t)(bytes / 1048576) + 1);
+            continue;
+        }
         time_shape(tb, t, s, 1, nth, reps, &med, &best);
         printf("  %-12s %5d->%-6d %8.3f ms [%8.3f]  %6.2f GB/s [%6.2f]  %5.1f%% of bw\n", s->name, s->k, s->n, med * 1e3,
                best * 1e3, bytes / med * 1e-9, bytes / best * 1e-9, 100 * bytes / med * 1e-9 / bw[ti]);

@@ -304,6 +304,10 @@ static void test_matmul(void)
     };
     for (int ti = 2; ti < N_QTYPES; ti++) {
         for (size_t s = 0; s < sizeof kfixed / sizeof *kfixed; s++) check_shape(qtypes[ti], kfixed[s][0], kfixed[s][1], kfixed[s][2]);
+        /* every row count of one tile and just past it: the decode GEMV's
+           streaming passes (up to 8 rows each) and the GEMM either side of
+           where the kernels switch */
+        for (int rows = 1; rows <= 18; rows++) check_shape(qtypes[ti], rows, 21, 512);
         for (int s = 0; s < 8; s++) {
             int rows = s % 3 == 0 ? 1 : 1 + (int)(rnd() % 40);
             int n = 1 + (int)(rnd() % 90), k = 256 * (1 + (int)(rnd() % 6));

@@ -18,20 +18,6 @@
 
 #define PANEL 8
 
-Q3_INLINE int32_t ld_i32(const void *p)
-{
-    int32_t v;
-    memcpy(&v, p, 4);
-    return v;
-}
-
-Q3_INLINE float ld_f32(const void *p)
-{
-    float v;
-    memcpy(&v, p, 4);
-    return v;
-}
-
 typedef struct prows {
     const uint8_t *p[PANEL];
     __m256i vidx; /* p[l] - p[0] */
@@ -54,28 +40,33 @@ Q3_INLINE __m256i shl16(__m256i v, const int n)
     return n > 0 ? _mm256_slli_epi16(v, n) : n < 0 ? _mm256_srli_epi16(v, -n) : v;
 }
 
+/* Q4_K / Q5_K: sub-block j's d * sc and dmin * m of each row, from the
+ * gathered header: s0, s1, s2 the 12 scale bytes. */
+Q3_INLINE void scale45(__m256 d, __m256 dm, __m256i s0, __m256i s1, __m256i s2, const int j, __m256 *fs, __m256 *fm)
+{
+    const __m256i m6 = _mm256_set1_epi32(63), m4 = _mm256_set1_epi32(15), m2 = _mm256_set1_epi32(3);
+    __m256i sc, m;
+    if (j < 4) {
+        sc = _mm256_and_si256(_mm256_srli_epi32(s0, 8 * j), m6);
+        m = _mm256_and_si256(_mm256_srli_epi32(s1, 8 * j), m6);
+    } else {
+        const int s = 8 * (j - 4);
+        sc = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(s2, s), m4),
+                             _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(s0, s + 6), m2), 4));
+        m = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(s2, s + 4), m4),
+                            _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(s1, s + 6), m2), 4));
+    }
+    *fs = _mm256_mul_ps(d, _mm256_cvtepi32_ps(sc));
+    *fm = _mm256_mul_ps(dm, _mm256_cvtepi32_ps(m));
+}
+
 /* Q4_K / Q5_K: F0[j] = d * sc[j], F1[j] = dmin * m[j] of each row. */
 Q3_INLINE void scales_q45(const prows *pr, size_t boff, __m256 F0[8], __m256 F1[8])
 {
     __m256i h = gather(pr, boff), s0 = gather(pr, boff + 4), s1 = gather(pr, boff + 8), s2 = gather(pr, boff + 12);
     const __m256 d = f16_lanes(h), dm = f16_lanes(_mm256_srli_epi32(h, 16));
-    const __m256i m6 = _mm256_set1_epi32(63), m4 = _mm256_set1_epi32(15), m2 = _mm256_set1_epi32(3);
 #pragma GCC unroll 8
-    for (int j = 0; j < 8; j++) {
-        __m256i sc, m;
-        if (j < 4) {
-            sc = _mm256_and_si256(_mm256_srli_epi32(s0, 8 * j), m6);
-            m = _mm256_and_si256(_mm256_srli_epi32(s1, 8 * j), m6);
-        } else {
-            const int s = 8 * (j - 4);
-            sc = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(s2, s), m4),
-                                 _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(s0, s + 6), m2), 4));
-            m = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(s2, s + 4), m4),
-                                _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(s1, s + 6), m2), 4));
-        }
-        F0[j] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(sc));
-        F1[j] = _mm256_mul_ps(dm, _mm256_cvtepi32_ps(m));
-    }
+    for (int j = 0; j < 8; j++) scale45(d, dm, s0, s1, s2, j, &F0[j], &F1[j]);
 }
 
 /* Q6_K: F[j] = d * sc[j] of each row, j < 16. */
@@ -149,9 +140,9 @@ Q3_INLINE void panel_tile(const int kind, const prows *pr, const q3_qact *qa, in
                 __m256i p[PANEL], A, B;
                 for (int o = 0; o < PANEL; o++) p[o] = _mm256_madd_epi16(_mm256_maddubs_epi16(W[o], x), ones);
                 reduce_halves(p, &A, &B);
-                const uint32_t c = (uint32_t)ld_i32(a + 32 * th + 4 * r);
+                const uint32_t c = (uint32_t)q3_ld_i32(a + 32 * th + 4 * r);
                 const int s0 = (int16_t)(c & 0xffff), s1 = (int16_t)(c >> 16);
-                const __m256 dx = _mm256_set1_ps(ld_f32(a + 36 * th + 4 * r));
+                const __m256 dx = _mm256_set1_ps(q3_ld_f32(a + 36 * th + 4 * r));
                 if (kind == 6) {
                     A = _mm256_add_epi32(A, _mm256_set1_epi32(-32 * s0));
                     B = _mm256_add_epi32(B, _mm256_set1_epi32(-32 * s1));
@@ -169,6 +160,101 @@ Q3_INLINE void panel_tile(const int kind, const prows *pr, const q3_qact *qa, in
     for (int r = 0; r < th; r++) _mm256_maskstore_ps(y + (size_t)r * ldy, m, f[r]);
 }
 
+/* ---- GEMV: one activation row, each weight byte read once ------------------------------------- */
+
+/* The panel (all super-blocks) against one activation row (blocks at a,
+ * 40 bytes each): per activation block, the 8 rows' quants go straight into
+ * the dot products, the scales decoded per block from the gathered header;
+ * the next panel (next_bytes at next) prefetched into L2, per_step bytes
+ * per block. */
+Q3_INLINE __m256 gemv_panel(const int kind, const prows *pr, const char *a, int nsb, const char *next, size_t next_bytes,
+                            size_t per_step)
+{
+    const size_t sbb = kind == 4 ? 144 : kind == 5 ? 176 : 210;
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 f = _mm256_setzero_ps();
+    size_t at = 0;
+    for (int s = 0; s < nsb; s++) {
+        const size_t boff = (size_t)s * sbb;
+        __m256 d, dm = _mm256_setzero_ps();
+        __m256i s0, s1, s2, sq[4];
+        if (kind == 6) {
+            d = f16_lanes(_mm256_srli_epi32(gather(pr, boff + 206), 16));
+            for (int q = 0; q < 4; q++) sq[q] = gather(pr, boff + 192 + 4 * (size_t)q);
+        } else {
+            const __m256i h = gather(pr, boff);
+            s0 = gather(pr, boff + 4);
+            s1 = gather(pr, boff + 8);
+            s2 = gather(pr, boff + 12);
+            d = f16_lanes(h);
+            dm = f16_lanes(_mm256_srli_epi32(h, 16));
+        }
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; j++, a += Q3_QACT_BLOCK_BYTES, at += per_step) {
+            for (size_t l = at; l < at + per_step && l < next_bytes; l += 64) _mm_prefetch(next + l, _MM_HINT_T1);
+            const __m256i x = _mm256_loadu_si256((const __m256i *)a);
+            __m256i p[PANEL], A, B;
+#pragma GCC unroll 8
+            for (int o = 0; o < PANEL; o++)
+                p[o] = _mm256_madd_epi16(_mm256_maddubs_epi16(quants(kind, pr->p[o] + boff, j), x), ones);
+            reduce_halves(p, &A, &B);
+            const uint32_t c = (uint32_t)q3_ld_i32(a + 32);
+            const int c0 = (int16_t)(c & 0xffff), c1 = (int16_t)(c >> 16);
+            const __m256 dx = _mm256_set1_ps(q3_ld_f32(a + 36));
+            if (kind == 6) {
+                const __m256i v = sq[j / 2];
+                const int i0 = 2 * (j % 2), i1 = i0 + 1; /* the two sub-blocks' bytes in v */
+                const __m256 F0 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_srai_epi32(_mm256_slli_epi32(v, 24 - 8 * i0), 24)));
+                const __m256 F1 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_srai_epi32(_mm256_slli_epi32(v, 24 - 8 * i1), 24)));
+                A = _mm256_add_epi32(A, _mm256_set1_epi32(-32 * c0));
+                B = _mm256_add_epi32(B, _mm256_set1_epi32(-32 * c1));
+                f = _mm256_fmadd_ps(_mm256_cvtepi32_ps(A), _mm256_mul_ps(F0, dx), f);
+                f = _mm256_fmadd_ps(_mm256_cvtepi32_ps(B), _mm256_mul_ps(F1, dx), f);
+            } else {
+                __m256 fs, fm;
+                scale45(d, dm, s0, s1, s2, j, &fs, &fm);
+                f = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(A, B)), _mm256_mul_ps(fs, dx), f);
+                f = _mm256_fnmadd_ps(_mm256_set1_ps((float)(c0 + c1)), _mm256_mul_ps(fm, dx), f);
+            }
+        }
+    }
+    return f;
+}
+
+static void prows_init(prows *pr, const void *w, size_t ws, int o, int o1)
+{
+    int32_t idx[PANEL];
+    for (int l = 0; l < PANEL; l++) {
+        int row = o + l < o1 ? o + l : o1 - 1;
+        pr->p[l] = (const uint8_t *)w + (size_t)row * ws;
+        idx[l] = (int32_t)((size_t)(row - o) * ws);
+    }
+    pr->vidx = _mm256_loadu_si256((const __m256i *)idx);
+}
+
+Q3_INLINE void kgemv(const int kind, const void *w, size_t ws, const q3_qact *qa, float *y, int o0, int o1)
+{
+    const size_t pbytes = (size_t)PANEL * ws, nsb = (size_t)(qa->k / 256);
+    const size_t per_step = (pbytes / 64 + 8 * nsb - 1) / (8 * nsb) * 64;
+    for (size_t l = 0; l < pbytes && l < (size_t)(o1 - o0) * ws; l += 64)
+        _mm_prefetch((const char *)w + (size_t)o0 * ws + l, _MM_HINT_T1);
+    for (int o = o0; o < o1; o += PANEL) {
+        const char *next = (const char *)w + (size_t)(o + PANEL) * ws;
+        size_t next_bytes = o + PANEL < o1 ? (size_t)(o1 - o - PANEL) * ws : 0;
+        if (next_bytes > pbytes) next_bytes = pbytes;
+        prows pr;
+        prows_init(&pr, w, ws, o, o1);
+        __m256 f = gemv_panel(kind, &pr, qa->base, (int)nsb, next, next_bytes, per_step);
+        _mm256_maskstore_ps(y + o, q3_mask8(o1 - o), f);
+    }
+}
+
+static void gemv_q4(const void *w, size_t ws, const q3_qact *qa, float *y, int o0, int o1) { kgemv(4, w, ws, qa, y, o0, o1); }
+static void gemv_q5(const void *w, size_t ws, const q3_qact *qa, float *y, int o0, int o1) { kgemv(5, w, ws, qa, y, o0, o1); }
+static void gemv_q6(const void *w, size_t ws, const q3_qact *qa, float *y, int o0, int o1) { kgemv(6, w, ws, qa, y, o0, o1); }
+
+/* ---- several rows ----------------------------------------------------------------------------- */
+
 Q3_INLINE void kmatmul(const int kind, const void *w, size_t ws, const q3_qact *qa, float *y, size_t ldy, int o0, int o1)
 {
     const size_t pbytes = (size_t)PANEL * ws, nsb = (size_t)(qa->k / 256);
@@ -180,13 +266,7 @@ Q3_INLINE void kmatmul(const int kind, const void *w, size_t ws, const q3_qact *
         size_t next_bytes = o + PANEL < o1 ? (size_t)(o1 - o - PANEL) * ws : 0;
         if (next_bytes > pbytes) next_bytes = pbytes;
         prows pr;
-        int32_t idx[PANEL];
-        for (int l = 0; l < PANEL; l++) {
-            int row = o + l < o1 ? o + l : o1 - 1;
-            pr.p[l] = (const uint8_t *)w + (size_t)row * ws;
-            idx[l] = (int32_t)((size_t)(row - o) * ws);
-        }
-        pr.vidx = _mm256_loadu_si256((const __m256i *)idx);
+        prows_init(&pr, w, ws, o, o1);
         for (int t0 = 0; t0 < qa->rows; t0 += Q3_QACT_TILE)
             panel_tile(kind, &pr, qa, t0, q3_qact_tile_rows(qa, t0), y + (size_t)t0 * ldy + o, ldy, o1 - o, next,
                        next_bytes, per_step);
@@ -197,7 +277,11 @@ void q3_kquant_matmul_avx2(q3_dtype wt, const void *w, size_t ws, const q3_qact 
                            int o1)
 {
     if (o1 <= o0) return;
-    if (wt == Q3_Q4_K) kmatmul(4, w, ws, qa, y, ldy, o0, o1);
+    if (qa->rows == 1) {
+        if (wt == Q3_Q4_K) gemv_q4(w, ws, qa, y, o0, o1);
+        else if (wt == Q3_Q5_K) gemv_q5(w, ws, qa, y, o0, o1);
+        else gemv_q6(w, ws, qa, y, o0, o1);
+    } else if (wt == Q3_Q4_K) kmatmul(4, w, ws, qa, y, ldy, o0, o1);
     else if (wt == Q3_Q5_K) kmatmul(5, w, ws, qa, y, ldy, o0, o1);
     else kmatmul(6, w, ws, qa, y, ldy, o0, o1);
 }

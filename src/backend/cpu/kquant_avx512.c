@@ -2,21 +2,26 @@
  * layout in quant_kernels.h; block layouts in model/dtype.h).
  *
  * The same "output form" as the Q8_0/Q4_0 kernels (quant_avx512.c): a panel
- * is 16 consecutive outputs, one per 32-bit lane. A super-block of the
- * panel's 16 rows is unpacked into 8 packed blocks of 640 bytes, one per
- * activation block of 32 values: T[0..7] (lane l of T[j]: the 4 unsigned
- * quants of row l that meet activation bytes 4j..4j+3, from an in-register
- * transpose of the rows' bytes) and two float vectors F0, F1 (Q4_K/Q5_K:
- * d*sc and dmin*m of each row's sub-block; Q6_K: d*sc of its two
- * sub-blocks). Then one activation row is 8 vpdpbusd (broadcast activation
- * bytes, integer sums exact in the lanes, no lane reductions) and a fold of
- * a few float operations per block, the same sequence whichever way the
- * block was reached:
- *  - GEMV (1 row): each super-block is unpacked into a 5 KB buffer that
- *    stays in L1 and used at once (each weight byte read from memory once),
- *    the next panel prefetched in address order meanwhile;
- *  - GEMM (rows > 1): the whole panel is unpacked once into scratch, then
- *    every tile of activation rows walks it, 8 rows at a time.
+ * is 16 consecutive outputs, one per 32-bit lane. Every 32 bytes of a
+ * super-block of the panel's 16 rows are transposed in registers into
+ * T[0..7] (lane l of T[j]: the 4 bytes of row l that meet activation bytes
+ * 4j..4j+3), from which the unsigned quants of one or two activation blocks
+ * of 32 values are masked out (Q4_K/Q5_K: both nibbles, plus the 5th bit;
+ * Q6_K: a nibble plus 2 top bits); each block's scales are two float vectors
+ * F0, F1 (Q4_K/Q5_K: d*sc and dmin*m of each row's sub-block; Q6_K: d*sc of
+ * its two sub-blocks). Then one activation row is 8 vpdpbusd (broadcast
+ * activation bytes, integer sums exact in the lanes, no lane reductions) and
+ * a fold of a few float operations per block, the same sequence whichever way
+ * the block was reached:
+ *  - GEMV (1 row, and decode steps of a few rows: up to 16 for Q4_K/Q5_K,
+ *    8 for Q6_K, in passes of up to 8 rows): the quants go from the
+ *    transposing registers straight into the dot products of every row (no
+ *    copy), each weight byte read from memory once a pass, the next panel
+ *    prefetched into L2 in address order meanwhile, a few lines per eighth
+ *    of a super-block;
+ *  - GEMM (more rows): the whole panel is unpacked once into scratch (8
+ *    packed blocks of 640 bytes per super-block: T[0..7], F0, F1), then every
+ *    tile of activation rows walks it, 8 rows at a time.
  * Scales: the 16 header bytes of Q4_K/Q5_K (d, dmin, 12 scale bytes) and
  * the 16 int8 scales of Q6_K come in through one 16 x 16-byte transpose per
  * super-block and are decoded in 32-bit lanes (6-bit fields by shifts and
@@ -24,96 +29,13 @@
 #include <string.h>
 
 #include "backend/cpu/quant_kernels.h"
+#include "backend/cpu/quant_panel_avx512.h"
 #include "backend/cpu/simd_avx512.h"
 
-#define PANEL 16
+#define PANEL Q3_QPANEL
 #define KB_BYTES 640              /* a packed activation-block step: T[0..7], F0, F1 */
 #define SB_PACKED (8 * KB_BYTES)  /* a packed super-block of 16 rows */
-
-Q3_INLINE int32_t ld_i32(const void *p)
-{
-    int32_t v;
-    memcpy(&v, p, 4);
-    return v;
-}
-
-Q3_INLINE float ld_f32(const void *p)
-{
-    float v;
-    memcpy(&v, p, 4);
-    return v;
-}
-
-/* The rows of the panel at output o: row l is output min(o + l, o1 - 1)
- * (duplicates computed, never stored). Gather offsets are int32: 15 rows of a
- * weight must span less than 2 GB. */
-typedef struct prows {
-    const uint8_t *p[PANEL];
-    __m512i vidx; /* p[l] - p[0] */
-} prows;
-
-static void prows_init(prows *pr, const void *w, size_t ws, int o, int o1)
-{
-    int32_t idx[PANEL];
-    for (int l = 0; l < PANEL; l++) {
-        int row = o + l < o1 ? o + l : o1 - 1;
-        pr->p[l] = (const uint8_t *)w + (size_t)row * ws;
-        idx[l] = (int32_t)((size_t)(row - o) * ws);
-    }
-    pr->vidx = _mm512_loadu_si512(idx);
-}
-
-/* 16 rows x 32 bytes at byte off of each row -> T[8], lane l of T[j] = bytes
- * 4j..4j+3 of row l. Z[i] holds rows (i, i+4) for i < 4 and (i+4, i+8) for
- * i >= 4, so the three unpack/shuffle stages leave the rows in lane order. */
-Q3_INLINE void tr32(const prows *pr, size_t off, __m512i T[8])
-{
-    __m512i Z[8], t[8], u[8];
-#pragma GCC unroll 8
-    for (int i = 0; i < 8; i++) {
-        int a = i < 4 ? i : i + 4;
-        __m256i lo = _mm256_loadu_si256((const __m256i *)(pr->p[a] + off));
-        __m256i hi = _mm256_loadu_si256((const __m256i *)(pr->p[a + 4] + off));
-        Z[i] = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
-    }
-#pragma GCC unroll 4
-    for (int m = 0; m < 4; m++) {
-        t[2 * m] = _mm512_unpacklo_epi32(Z[2 * m], Z[2 * m + 1]);
-        t[2 * m + 1] = _mm512_unpackhi_epi32(Z[2 * m], Z[2 * m + 1]);
-    }
-#pragma GCC unroll 2
-    for (int h = 0; h < 2; h++) {
-        __m512i *tt = t + 4 * h, *uu = u + 4 * h;
-        uu[0] = _mm512_unpacklo_epi64(tt[0], tt[2]);
-        uu[1] = _mm512_unpackhi_epi64(tt[0], tt[2]);
-        uu[2] = _mm512_unpacklo_epi64(tt[1], tt[3]);
-        uu[3] = _mm512_unpackhi_epi64(tt[1], tt[3]);
-    }
-#pragma GCC unroll 4
-    for (int j = 0; j < 4; j++) {
-        T[j] = _mm512_shuffle_i32x4(u[j], u[4 + j], _MM_SHUFFLE(2, 0, 2, 0));
-        T[j + 4] = _mm512_shuffle_i32x4(u[j], u[4 + j], _MM_SHUFFLE(3, 1, 3, 1));
-    }
-}
-
-/* 16 rows x 16 bytes at off -> V[4], lane l of V[j] = bytes 4j..4j+3 of row l. */
-Q3_INLINE void tr16(const prows *pr, size_t off, __m512i V[4])
-{
-    __m512i Y[4];
-#pragma GCC unroll 4
-    for (int i = 0; i < 4; i++) {
-        __m512i v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(pr->p[i] + off)));
-        v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(pr->p[4 + i] + off)), 1);
-        v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(pr->p[8 + i] + off)), 2);
-        Y[i] = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(pr->p[12 + i] + off)), 3);
-    }
-    __m512i t0 = _mm512_unpacklo_epi32(Y[0], Y[1]), t1 = _mm512_unpackhi_epi32(Y[0], Y[1]);
-    __m512i t2 = _mm512_unpacklo_epi32(Y[2], Y[3]), t3 = _mm512_unpackhi_epi32(Y[2], Y[3]);
-    V[0] = _mm512_unpacklo_epi64(t0, t2);
-    V[1] = _mm512_unpackhi_epi64(t0, t2);
-    V[2] = _mm512_unpacklo_epi64(t1, t3);
-    V[3] = _mm512_unpackhi_epi64(t1, t3);
-}
+#define SMALL_GROUP 8             /* rows per streaming pass of the GEMV */
 
 /* Bytes shifted within their 16-bit lanes (callers mask, so no bit they keep
  * crosses a byte). */
@@ -122,40 +44,50 @@ Q3_INLINE __m512i shl16(__m512i v, const int n)
     return n > 0 ? _mm512_slli_epi16(v, (unsigned)n) : n < 0 ? _mm512_srli_epi16(v, (unsigned)-n) : v;
 }
 
+/* Sub-block j's scale and min of a Q4_K / Q5_K super-block as floats
+ * (d * sc, dmin * m), from the transposed scale bytes V[1..3]. */
+Q3_INLINE void scales45(const __m512i V[4], __m512 d, __m512 dm, const int j, __m512 *fs, __m512 *fm)
+{
+    const __m512i m6 = _mm512_set1_epi32(63), m4 = _mm512_set1_epi32(15), m2 = _mm512_set1_epi32(3);
+    __m512i sc, m;
+    if (j < 4) {
+        sc = _mm512_and_si512(_mm512_srli_epi32(V[1], 8 * j), m6);
+        m = _mm512_and_si512(_mm512_srli_epi32(V[2], 8 * j), m6);
+    } else {
+        const int s = 8 * (j - 4);
+        sc = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(V[3], s), m4),
+                             _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(V[1], s + 6), m2), 4));
+        m = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(V[3], s + 4), m4),
+                            _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(V[2], s + 6), m2), 4));
+    }
+    *fs = _mm512_mul_ps(d, _mm512_cvtepi32_ps(sc));
+    *fm = _mm512_mul_ps(dm, _mm512_cvtepi32_ps(m));
+}
+
 /* ---- unpacking a super-block of the panel ------------------------------------------------ */
 
 /* Q4_K (q5 = 0) / Q5_K (q5 = 1) super-block at byte boff of each row -> dst. */
-Q3_INLINE void unpack_q45(const int q5, const prows *pr, size_t boff, char *dst)
+Q3_INLINE void unpack_q45(const int q5, const q3_panel_rows *pr, size_t boff, char *dst)
 {
     __m512i V[4];
-    tr16(pr, boff, V); /* V[0]: d | dmin << 16; V[1..3]: the 12 scale bytes */
+    q3_panel_tr16(pr, boff, V); /* V[0]: d | dmin << 16; V[1..3]: the 12 scale bytes */
     const __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(V[0]));
     const __m512 dm = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(V[0], 16)));
-    const __m512i m6 = _mm512_set1_epi32(63), m4 = _mm512_set1_epi32(15), m2 = _mm512_set1_epi32(3);
 #pragma GCC unroll 8
     for (int j = 0; j < 8; j++) {
-        __m512i sc, m;
-        if (j < 4) {
-            sc = _mm512_and_si512(_mm512_srli_epi32(V[1], 8 * j), m6);
-            m = _mm512_and_si512(_mm512_srli_epi32(V[2], 8 * j), m6);
-        } else {
-            const int s = 8 * (j - 4);
-            sc = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(V[3], s), m4),
-                                 _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(V[1], s + 6), m2), 4));
-            m = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(V[3], s + 4), m4),
-                                _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(V[2], s + 6), m2), 4));
-        }
-        _mm512_store_ps(dst + j * KB_BYTES + 512, _mm512_mul_ps(d, _mm512_cvtepi32_ps(sc)));
-        _mm512_store_ps(dst + j * KB_BYTES + 576, _mm512_mul_ps(dm, _mm512_cvtepi32_ps(m)));
+        __m512 fs, fm;
+        scales45(V, d, dm, j, &fs, &fm);
+        _mm512_store_ps(dst + j * KB_BYTES + 512, fs);
+        _mm512_store_ps(dst + j * KB_BYTES + 576, fm);
     }
     const __m512i lo4 = _mm512_set1_epi8(0x0f), bit4 = _mm512_set1_epi8(0x10);
     __m512i H[8];
-    if (q5) tr32(pr, boff + 16, H);
+    if (q5) q3_panel_tr32(pr, boff + 16, H);
     const size_t qoff = boff + (q5 ? 48 : 16);
 #pragma GCC unroll 4
     for (int k = 0; k < 4; k++) {
         __m512i T[8];
-        tr32(pr, qoff + 32 * (size_t)k, T);
+        q3_panel_tr32(pr, qoff + 32 * (size_t)k, T);
         char *d0 = dst + 2 * k * KB_BYTES, *d1 = d0 + KB_BYTES;
 #pragma GCC unroll 8
         for (int j = 0; j < 8; j++) {
@@ -171,10 +103,10 @@ Q3_INLINE void unpack_q45(const int q5, const prows *pr, size_t boff, char *dst)
 }
 
 /* Q6_K super-block at byte boff of each row -> dst. */
-Q3_INLINE void unpack_q6(const prows *pr, size_t boff, char *dst)
+Q3_INLINE void unpack_q6(const q3_panel_rows *pr, size_t boff, char *dst)
 {
     __m512i V[4];
-    tr16(pr, boff + 192, V); /* the 16 int8 scales */
+    q3_panel_tr16(pr, boff + 192, V); /* the 16 int8 scales */
     /* d: the top half of bytes 206..209 (inside the 210-byte block) */
     __m512i g = _mm512_i32gather_epi32(pr->vidx, (const void *)(pr->p[0] + boff + 206), 1);
     const __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(g, 16)));
@@ -187,9 +119,9 @@ Q3_INLINE void unpack_q6(const prows *pr, size_t boff, char *dst)
 #pragma GCC unroll 2
     for (int h = 0; h < 2; h++) {
         __m512i TA[8], TB[8], TC[8];
-        tr32(pr, boff + 64 * (size_t)h, TA);       /* values 128h + i (low), 128h + 64 + i (high) */
-        tr32(pr, boff + 64 * (size_t)h + 32, TB);  /* 128h + 32 + i, 128h + 96 + i */
-        tr32(pr, boff + 128 + 32 * (size_t)h, TC); /* their top 2 bits at bits 0, 2, 4, 6 */
+        q3_panel_tr32(pr, boff + 64 * (size_t)h, TA);       /* values 128h + i (low), 128h + 64 + i (high) */
+        q3_panel_tr32(pr, boff + 64 * (size_t)h + 32, TB);  /* 128h + 32 + i, 128h + 96 + i */
+        q3_panel_tr32(pr, boff + 128 + 32 * (size_t)h, TC); /* their top 2 bits at bits 0, 2, 4, 6 */
         char *o = dst + 4 * h * KB_BYTES;
 #pragma GCC unroll 8
         for (int j = 0; j < 8; j++) {
@@ -207,21 +139,13 @@ Q3_INLINE void unpack_q6(const prows *pr, size_t boff, char *dst)
     }
 }
 
-Q3_INLINE void unpack(const int kind, const prows *pr, size_t boff, char *dst)
+Q3_INLINE void unpack(const int kind, const q3_panel_rows *pr, size_t boff, char *dst)
 {
     if (kind == 6) unpack_q6(pr, boff, dst);
     else unpack_q45(kind == 5, pr, boff, dst);
 }
 
 /* ---- the dot products ------------------------------------------------------------------------ */
-
-/* acc += vpdpbusd(T, the 4 bytes at p broadcast), the broadcast embedded in
- * the instruction (see quant_avx512.c). */
-Q3_INLINE __m512i dot_bcast(__m512i acc, __m512i T, const void *p)
-{
-    __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(T), "m"(*(const int32_t *)p));
-    return acc;
-}
 
 /* Rows [r0, r0 + R) of an activation tile of th rows (block data at a:
  * q[th][32], c[th], d[th]) against the packed block pb: f[r] folds in the
@@ -239,12 +163,12 @@ Q3_INLINE void kdot(const int q6, const int R, const char *pb, const char *a, in
 #pragma GCC unroll 8
         for (int j = 0; j < 8; j++)
 #pragma GCC unroll 8
-            for (int r = 0; r < R; r++) acc[r] = dot_bcast(acc[r], T[j], aq + 32 * r + 4 * j);
+            for (int r = 0; r < R; r++) acc[r] = q3_dot_bcast(acc[r], T[j], aq + 32 * r + 4 * j);
         const __m512 F0 = _mm512_load_ps(pb + 512), F1 = _mm512_load_ps(pb + 576);
 #pragma GCC unroll 8
         for (int r = 0; r < R; r++) {
-            const __m512 dx = _mm512_set1_ps(ld_f32(ad + 4 * r));
-            const uint32_t c = (uint32_t)ld_i32(ac + 4 * r);
+            const __m512 dx = _mm512_set1_ps(q3_ld_f32(ad + 4 * r));
+            const uint32_t c = (uint32_t)q3_ld_i32(ac + 4 * r);
             const float S = (float)((int16_t)(c & 0xffff) + (int16_t)(c >> 16));
             f[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r]), _mm512_mul_ps(F0, dx), f[r]);
             f[r] = _mm512_fnmadd_ps(_mm512_set1_ps(S), _mm512_mul_ps(F1, dx), f[r]);
@@ -258,60 +182,259 @@ Q3_INLINE void kdot(const int q6, const int R, const char *pb, const char *a, in
         for (int j = 0; j < 4; j++) T[j] = _mm512_load_si512(pb + 256 * h + 64 * j);
 #pragma GCC unroll 8
         for (int r = 0; r < R; r++) {
-            const uint32_t c = (uint32_t)ld_i32(ac + 4 * r);
+            const uint32_t c = (uint32_t)q3_ld_i32(ac + 4 * r);
             acc[r] = _mm512_set1_epi32(-32 * (int16_t)(h ? c >> 16 : c & 0xffff));
         }
 #pragma GCC unroll 4
         for (int j = 0; j < 4; j++)
 #pragma GCC unroll 8
-            for (int r = 0; r < R; r++) acc[r] = dot_bcast(acc[r], T[j], aq + 32 * r + 16 * h + 4 * j);
+            for (int r = 0; r < R; r++) acc[r] = q3_dot_bcast(acc[r], T[j], aq + 32 * r + 16 * h + 4 * j);
         const __m512 F = _mm512_load_ps(pb + 512 + 64 * h);
 #pragma GCC unroll 8
         for (int r = 0; r < R; r++)
-            f[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r]), _mm512_mul_ps(F, _mm512_set1_ps(ld_f32(ad + 4 * r))), f[r]);
+            f[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r]), _mm512_mul_ps(F, _mm512_set1_ps(q3_ld_f32(ad + 4 * r))), f[r]);
     }
 }
 
-/* Prefetches lines [from, to) of a region of bytes (clipped to its size). */
-Q3_INLINE void prefetch_lines(const char *p, size_t bytes, size_t from, size_t to, const int hint)
+/* The next panel's bytes, prefetched into L2 (PREFETCHT1) a few lines at a
+ * time as the current panel is worked through: a panel's worth at once
+ * overflows the miss queue and stalls, and into L1 (T0) the next panel
+ * evicts the current one once two panels outgrow L1 (k >= 2048, or Q6_K):
+ * measured from memory, 1 thread, T1 against T0: q6_k 15 vs 9 GB/s, q4_k
+ * 15 vs 10-20 (k = 1024 fast, k = 3072 slow). */
+typedef struct pf_cursor {
+    const char *p;
+    size_t bytes, at, step;
+} pf_cursor;
+
+Q3_INLINE void pf_next(pf_cursor *c)
 {
-    if (to > bytes) to = bytes;
-    for (size_t l = from; l < to; l += 64) {
-        if (hint == 0) _mm_prefetch(p + l, _MM_HINT_T0);
-        else _mm_prefetch(p + l, _MM_HINT_T1);
+    q3_prefetch_lines(c->p, c->bytes, c->at, c->at + c->step, 1);
+    c->at += c->step;
+}
+
+/* ---- GEMV and the few-row decode: fused ------------------------------------------------------ */
+
+
+/* R rows of a tile of activation blocks, from block b0 on: row r's q of
+ * block b0 + i at q + i * bs + 32 r, its c at c + i * bs + 4 r, its d at
+ * d + i * bs + 4 r (bs: the tile's bytes per block). */
+typedef struct arows {
+    const char *q, *c, *d;
+    size_t bs;
+} arows;
+
+/* The same rows from block i on. */
+Q3_INLINE arows arows_at(const arows *a, int i)
+{
+    const size_t o = (size_t)i * a->bs;
+    return (arows){a->q + o, a->c + o, a->d + o, a->bs};
+}
+
+Q3_INLINE float a_d(const arows *a, int r) { return q3_ld_f32(a->d + 4 * r); }
+Q3_INLINE uint32_t a_c(const arows *a, int r) { return (uint32_t)q3_ld_i32(a->c + 4 * r); }
+
+/* Folds Q4_K / Q5_K block sums I[r] of the R rows of activation block a. */
+Q3_INLINE void fold45(const int R, const __m512i *I, __m512 fs, __m512 fm, const arows *a, __m512 *f)
+{
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++) {
+        const __m512 dx = _mm512_set1_ps(a_d(a, r));
+        const uint32_t c = a_c(a, r);
+        const float S = (float)((int16_t)(c & 0xffff) + (int16_t)(c >> 16));
+        f[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I[r]), _mm512_mul_ps(fs, dx), f[r]);
+        f[r] = _mm512_fnmadd_ps(_mm512_set1_ps(S), _mm512_mul_ps(fm, dx), f[r]);
     }
 }
 
-/* ---- GEMV ---------------------------------------------------------------------------------------- */
-
-Q3_INLINE void gemv(const int kind, const void *w, size_t ws, const q3_qact *qa, float *y, int o0, int o1)
+/* Activation blocks 2k and 2k + 1 of a Q4_K / Q5_K super-block (quants at
+ * qoff + 32k of each row; header V, d, dm; Q5_K's high bits H). */
+Q3_INLINE void sb45_step(const int q5, const int R, const q3_panel_rows *pr, size_t qoff, int k, const __m512i V[4], __m512 d,
+                         __m512 dm, const __m512i H[8], const arows *a, __m512 *f, pf_cursor *pf)
 {
-    const int nsb = qa->k / 256, nb = qa->k / Q3_QBLOCK;
+    const __m512i lo4 = _mm512_set1_epi8(0x0f), hi4 = _mm512_set1_epi8((char)0xf0), bit4 = _mm512_set1_epi8(0x10);
+    __m512i T[8], I0[SMALL_GROUP], I1[SMALL_GROUP];
+    const arows a0 = arows_at(a, 2 * k), a1 = arows_at(a, 2 * k + 1);
+    pf_next(pf);
+    q3_panel_tr32(pr, qoff + 32 * (size_t)k, T);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++) I0[r] = I1[r] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; j++) {
+        if (j == 4) pf_next(pf);
+        __m512i lo = _mm512_and_si512(T[j], lo4), hi;
+        if (q5) { /* bit 2k of qh is lo's 5th bit, bit 2k + 1 hi's */
+            hi = _mm512_and_si512(_mm512_srli_epi16(T[j], 4), lo4);
+            lo = _mm512_or_si512(lo, _mm512_and_si512(shl16(H[j], 4 - 2 * k), bit4));
+            hi = _mm512_or_si512(hi, _mm512_and_si512(shl16(H[j], 3 - 2 * k), bit4));
+        } else {
+            hi = _mm512_and_si512(T[j], hi4);
+        }
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) {
+            I0[r] = q3_dot_bcast(I0[r], lo, a0.q + 32 * r + 4 * j);
+            I1[r] = q3_dot_bcast(I1[r], hi, a1.q + 32 * r + 4 * j);
+        }
+    }
+    if (!q5)
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) I1[r] = _mm512_srai_epi32(I1[r], 4);
+    __m512 fs, fm;
+    scales45(V, d, dm, 2 * k, &fs, &fm);
+    fold45(R, I0, fs, fm, &a0, f);
+    scales45(V, d, dm, 2 * k + 1, &fs, &fm);
+    fold45(R, I1, fs, fm, &a1, f);
+}
+
+/* One Q4_K (q5 = 0) / Q5_K (q5 = 1) super-block of the panel at boff against
+ * its 8 activation blocks a..: every 32 bytes of the 16 rows are transposed
+ * and go straight into the dot products of two activation blocks (low
+ * nibbles: block 2k, high: 2k + 1). Q4_K's high nibbles are used in place
+ * (T & 0xf0: 16 times the quant, so 16 times the exact sum, shifted back
+ * before the fold). */
+Q3_INLINE void sb_q45(const int q5, const int R, const q3_panel_rows *pr, size_t boff, const arows *a, __m512 *f, pf_cursor *pf)
+{
+    __m512i V[4];
+    q3_panel_tr16(pr, boff, V);
+    const __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(V[0]));
+    const __m512 dm = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(V[0], 16)));
+    __m512i H[8];
+    if (q5) q3_panel_tr32(pr, boff + 16, H);
+    const size_t qoff = boff + (q5 ? 48 : 16);
+    if (q5) {
+        sb45_step(1, R, pr, qoff, 0, V, d, dm, H, a, f, pf);
+        sb45_step(1, R, pr, qoff, 1, V, d, dm, H, a, f, pf);
+        sb45_step(1, R, pr, qoff, 2, V, d, dm, H, a, f, pf);
+        sb45_step(1, R, pr, qoff, 3, V, d, dm, H, a, f, pf);
+    } else {
+#pragma GCC unroll 1
+        for (int k = 0; k < 4; k++) sb45_step(0, R, pr, qoff, k, V, d, dm, H, a, f, pf);
+    }
+}
+
+/* One Q6_K super-block of the panel at boff against its 8 activation blocks
+ * a..: per half h (values 128h..128h+127: activation blocks 4h + g, g =
+ * 0..3), the top-bit bytes TC and the low-nibble bytes TA (blocks g = 0, 2)
+ * then TB (g = 1, 3) go straight into the dot products, each block's two
+ * 16-value sub-blocks in their own sums (seeded with the -32 offset); the
+ * four blocks are folded in order after. */
+Q3_INLINE void sb_q6(const int R, const q3_panel_rows *pr, size_t boff, const arows *a, __m512 *f, pf_cursor *pf)
+{
+    __m512i V[4];
+    q3_panel_tr16(pr, boff + 192, V); /* the 16 int8 scales */
+    __m512i g = _mm512_i32gather_epi32(pr->vidx, (const void *)(pr->p[0] + boff + 206), 1);
+    const __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(g, 16)));
+    const __m512i lo4 = _mm512_set1_epi8(0x0f), hi2 = _mm512_set1_epi8(0x30);
+#pragma GCC unroll 1
+    for (int h = 0; h < 2; h++) {
+        arows ag[4];
+        __m512i TC[8], T[8], J[4][2][SMALL_GROUP];
+#pragma GCC unroll 4
+        for (int q = 0; q < 4; q++) {
+            ag[q] = arows_at(a, 4 * h + q);
+#pragma GCC unroll 8
+            for (int r = 0; r < R; r++) {
+                const uint32_t c = a_c(&ag[q], r);
+                J[q][0][r] = _mm512_set1_epi32(-32 * (int16_t)(c & 0xffff));
+                J[q][1][r] = _mm512_set1_epi32(-32 * (int16_t)(c >> 16));
+            }
+        }
+        q3_panel_tr32(pr, boff + 128 + 32 * (size_t)h, TC); /* the top 2 bits of the 4 groups at bits 0, 2, 4, 6 */
+#pragma GCC unroll 2
+        for (int p = 0; p < 2; p++) {               /* TA: groups 0 and 2; TB: groups 1 and 3 */
+            pf_next(pf);
+            q3_panel_tr32(pr, boff + 64 * (size_t)h + 32 * (size_t)p, T);
+#pragma GCC unroll 8
+            for (int j = 0; j < 8; j++) {
+                if (j == 4) pf_next(pf);
+                const __m512i c = TC[j];
+                const __m512i v = _mm512_or_si512(_mm512_and_si512(T[j], lo4),
+                                                  _mm512_and_si512(p ? _mm512_slli_epi16(c, 2) : _mm512_slli_epi16(c, 4), hi2));
+                const __m512i w = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(T[j], 4), lo4),
+                                                  _mm512_and_si512(p ? _mm512_srli_epi16(c, 2) : c, hi2));
+#pragma GCC unroll 8
+                for (int r = 0; r < R; r++) {
+                    J[p][j / 4][r] = q3_dot_bcast(J[p][j / 4][r], v, ag[p].q + 32 * r + 4 * j);
+                    J[p + 2][j / 4][r] = q3_dot_bcast(J[p + 2][j / 4][r], w, ag[p + 2].q + 32 * r + 4 * j);
+                }
+            }
+        }
+#pragma GCC unroll 4
+        for (int q = 0; q < 4; q++) {
+#pragma GCC unroll 2
+            for (int e = 0; e < 2; e++) {
+                const int j = 8 * h + 2 * q + e; /* the sub-block */
+                const __m512i sc = _mm512_srai_epi32(_mm512_slli_epi32(V[j / 4], 24 - 8 * (j % 4)), 24);
+                const __m512 F = _mm512_mul_ps(d, _mm512_cvtepi32_ps(sc));
+#pragma GCC unroll 8
+                for (int r = 0; r < R; r++)
+                    f[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(J[q][e][r]), _mm512_mul_ps(F, _mm512_set1_ps(a_d(&ag[q], r))),
+                                           f[r]);
+            }
+        }
+    }
+}
+
+/* Rows [r0, r0 + R) of the activations (one tile) against each panel of
+ * [o0, o1) as it streams in: every weight byte read once and used by the R
+ * rows straight from the registers it was transposed into, the next panel
+ * prefetched meanwhile. R = 1 of 1 is the GEMV. */
+Q3_INLINE void gemv(const int kind, const int R, const void *w, size_t ws, const q3_qact *qa, int r0, float *y,
+                    size_t ldy, int o0, int o1)
+{
+    const int nsb = qa->k / 256, th = qa->rows;
     const size_t sbb = kind == 4 ? 144 : kind == 5 ? 176 : 210, pbytes = (size_t)PANEL * ws;
-    /* the next panel's bytes to prefetch per activation block: a few lines at a
-       time (a super-block's worth at once overflows the miss queue and stalls) */
-    const size_t per_step = (pbytes / 64 + (size_t)nb - 1) / (size_t)nb * 64;
-    _Alignas(64) char buf[SB_PACKED];
-    prefetch_lines((const char *)w + (size_t)o0 * ws, (size_t)(o1 - o0) * ws, 0, pbytes, 0);
+    const size_t bs = (size_t)th * Q3_QACT_BLOCK_BYTES;
+    const arows a0 = {qa->base + 32 * r0, qa->base + 32 * th + 4 * r0, qa->base + 36 * th + 4 * r0, bs};
+    /* the next panel's bytes to prefetch per eighth of a super-block */
+    const size_t per_step = (pbytes / 64 + 8 * (size_t)nsb - 1) / (8 * (size_t)nsb) * 64;
+    q3_prefetch_lines((const char *)w + (size_t)o0 * ws, (size_t)(o1 - o0) * ws, 0, pbytes, 1);
     for (int o = o0; o < o1; o += PANEL) {
-        prows pr;
-        prows_init(&pr, w, ws, o, o1);
+        q3_panel_rows pr;
+        q3_panel_rows_init(&pr, w, ws, o, o1);
         const char *next = (const char *)w + (size_t)(o + PANEL) * ws;
         size_t next_bytes = o + PANEL < o1 ? (size_t)(o1 - o - PANEL) * ws : 0;
         if (next_bytes > pbytes) next_bytes = pbytes;
-        __m512 f = _mm512_setzero_ps();
-        const char *a = qa->base;
+        pf_cursor pf = {next, next_bytes, 0, per_step};
+        __m512 f[SMALL_GROUP];
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) f[r] = _mm512_setzero_ps();
         for (int s = 0; s < nsb; s++) {
-            unpack(kind, &pr, (size_t)s * sbb, buf);
-            for (int b = 0; b < 8; b++, a += Q3_QACT_BLOCK_BYTES) {
-                const size_t step = (size_t)(8 * s + b);
-                prefetch_lines(next, next_bytes, step * per_step, (step + 1) * per_step, 0);
-                kdot(kind == 6, 1, buf + b * KB_BYTES, a, 1, 0, &f);
-            }
+            const arows a = arows_at(&a0, 8 * s);
+            if (kind == 6) sb_q6(R, &pr, (size_t)s * sbb, &a, f, &pf);
+            else sb_q45(kind == 5, R, &pr, (size_t)s * sbb, &a, f, &pf);
         }
-        _mm512_mask_storeu_ps(y + o, q3_mask16(o1 - o), f);
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) _mm512_mask_storeu_ps(y + (size_t)(r0 + r) * ldy + o, q3_mask16(o1 - o), f[r]);
     }
 }
+
+/* All qa->rows rows (one tile): groups of up to SMALL_GROUP rows, each a
+ * streaming pass over the weights. */
+#define GEMV_KIND(name, kind)                                                                                        \
+    static void name(const void *w, size_t ws, const q3_qact *qa, float *y, size_t ldy, int o0, int o1)            \
+    {                                                                                                                \
+        if (qa->rows == 1) {                                                                                         \
+            gemv(kind, 1, w, ws, &(q3_qact){qa->base, 1, qa->k}, 0, y, ldy, o0, o1);                                  \
+            return;                                                                                                  \
+        }                                                                                                            \
+        for (int r0 = 0; r0 < qa->rows; r0 += SMALL_GROUP) {                                                         \
+            switch (qa->rows - r0 < SMALL_GROUP ? qa->rows - r0 : SMALL_GROUP) {                                     \
+            case 1: gemv(kind, 1, w, ws, qa, r0, y, ldy, o0, o1); break;                                             \
+            case 2: gemv(kind, 2, w, ws, qa, r0, y, ldy, o0, o1); break;                                             \
+            case 3: gemv(kind, 3, w, ws, qa, r0, y, ldy, o0, o1); break;                                             \
+            case 4: gemv(kind, 4, w, ws, qa, r0, y, ldy, o0, o1); break;                                             \
+            case 5: gemv(kind, 5, w, ws, qa, r0, y, ldy, o0, o1); break;                                             \
+            case 6: gemv(kind, 6, w, ws, qa, r0, y, ldy, o0, o1); break;                                             \
+            case 7: gemv(kind, 7, w, ws, qa, r0, y, ldy, o0, o1); break;                                             \
+            default: gemv(kind, 8, w, ws, qa, r0, y, ldy, o0, o1); break;                                            \
+            }                                                                                                        \
+        }                                                                                                            \
+    }
+GEMV_KIND(gemv_q4, 4)
+GEMV_KIND(gemv_q5, 5)
+GEMV_KIND(gemv_q6, 6)
+#undef GEMV_KIND
 
 /* ---- GEMM ---------------------------------------------------------------------------------------- */
 
@@ -354,8 +477,8 @@ static void rows_q6(const char *panel, int nb, const char *a, int th, int r0, in
 static void pack_panel(const int kind, const void *w, size_t ws, int nsb, int o, int o1, char *dst)
 {
     const size_t sbb = kind == 4 ? 144 : kind == 5 ? 176 : 210;
-    prows pr;
-    prows_init(&pr, w, ws, o, o1);
+    q3_panel_rows pr;
+    q3_panel_rows_init(&pr, w, ws, o, o1);
     for (int s = 0; s < nsb; s++) unpack(kind, &pr, (size_t)s * sbb, dst + (size_t)s * SB_PACKED);
 }
 
@@ -373,7 +496,7 @@ static void gemm(int kind, const void *w, size_t ws, const q3_qact *qa, float *y
         if (next_bytes > pbytes) next_bytes = pbytes;
         const __mmask16 m = q3_mask16(o1 - o);
         for (int t = 0; t < n_tiles; t++) {
-            prefetch_lines(next, next_bytes, (size_t)t * per_tile, (size_t)(t + 1) * per_tile, 1);
+            q3_prefetch_lines(next, next_bytes, (size_t)t * per_tile, (size_t)(t + 1) * per_tile, 1);
             const int t0 = t * Q3_QACT_TILE, th = q3_qact_tile_rows(qa, t0);
             const char *a = q3_qact_block(qa, t0, 0);
             for (int r0 = 0; r0 < th; r0 += 8) {
@@ -388,15 +511,25 @@ static void gemm(int kind, const void *w, size_t ws, const q3_qact *qa, float *y
 
 /* ---- entry points ------------------------------------------------------------------------------- */
 
-size_t q3_kquant_scratch_avx512(q3_dtype wt, int rows, int k) { return rows > 1 ? (size_t)(k / 256) * SB_PACKED : 0; }
+/* Rows up to which the streaming GEMV serves them, in passes of up to
+ * SMALL_GROUP rows; beyond, the GEMM packs each panel once for all tiles.
+ * Measured (1 thread, weights from memory, 1024 -> 3072): the streaming
+ * passes win up to 16 rows for Q4_K/Q5_K (16 rows: 0.50 vs 0.62 ms), up to
+ * 8 for Q6_K (8 rows: 0.33 vs 0.59 ms; 16 rows: 0.89 vs 0.80). */
+static int small_rows(q3_dtype wt) { return wt == Q3_Q6_K ? 8 : 16; }
+
+size_t q3_kquant_scratch_avx512(q3_dtype wt, int rows, int k)
+{
+    return rows > small_rows(wt) ? (size_t)(k / 256) * SB_PACKED : 0;
+}
 
 void q3_kquant_matmul_avx512(q3_dtype wt, const void *w, size_t ws, const q3_qact *qa, float *y, size_t ldy, int o0,
                              int o1, void *scratch)
 {
     if (o1 <= o0) return;
     const int kind = wt == Q3_Q4_K ? 4 : wt == Q3_Q5_K ? 5 : 6;
-    if (qa->rows > 1) gemm(kind, w, ws, qa, y, ldy, o0, o1, scratch);
-    else if (kind == 4) gemv(4, w, ws, qa, y, o0, o1);
-    else if (kind == 5) gemv(5, w, ws, qa, y, o0, o1);
-    else gemv(6, w, ws, qa, y, o0, o1);
+    if (qa->rows > small_rows(wt)) gemm(kind, w, ws, qa, y, ldy, o0, o1, scratch);
+    else if (kind == 4) gemv_q4(w, ws, qa, y, ldy, o0, o1);
+    else if (kind == 5) gemv_q5(w, ws, qa, y, ldy, o0, o1);
+    else gemv_q6(w, ws, qa, y, ldy, o0, o1);
 }

@@ -22,67 +22,42 @@
 
 #define PANEL 8
 
-Q3_INLINE int32_t ld_i32(const void *p)
-{
-    int32_t v;
-    memcpy(&v, p, 4);
-    return v;
-}
-
-Q3_INLINE float ld_f32(const void *p)
-{
-    float v;
-    memcpy(&v, p, 4);
-    return v;
-}
-
 /* ---- activations ------------------------------------------------------------------------ */
+
+Q3_INLINE float block_amax(const float *x)
+{
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(x), absmask),
+                                           _mm256_and_ps(_mm256_loadu_ps(x + 8), absmask)),
+                             _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(x + 16), absmask),
+                                           _mm256_and_ps(_mm256_loadu_ps(x + 24), absmask)));
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    return _mm_cvtss_f32(m4);
+}
+
+Q3_INLINE void block_quant(const float *x, float id, int8_t *q, int s2[2])
+{
+    const __m256 vid = _mm256_set1_ps(id);
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    __m256i iq[4];
+    for (int j = 0; j < 4; j++) iq[j] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 8 * j), vid)); /* nearest even */
+    __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(iq[0], iq[1]), _mm256_packs_epi32(iq[2], iq[3]));
+    _mm256_storeu_si256((__m256i *)q, _mm256_permutevar8x32_epi32(p, order));
+    /* the two half sums in lanes 0 and 4, then together */
+    __m256i s = _mm256_add_epi32(iq[0], iq[1]);
+    __m256i t = _mm256_add_epi32(iq[2], iq[3]);
+    s = _mm256_add_epi32(_mm256_permute2x128_si256(s, t, 0x20), _mm256_permute2x128_si256(s, t, 0x31));
+    s = _mm256_add_epi32(s, _mm256_shuffle_epi32(s, _MM_SHUFFLE(1, 0, 3, 2)));
+    s = _mm256_add_epi32(s, _mm256_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1)));
+    s2[0] = _mm256_cvtsi256_si32(s);
+    s2[1] = _mm_cvtsi128_si32(_mm256_extracti128_si256(s, 1));
+}
 
 static void avx2_quantize(q3_dtype wt, const float *x, size_t ldx, const q3_qact *qa, int r0, int r1)
 {
-    const int nb = qa->k / Q3_QBLOCK, off = wt == Q3_Q8_0 ? 128 : 8, kq = q3_is_kquant(wt);
-    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-    for (int r = r0; r < r1; r++) {
-        const float *xr = x + (size_t)r * ldx;
-        const int th = q3_qact_tile_rows(qa, r), i = r % Q3_QACT_TILE;
-        char *blk = q3_qact_block(qa, r, 0);
-        for (int b = 0; b < nb; b++, blk += (size_t)th * Q3_QACT_BLOCK_BYTES) {
-            const float *xb = xr + b * Q3_QBLOCK;
-            __m256 v[4];
-            for (int j = 0; j < 4; j++) v[j] = _mm256_loadu_ps(xb + 8 * j);
-            __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_and_ps(v[0], absmask), _mm256_and_ps(v[1], absmask)),
-                                     _mm256_max_ps(_mm256_and_ps(v[2], absmask), _mm256_and_ps(v[3], absmask)));
-            __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-            m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-            m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
-            float amax = _mm_cvtss_f32(m4);
-            int8_t *q = (int8_t *)blk + i * Q3_QBLOCK;
-            int s0 = 0, s1 = 0;
-            float d = 0.0f;
-            if (amax > 0x1p-100f) {
-                __m256 id = _mm256_set1_ps(127.0f / amax);
-                __m256i iq[4];
-                for (int j = 0; j < 4; j++) iq[j] = _mm256_cvtps_epi32(_mm256_mul_ps(v[j], id)); /* nearest even */
-                __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(iq[0], iq[1]), _mm256_packs_epi32(iq[2], iq[3]));
-                _mm256_storeu_si256((__m256i *)q, _mm256_permutevar8x32_epi32(p, order));
-                /* the two half sums in lanes 0 and 4, then together */
-                __m256i s = _mm256_add_epi32(iq[0], iq[1]);
-                __m256i s2 = _mm256_add_epi32(iq[2], iq[3]);
-                s = _mm256_add_epi32(_mm256_permute2x128_si256(s, s2, 0x20), _mm256_permute2x128_si256(s, s2, 0x31));
-                s = _mm256_add_epi32(s, _mm256_shuffle_epi32(s, _MM_SHUFFLE(1, 0, 3, 2)));
-                s = _mm256_add_epi32(s, _mm256_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1)));
-                s0 = _mm256_cvtsi256_si32(s);
-                s1 = _mm_cvtsi128_si32(_mm256_extracti128_si256(s, 1));
-                d = amax / 127.0f;
-            } else {
-                memset(q, 0, Q3_QBLOCK);
-            }
-            int32_t c = kq ? (int32_t)((uint32_t)(uint16_t)s0 | (uint32_t)s1 << 16) : -off * (s0 + s1);
-            memcpy(blk + th * Q3_QBLOCK + i * 4, &c, 4);
-            memcpy(blk + th * (Q3_QBLOCK + 4) + i * 4, &d, 4);
-        }
-    }
+    q3_qact_quantize_with(wt, x, ldx, qa, r0, r1, block_amax, block_quant);
 }
 
 /* ---- the dot products ---------------------------------------------------------------------- */
@@ -154,8 +129,8 @@ Q3_INLINE void panel_tile(const int q8, const uint8_t *const rp[PANEL], __m256i 
         __m256 dw = scales8(rp, vidx, boff);
         for (int r = 0; r < th; r++) {
             const int8_t *xq = (const int8_t *)a + r * Q3_QBLOCK;
-            __m256i I = q8 ? dot_q8(rp, boff, xq) : dot_q4(rp, boff, xq, ld_i32(a + th * Q3_QBLOCK + 4 * r));
-            __m256 s = _mm256_mul_ps(dw, _mm256_set1_ps(ld_f32(a + th * (Q3_QBLOCK + 4) + 4 * r)));
+            __m256i I = q8 ? dot_q8(rp, boff, xq) : dot_q4(rp, boff, xq, q3_ld_i32(a + th * Q3_QBLOCK + 4 * r));
+            __m256 s = _mm256_mul_ps(dw, _mm256_set1_ps(q3_ld_f32(a + th * (Q3_QBLOCK + 4) + 4 * r)));
             f[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I), s, f[r]);
         }
     }

@@ -33,144 +33,45 @@
 #include <string.h>
 
 #include "backend/cpu/quant_kernels.h"
+#include "backend/cpu/quant_panel_avx512.h"
 #include "backend/cpu/simd_avx512.h"
 
-#define PANEL 16
+#define PANEL Q3_QPANEL
 #define PANEL_BLOCK_BYTES 576 /* packed panel block: T[0..7] (8 x 64 bytes), then 16 float scales */
-
-Q3_INLINE int32_t ld_i32(const void *p)
-{
-    int32_t v;
-    memcpy(&v, p, 4);
-    return v;
-}
-
-Q3_INLINE float ld_f32(const void *p)
-{
-    float v;
-    memcpy(&v, p, 4);
-    return v;
-}
 
 /* ---- activations --------------------------------------------------------------------- */
 
+Q3_INLINE float block_amax(const float *x)
+{
+    const __m512 absmask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+    __m512 lo = _mm512_loadu_ps(x), hi = _mm512_loadu_ps(x + 16);
+    return _mm512_reduce_max_ps(_mm512_max_ps(_mm512_and_ps(lo, absmask), _mm512_and_ps(hi, absmask)));
+}
+
+Q3_INLINE void block_quant(const float *x, float id, int8_t *q, int s[2])
+{
+    const __m512 vid = _mm512_set1_ps(id);
+    __m512i ql = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x), vid)); /* MXCSR: nearest even */
+    __m512i qh = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + 16), vid));
+    _mm_storeu_si128((__m128i *)q, _mm512_cvtsepi32_epi8(ql));
+    _mm_storeu_si128((__m128i *)(q + 16), _mm512_cvtsepi32_epi8(qh));
+    s[0] = _mm512_reduce_add_epi32(ql);
+    s[1] = _mm512_reduce_add_epi32(qh);
+}
+
 static void avx512_quantize(q3_dtype wt, const float *x, size_t ldx, const q3_qact *qa, int r0, int r1)
 {
-    const int nb = qa->k / Q3_QBLOCK, off = wt == Q3_Q8_0 ? 128 : 8, kq = q3_is_kquant(wt);
-    const __m512 absmask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
-    for (int r = r0; r < r1; r++) {
-        const float *xr = x + (size_t)r * ldx;
-        const int th = q3_qact_tile_rows(qa, r), i = r % Q3_QACT_TILE;
-        char *blk = q3_qact_block(qa, r, 0);
-        for (int b = 0; b < nb; b++, blk += (size_t)th * Q3_QACT_BLOCK_BYTES) {
-            __m512 lo = _mm512_loadu_ps(xr + b * Q3_QBLOCK), hi = _mm512_loadu_ps(xr + b * Q3_QBLOCK + 16);
-            float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_and_ps(lo, absmask), _mm512_and_ps(hi, absmask)));
-            int8_t *q = (int8_t *)blk + i * Q3_QBLOCK;
-            int s0 = 0, s1 = 0;
-            float d = 0.0f;
-            if (amax > 0x1p-100f) {
-                __m512 id = _mm512_set1_ps(127.0f / amax);
-                __m512i ql = _mm512_cvtps_epi32(_mm512_mul_ps(lo, id)); /* MXCSR: nearest even */
-                __m512i qh = _mm512_cvtps_epi32(_mm512_mul_ps(hi, id));
-                _mm_storeu_si128((__m128i *)q, _mm512_cvtsepi32_epi8(ql));
-                _mm_storeu_si128((__m128i *)(q + 16), _mm512_cvtsepi32_epi8(qh));
-                s0 = _mm512_reduce_add_epi32(ql);
-                s1 = _mm512_reduce_add_epi32(qh);
-                d = amax / 127.0f;
-            } else {
-                memset(q, 0, Q3_QBLOCK);
-            }
-            int32_t c = kq ? (int32_t)((uint32_t)(uint16_t)s0 | (uint32_t)s1 << 16) : -off * (s0 + s1);
-            memcpy(blk + th * Q3_QBLOCK + i * 4, &c, 4);
-            memcpy(blk + th * (Q3_QBLOCK + 4) + i * 4, &d, 4);
-        }
-    }
+    q3_qact_quantize_with(wt, x, ldx, qa, r0, r1, block_amax, block_quant);
 }
 
 /* ---- a panel's weight block, transposed ---------------------------------------------------- */
 
-/* The rows of the panel at output o: row l is output min(o + l, o1 - 1)
- * (duplicates are computed and never stored). The gather offsets are int32:
- * 15 rows of a weight must span less than 2 GB (k < 10^8). */
-typedef struct panel_rows {
-    const uint8_t *p[PANEL];
-    __m512i vidx; /* p[l] - p[0], for the scale gather */
-} panel_rows;
-
-static void panel_rows_init(panel_rows *pr, const void *w, size_t ws, int o, int o1)
-{
-    int32_t idx[PANEL];
-    for (int l = 0; l < PANEL; l++) {
-        int row = o + l < o1 ? o + l : o1 - 1;
-        pr->p[l] = (const uint8_t *)w + (size_t)row * ws;
-        idx[l] = (int32_t)((size_t)(row - o) * ws);
-    }
-    pr->vidx = _mm512_loadu_si512(idx);
-}
-
 /* The 16 f16 scales at byte boff of each row (the gather reads the scale and
  * the block's first 2 quant bytes: always inside the block). */
-Q3_INLINE __m256i panel_scales_f16(const panel_rows *pr, size_t boff)
+Q3_INLINE __m256i panel_scales_f16(const q3_panel_rows *pr, size_t boff)
 {
     __m512i g = _mm512_i32gather_epi32(pr->vidx, (const void *)(pr->p[0] + boff), 1);
     return _mm512_cvtepi32_epi16(g);
-}
-
-/* Q8_0 block at byte boff of each row -> T[8] (bytes xor 0x80). Z[i] holds
- * rows (i, i+4) for i < 4 and (i+4, i+8) for i >= 4 in its 256-bit halves,
- * so that the three unpack/shuffle stages leave rows 0..15 in lane order. */
-Q3_INLINE void panel_q8(const panel_rows *pr, size_t boff, __m512i T[8], __m256i *dw)
-{
-    const __m512i flip = _mm512_set1_epi8((char)0x80);
-    __m512i Z[8], t[8], u[8];
-#pragma GCC unroll 8
-    for (int i = 0; i < 8; i++) {
-        int a = i < 4 ? i : i + 4;
-        __m256i lo = _mm256_loadu_si256((const __m256i *)(pr->p[a] + boff + 2));
-        __m256i hi = _mm256_loadu_si256((const __m256i *)(pr->p[a + 4] + boff + 2));
-        Z[i] = _mm512_xor_si512(_mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1), flip);
-    }
-#pragma GCC unroll 4
-    for (int m = 0; m < 4; m++) {
-        t[2 * m] = _mm512_unpacklo_epi32(Z[2 * m], Z[2 * m + 1]);
-        t[2 * m + 1] = _mm512_unpackhi_epi32(Z[2 * m], Z[2 * m + 1]);
-    }
-#pragma GCC unroll 2
-    for (int h = 0; h < 2; h++) { /* rows of Z[0..3], then of Z[4..7] */
-        __m512i *tt = t + 4 * h, *uu = u + 4 * h;
-        uu[0] = _mm512_unpacklo_epi64(tt[0], tt[2]);
-        uu[1] = _mm512_unpackhi_epi64(tt[0], tt[2]);
-        uu[2] = _mm512_unpacklo_epi64(tt[1], tt[3]);
-        uu[3] = _mm512_unpackhi_epi64(tt[1], tt[3]);
-    }
-#pragma GCC unroll 4
-    for (int j = 0; j < 4; j++) {
-        T[j] = _mm512_shuffle_i32x4(u[j], u[4 + j], _MM_SHUFFLE(2, 0, 2, 0));
-        T[j + 4] = _mm512_shuffle_i32x4(u[j], u[4 + j], _MM_SHUFFLE(3, 1, 3, 1));
-    }
-    *dw = panel_scales_f16(pr, boff);
-}
-
-/* Q4_0 block at byte boff of each row -> V[4] (lane l of V[j]: the 4 quant
- * bytes 4j..4j+3 of row l, two nibbles each; Y[i] holds rows i, 4+i, 8+i,
- * 12+i in its 128-bit lanes). */
-Q3_INLINE void panel_q4(const panel_rows *pr, size_t boff, __m512i V[4], __m256i *dw)
-{
-    __m512i Y[4];
-#pragma GCC unroll 4
-    for (int i = 0; i < 4; i++) {
-        __m512i v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(pr->p[i] + boff + 2)));
-        v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(pr->p[4 + i] + boff + 2)), 1);
-        v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(pr->p[8 + i] + boff + 2)), 2);
-        Y[i] = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(pr->p[12 + i] + boff + 2)), 3);
-    }
-    __m512i t0 = _mm512_unpacklo_epi32(Y[0], Y[1]), t1 = _mm512_unpackhi_epi32(Y[0], Y[1]);
-    __m512i t2 = _mm512_unpacklo_epi32(Y[2], Y[3]), t3 = _mm512_unpackhi_epi32(Y[2], Y[3]);
-    V[0] = _mm512_unpacklo_epi64(t0, t2);
-    V[1] = _mm512_unpackhi_epi64(t0, t2);
-    V[2] = _mm512_unpacklo_epi64(t1, t3);
-    V[3] = _mm512_unpackhi_epi64(t1, t3);
-    *dw = panel_scales_f16(pr, boff);
 }
 
 /* ---- packed weights ------------------------------------------------------------------------
@@ -203,16 +104,19 @@ static void avx512_pack(q3_dtype wt, const void *w, size_t ws, int n, int k, voi
     const int q8 = wt == Q3_Q8_0, nb = k / Q3_QBLOCK;
     const size_t bb = q8 ? 34 : 18, qb = qblock_bytes(q8), pb = panel_bytes(q8, nb);
     for (int o = o0 - o0 % PANEL; o < o1; o += PANEL) {
-        panel_rows pr;
-        panel_rows_init(&pr, w, ws, o, n);
+        q3_panel_rows pr;
+        q3_panel_rows_init(&pr, w, ws, o, n);
         char *q = (char *)dst + (size_t)(o / PANEL) * pb, *sc = q + (size_t)nb * qb;
         for (int b = 0; b < nb; b++, q += qb, sc += 32) {
             __m512i T[8];
-            __m256i d;
-            if (q8) panel_q8(&pr, (size_t)b * bb, T, &d);
-            else panel_q4(&pr, (size_t)b * bb, T, &d);
+            if (q8) { /* Q8_0: T[0..7], offset to unsigned */
+                q3_panel_tr32(&pr, (size_t)b * bb + 2, T);
+                for (int j = 0; j < 8; j++) T[j] = _mm512_xor_si512(T[j], _mm512_set1_epi8((char)0x80));
+            } else { /* Q4_0: V[0..3], the nibble pairs */
+                q3_panel_tr16(&pr, (size_t)b * bb + 2, T);
+            }
             for (int j = 0; j < (q8 ? 8 : 4); j++) _mm512_store_si512(q + 64 * j, T[j]);
-            _mm256_storeu_si256((__m256i *)sc, d);
+            _mm256_storeu_si256((__m256i *)sc, panel_scales_f16(&pr, (size_t)b * bb));
         }
     }
 }
@@ -247,29 +151,20 @@ Q3_INLINE __mmask16 panel_mask(int p, int o0, int o1)
 
 /* ---- the dot products -------------------------------------------------------------------- */
 
-/* acc += vpdpbusd(T, the 4 bytes at p broadcast): the broadcast embedded in
- * the instruction. (GCC emits a separate vpbroadcastd, which on this core
- * costs a shuffle-port uop per dot product: 20-30% of the GEMM.) */
-Q3_INLINE __m512i dot_bcast(__m512i acc, __m512i T, const void *p)
-{
-    __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(T), "m"(*(const int32_t *)p));
-    return acc;
-}
-
 /* One block of R activation rows against the panel: a is the block in the
  * activation layout (q[R][32], c[R], d[R]); f[r] += float(I) * (dw * d[r]). */
 Q3_INLINE void block_dot(const int R, const __m512i T[8], __m512 dw, const char *a, __m512 *f)
 {
     __m512i acc[Q3_QACT_TILE];
 #pragma GCC unroll 16
-    for (int r = 0; r < R; r++) acc[r] = _mm512_set1_epi32(ld_i32(a + R * Q3_QBLOCK + 4 * r));
+    for (int r = 0; r < R; r++) acc[r] = _mm512_set1_epi32(q3_ld_i32(a + R * Q3_QBLOCK + 4 * r));
 #pragma GCC unroll 8
     for (int j = 0; j < 8; j++)
 #pragma GCC unroll 16
-        for (int r = 0; r < R; r++) acc[r] = dot_bcast(acc[r], T[j], a + Q3_QBLOCK * r + 4 * j);
+        for (int r = 0; r < R; r++) acc[r] = q3_dot_bcast(acc[r], T[j], a + Q3_QBLOCK * r + 4 * j);
 #pragma GCC unroll 16
     for (int r = 0; r < R; r++) {
-        __m512 s = _mm512_mul_ps(dw, _mm512_set1_ps(ld_f32(a + R * (Q3_QBLOCK + 4) + 4 * r)));
+        __m512 s = _mm512_mul_ps(dw, _mm512_set1_ps(q3_ld_f32(a + R * (Q3_QBLOCK + 4) + 4 * r)));
         f[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r]), s, f[r]);
     }
 }
@@ -321,13 +216,6 @@ static void gemv_rows(q3_dtype wt, const void *packed, const q3_qact *qa, float 
 }
 
 /* ---- the GEMM -------------------------------------------------------------------------------- */
-
-/* Prefetches lines [from, to) of a region of bytes (clipped to its size) into L2. */
-Q3_INLINE void prefetch_lines(const char *p, size_t bytes, size_t from, size_t to)
-{
-    if (to > bytes) to = bytes;
-    for (size_t l = from; l < to; l += 64) _mm_prefetch(p + l, _MM_HINT_T1);
-}
 
 /* A packed panel (all nb blocks) -> dst in the tile layout: per block T[0..7]
  * then the 16 scales as floats (PANEL_BLOCK_BYTES). */
@@ -386,7 +274,7 @@ static void gemm(q3_dtype wt, const char *packed, const q3_qact *qa, float *y, s
         const size_t next_bytes = p + 1 < p1 ? pb : 0;
         const __mmask16 m = panel_mask(p, o0, o1);
         for (int t = 0; t < n_tiles; t++) {
-            prefetch_lines(next, next_bytes, (size_t)t * per_tile, (size_t)(t + 1) * per_tile);
+            q3_prefetch_lines(next, next_bytes, (size_t)t * per_tile, (size_t)(t + 1) * per_tile, 1);
             int t0 = t * Q3_QACT_TILE;
             gemm_rows(scratch, nb, qa, t0, y + (size_t)t0 * ldy + (size_t)p * PANEL, ldy, m);
         }

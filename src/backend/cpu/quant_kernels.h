@@ -64,6 +64,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "backend/cpu/kernels.h"
 #include "model/dtype.h"
@@ -125,6 +126,21 @@ static inline float *q3_qact_d(const q3_qact *qa, int r, int b)
     return (float *)(q3_qact_block(qa, r, b) + q3_qact_tile_rows(qa, r) * (Q3_QBLOCK + 4) + (r % Q3_QACT_TILE) * 4);
 }
 
+/* Unaligned 4-byte loads (an activation block's c and d, weight bytes). */
+static inline int32_t q3_ld_i32(const void *p)
+{
+    int32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+static inline float q3_ld_f32(const void *p)
+{
+    float v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
 /* ---- the kernels, one table per instruction set --------------------------------- */
 
 typedef struct q3_quant_kernels {
@@ -167,6 +183,42 @@ static inline bool q3_quant_kernels_admit(q3_dtype t, int64_t k)
 }
 
 static inline bool q3_is_kquant(q3_dtype t) { return t == Q3_Q4_K || t == Q3_Q5_K || t == Q3_Q6_K; }
+
+/* Rows [r0, r1) of x (rows ldx floats apart) quantized into qa for weights
+ * of type wt: the loop, the zero-block rule, q, c and d as defined above,
+ * shared by the SIMD tables (the scalar reference keeps its own, as the
+ * oracle), each giving its block primitives, inlined:
+ *   amax(x)            max |x[i]| over the block's 32 values;
+ *   quant(x, id, q, s) q[i] = round_half_even(x[i] * id) (nearest even:
+ *                      the MXCSR default), s[0], s[1] = the sums of
+ *                      q[0..16) and q[16..32). */
+static inline __attribute__((always_inline)) void q3_qact_quantize_with(
+    q3_dtype wt, const float *x, size_t ldx, const q3_qact *qa, int r0, int r1, float (*amax)(const float *x),
+    void (*quant)(const float *x, float id, int8_t *q, int s[2]))
+{
+    const int nb = qa->k / Q3_QBLOCK, off = wt == Q3_Q8_0 ? 128 : 8, kq = q3_is_kquant(wt);
+    for (int r = r0; r < r1; r++) {
+        const float *xr = x + (size_t)r * ldx;
+        const int th = q3_qact_tile_rows(qa, r), i = r % Q3_QACT_TILE;
+        char *blk = q3_qact_block(qa, r, 0);
+        for (int b = 0; b < nb; b++, blk += (size_t)th * Q3_QACT_BLOCK_BYTES) {
+            const float *xb = xr + b * Q3_QBLOCK;
+            const float m = amax(xb);
+            int8_t *q = (int8_t *)blk + i * Q3_QBLOCK;
+            int s[2] = {0, 0};
+            float d = 0.0f;
+            if (m > 0x1p-100f) {
+                quant(xb, 127.0f / m, q, s);
+                d = m / 127.0f;
+            } else {
+                memset(q, 0, Q3_QBLOCK);
+            }
+            int32_t c = kq ? (int32_t)((uint32_t)(uint16_t)s[0] | (uint32_t)s[1] << 16) : -off * (s[0] + s[1]);
+            memcpy(blk + th * Q3_QBLOCK + i * 4, &c, 4);
+            memcpy(blk + th * (Q3_QBLOCK + 4) + i * 4, &d, 4);
+        }
+    }
+}
 
 /* The K-quant matmuls behind each table's matmul (kquant_*.c), same contract. */
 size_t q3_kquant_scratch_avx512(q3_dtype wt, int rows, int k);
