@@ -22,6 +22,13 @@
  *  - GEMM (more rows): the whole panel is unpacked once into scratch (8
  *    packed blocks of 640 bytes per super-block: T[0..7], F0, F1), then every
  *    tile of activation rows walks it, 8 rows at a time.
+ * The weights are read in the table's own layout (made once per weight by
+ * q3_kquant_pack_avx512): panel after panel, each panel's super-blocks in
+ * order, super-block s of its 16 rows side by side (16 x 144/176/210 bytes),
+ * bytes unchanged. A panel's rows are then 16 super-blocks apart instead of
+ * a whole weight row, so each step reads one contiguous run of a few KB and
+ * the panel streams in address order (the rows of the file's layout are 16
+ * interleaved streams, which the hardware prefetchers follow poorly).
  * Scales: the 16 header bytes of Q4_K/Q5_K (d, dmin, 12 scale bytes) and
  * the 16 int8 scales of Q6_K come in through one 16 x 16-byte transpose per
  * super-block and are decoded in 32-bit lanes (6-bit fields by shifts and
@@ -388,24 +395,24 @@ Q3_INLINE void gemv(const int kind, const int R, const void *w, size_t ws, const
     const arows a0 = {qa->base + 32 * r0, qa->base + 32 * th + 4 * r0, qa->base + 36 * th + 4 * r0, bs};
     /* the next panel's bytes to prefetch per eighth of a super-block */
     const size_t per_step = (pbytes / 64 + 8 * (size_t)nsb - 1) / (8 * (size_t)nsb) * 64;
-    q3_prefetch_lines((const char *)w + (size_t)o0 * ws, (size_t)(o1 - o0) * ws, 0, pbytes, 1);
-    for (int o = o0; o < o1; o += PANEL) {
+    const int p1 = (o1 + PANEL - 1) / PANEL;
+    q3_prefetch_lines((const char *)w + (size_t)(o0 / PANEL) * pbytes, pbytes, 0, pbytes, 1);
+    for (int p = o0 / PANEL; p < p1; p++) {
+        const char *panel = (const char *)w + (size_t)p * pbytes;
         q3_panel_rows pr;
-        q3_panel_rows_init(&pr, w, ws, o, o1);
-        const char *next = (const char *)w + (size_t)(o + PANEL) * ws;
-        size_t next_bytes = o + PANEL < o1 ? (size_t)(o1 - o - PANEL) * ws : 0;
-        if (next_bytes > pbytes) next_bytes = pbytes;
-        pf_cursor pf = {next, next_bytes, 0, per_step};
+        q3_panel_rows_init(&pr, panel, sbb, 0, PANEL); /* row l at l * sbb: super-block s at s * PANEL * sbb */
+        pf_cursor pf = {panel + pbytes, p + 1 < p1 ? pbytes : 0, 0, per_step};
         __m512 f[SMALL_GROUP];
 #pragma GCC unroll 8
         for (int r = 0; r < R; r++) f[r] = _mm512_setzero_ps();
         for (int s = 0; s < nsb; s++) {
             const arows a = arows_at(&a0, 8 * s);
-            if (kind == 6) sb_q6(R, &pr, (size_t)s * sbb, &a, f, &pf);
-            else sb_q45(kind == 5, R, &pr, (size_t)s * sbb, &a, f, &pf);
+            if (kind == 6) sb_q6(R, &pr, (size_t)s * PANEL * sbb, &a, f, &pf);
+            else sb_q45(kind == 5, R, &pr, (size_t)s * PANEL * sbb, &a, f, &pf);
         }
+        const __mmask16 m = q3_panel_mask(p, o0, o1);
 #pragma GCC unroll 8
-        for (int r = 0; r < R; r++) _mm512_mask_storeu_ps(y + (size_t)(r0 + r) * ldy + o, q3_mask16(o1 - o), f[r]);
+        for (int r = 0; r < R; r++) _mm512_mask_storeu_ps(y + (size_t)(r0 + r) * ldy + (size_t)p * PANEL, m, f[r]);
     }
 }
 
@@ -474,12 +481,13 @@ static void rows_q6(const char *panel, int nb, const char *a, int th, int r0, in
     }
 }
 
-static void pack_panel(const int kind, const void *w, size_t ws, int nsb, int o, int o1, char *dst)
+/* A packed-layout panel (nsb super-blocks of 16 rows) -> the tile layout in dst. */
+static void unpack_panel(const int kind, const char *panel, int nsb, char *dst)
 {
     const size_t sbb = kind == 4 ? 144 : kind == 5 ? 176 : 210;
     q3_panel_rows pr;
-    q3_panel_rows_init(&pr, w, ws, o, o1);
-    for (int s = 0; s < nsb; s++) unpack(kind, &pr, (size_t)s * sbb, dst + (size_t)s * SB_PACKED);
+    q3_panel_rows_init(&pr, panel, sbb, 0, PANEL);
+    for (int s = 0; s < nsb; s++) unpack(kind, &pr, (size_t)s * PANEL * sbb, dst + (size_t)s * SB_PACKED);
 }
 
 static void gemm(int kind, const void *w, size_t ws, const q3_qact *qa, float *y, size_t ldy, int o0, int o1,
@@ -487,21 +495,21 @@ static void gemm(int kind, const void *w, size_t ws, const q3_qact *qa, float *y
 {
     const int nsb = qa->k / 256, nb = qa->k / Q3_QBLOCK, n_tiles = (qa->rows + Q3_QACT_TILE - 1) / Q3_QACT_TILE;
     const size_t pbytes = (size_t)PANEL * ws, per_tile = (pbytes / 64 + (size_t)n_tiles - 1) / (size_t)n_tiles * 64;
-    for (int o = o0; o < o1; o += PANEL) {
-        if (kind == 4) pack_panel(4, w, ws, nsb, o, o1, scratch);
-        else if (kind == 5) pack_panel(5, w, ws, nsb, o, o1, scratch);
-        else pack_panel(6, w, ws, nsb, o, o1, scratch);
-        const char *next = (const char *)w + (size_t)(o + PANEL) * ws;
-        size_t next_bytes = o + PANEL < o1 ? (size_t)(o1 - o - PANEL) * ws : 0;
-        if (next_bytes > pbytes) next_bytes = pbytes;
-        const __mmask16 m = q3_mask16(o1 - o);
+    const int p1 = (o1 + PANEL - 1) / PANEL;
+    for (int p = o0 / PANEL; p < p1; p++) {
+        const char *panel = (const char *)w + (size_t)p * pbytes;
+        if (kind == 4) unpack_panel(4, panel, nsb, scratch);
+        else if (kind == 5) unpack_panel(5, panel, nsb, scratch);
+        else unpack_panel(6, panel, nsb, scratch);
+        const size_t next_bytes = p + 1 < p1 ? pbytes : 0;
+        const __mmask16 m = q3_panel_mask(p, o0, o1);
         for (int t = 0; t < n_tiles; t++) {
-            q3_prefetch_lines(next, next_bytes, (size_t)t * per_tile, (size_t)(t + 1) * per_tile, 1);
+            q3_prefetch_lines(panel + pbytes, next_bytes, (size_t)t * per_tile, (size_t)(t + 1) * per_tile, 1);
             const int t0 = t * Q3_QACT_TILE, th = q3_qact_tile_rows(qa, t0);
             const char *a = q3_qact_block(qa, t0, 0);
             for (int r0 = 0; r0 < th; r0 += 8) {
                 int R = th - r0 < 8 ? th - r0 : 8;
-                float *yr = y + (size_t)(t0 + r0) * ldy + o;
+                float *yr = y + (size_t)(t0 + r0) * ldy + (size_t)p * PANEL;
                 if (kind == 6) rows_q6(scratch, nb, a, th, r0, R, yr, ldy, m);
                 else rows_q45(scratch, nb, a, th, r0, R, yr, ldy, m);
             }
@@ -517,6 +525,25 @@ static void gemm(int kind, const void *w, size_t ws, const q3_qact *qa, float *y
  * passes win up to 16 rows for Q4_K/Q5_K (16 rows: 0.50 vs 0.62 ms), up to
  * 8 for Q6_K (8 rows: 0.33 vs 0.59 ms; 16 rows: 0.89 vs 0.80). */
 static int small_rows(q3_dtype wt) { return wt == Q3_Q6_K ? 8 : 16; }
+
+size_t q3_kquant_packed_bytes_avx512(q3_dtype wt, int n, int k)
+{
+    return (size_t)((n + PANEL - 1) / PANEL) * PANEL * q3_dtype_row_bytes(wt, (size_t)k);
+}
+
+void q3_kquant_pack_avx512(q3_dtype wt, const void *w, size_t ws, int n, int k, void *dst, int o0, int o1)
+{
+    const size_t sbb = wt == Q3_Q4_K ? 144 : wt == Q3_Q5_K ? 176 : 210;
+    const int nsb = k / 256;
+    for (int p = o0 / PANEL; p * PANEL < o1; p++) {
+        char *d = (char *)dst + (size_t)p * PANEL * ws;
+        for (int s = 0; s < nsb; s++)
+            for (int l = 0; l < PANEL; l++, d += sbb) {
+                int row = p * PANEL + l < n ? p * PANEL + l : n - 1; /* a last partial panel repeats its last row */
+                memcpy(d, (const char *)w + (size_t)row * ws + (size_t)s * sbb, sbb);
+            }
+    }
+}
 
 size_t q3_kquant_scratch_avx512(q3_dtype wt, int rows, int k)
 {

@@ -101,12 +101,16 @@ static size_t panel_bytes(int q8, int nb) { return ((size_t)nb * (qblock_bytes(q
 
 static size_t avx512_packed_bytes(q3_dtype wt, int n, int k)
 {
-    if (wt != Q3_Q8_0 && wt != Q3_Q4_0) return 0; /* the K-quants are read in place */
+    if (q3_is_kquant(wt)) return q3_kquant_packed_bytes_avx512(wt, n, k);
     return (size_t)((n + PANEL - 1) / PANEL) * panel_bytes(wt == Q3_Q8_0, k / Q3_QBLOCK);
 }
 
 static void avx512_pack(q3_dtype wt, const void *w, size_t ws, int n, int k, void *dst, int o0, int o1)
 {
+    if (q3_is_kquant(wt)) {
+        q3_kquant_pack_avx512(wt, w, ws, n, k, dst, o0, o1);
+        return;
+    }
     const int q8 = wt == Q3_Q8_0, nb = k / Q3_QBLOCK;
     const size_t bb = q8 ? 34 : 18, qb = qblock_bytes(q8), pb = panel_bytes(q8, nb);
     for (int o = o0 - o0 % PANEL; o < o1; o += PANEL) {
@@ -146,14 +150,6 @@ Q3_INLINE void packed_block(const int q8, const char *panel, int nb, int b, __m5
     *dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(panel + (size_t)nb * qblock_bytes(q8) + (size_t)b * 32)));
 }
 
-/* The lanes of panel p (outputs 16p..16p+15) that fall in [o0, o1). */
-Q3_INLINE __mmask16 panel_mask(int p, int o0, int o1)
-{
-    int lo = o0 - p * PANEL, hi = o1 - p * PANEL;
-    lo = lo < 0 ? 0 : lo;
-    hi = hi > PANEL ? PANEL : hi;
-    return (__mmask16)(q3_mask16(hi) & ~q3_mask16(lo));
-}
 
 /* ---- the dot products -------------------------------------------------------------------- */
 
@@ -201,7 +197,7 @@ Q3_INLINE void gemv_kind(const int q8, const int R, const char *packed, const q3
             packed_block(q8, panel, nb, b, T, &dw);
             block_dot(R, T, dw, a, f);
         }
-        const __mmask16 m = panel_mask(p, o0, o1);
+        const __mmask16 m = q3_panel_mask(p, o0, o1);
 #pragma GCC unroll 16
         for (int r = 0; r < R; r++) _mm512_mask_storeu_ps(y + (size_t)r * ldy + (size_t)p * PANEL, m, f[r]);
     }
@@ -283,7 +279,7 @@ static void gemm(q3_dtype wt, const char *packed, const q3_qact *qa, float *y, s
         /* the next panel's weights into L2 while this one computes */
         const char *next = packed + (size_t)(p + 1) * pb;
         const size_t next_bytes = p + 1 < p1 ? pb : 0;
-        const __mmask16 m = panel_mask(p, o0, o1);
+        const __mmask16 m = q3_panel_mask(p, o0, o1);
         for (int t = 0; t < n_tiles; t++) {
             q3_prefetch_lines(next, next_bytes, (size_t)t * per_tile, (size_t)(t + 1) * per_tile, 1);
             int t0 = t * Q3_QACT_TILE;
@@ -298,7 +294,7 @@ static size_t avx512_scratch(q3_dtype wt, int rows, int k)
     return rows > SMALL_ROWS ? (size_t)(k / Q3_QBLOCK) * PANEL_BLOCK_BYTES : 0;
 }
 
-/* Q8_0/Q4_0: w is the packed weight (ws unused); the K-quants are read in place. */
+/* w is the packed weight (Q8_0/Q4_0: ws unused; K-quants: ws is the file's row bytes). */
 static void avx512_matmul(q3_dtype wt, const void *w, size_t ws, const q3_qact *qa, float *y, size_t ldy, int o0, int o1,
                           void *scratch)
 {

@@ -222,6 +222,10 @@ static inline __attribute__((always_inline)) void q3_qact_quantize_with(
 
 /* The K-quant matmuls behind each table's matmul (kquant_*.c), same contract. */
 size_t q3_kquant_scratch_avx512(q3_dtype wt, int rows, int k);
+/* The AVX-512 K-quant kernels read weights packed (kquant_avx512.c): bytes and
+   partial-panel rule as q3_quant_kernels.packed_bytes/pack say. */
+size_t q3_kquant_packed_bytes_avx512(q3_dtype wt, int n, int k);
+void q3_kquant_pack_avx512(q3_dtype wt, const void *w, size_t w_row_bytes, int n, int k, void *dst, int o0, int o1);
 void q3_kquant_matmul_avx512(q3_dtype wt, const void *w, size_t w_row_bytes, const q3_qact *qa, float *y, size_t ldy,
                              int o0, int o1, void *scratch);
 void q3_kquant_matmul_avx2(q3_dtype wt, const void *w, size_t w_row_bytes, const q3_qact *qa, float *y, size_t ldy,

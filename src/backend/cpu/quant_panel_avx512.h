@@ -82,6 +82,15 @@ Q3_INLINE void q3_panel_tr16(const q3_panel_rows *pr, size_t off, __m512i V[4])
     V[3] = _mm512_unpackhi_epi64(t1, t3);
 }
 
+/* The lanes of panel p (outputs 16p..16p+15) that fall in [o0, o1). */
+Q3_INLINE __mmask16 q3_panel_mask(int p, int o0, int o1)
+{
+    int lo = o0 - p * Q3_QPANEL, hi = o1 - p * Q3_QPANEL;
+    lo = lo < 0 ? 0 : lo;
+    hi = hi > Q3_QPANEL ? Q3_QPANEL : hi;
+    return (__mmask16)(q3_mask16(hi) & ~q3_mask16(lo));
+}
+
 /* acc += vpdpbusd(T, the 4 bytes at p broadcast): the broadcast embedded in
  * the instruction. (GCC emits a separate vpbroadcastd, which on this core
  * costs a shuffle-port uop per dot product: 20-30% of the GEMM.) */
