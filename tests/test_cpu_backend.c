@@ -104,7 +104,7 @@ static void rig_kv(rig *R, q3_dtype dtype, int n_ctx, int filled)
             fill(row, (size_t)kv_dim, -2, 2);
             q3_row_from_f32(dtype, row, kv_v(R, 0, l, t), (size_t)kv_dim);
         }
-    memcpy(R->kv[1].data, R->kv[0].data, (size_t)pool_blocks * R->kv[0].block_bytes);
+    memcpy(R->kv[1].data, R->kv[0].data, q3_kv_pool_bytes(&R->kv[0]));
     free(row);
 }
 
@@ -383,8 +383,8 @@ static void test_decode_batch(const char *isa)
                     q3_row_from_f32(kvt, row, q3_kv_v_row(&kv, kv.seqs[seq[b]].table, l, t), (size_t)kv_dim);
                 }
         q3_kv_pool kv_ref = kv; /* the reference writes into a copy of the blocks */
-        kv_ref.data = malloc((size_t)kv.n_blocks * kv.block_bytes);
-        memcpy(kv_ref.data, kv.data, (size_t)kv.n_blocks * kv.block_bytes);
+        kv_ref.data = malloc(q3_kv_pool_bytes(&kv));
+        memcpy(kv_ref.data, kv.data, q3_kv_pool_bytes(&kv));
 
         q3_value values[4] = {{.rows = B, .cols = kv_dim}, {.rows = B, .cols = kv_dim}, {.rows = B, .cols = qd},
                               {.rows = B, .cols = qd}};
@@ -409,7 +409,7 @@ static void test_decode_batch(const char *isa)
         q3_op attn = {.kind = Q3_OP_ATTENTION, .layer = 1, .out = 3, .in = {2, -1, -1}, .reads_state = true};
         run_op(units[1], &g, buf, B, pos, &kv, tables, &append);
         run_op(units[0], &g, ref_buf, B, pos, &kv_ref, tables, &append);
-        CHECK(!memcmp(kv.data, kv_ref.data, (size_t)kv.n_blocks * kv.block_bytes),
+        CHECK(!memcmp(kv.data, kv_ref.data, q3_kv_pool_bytes(&kv)),
               "[%s] batched kv_append %s: pool bytes differ from ref", isa, q3_dtype_name(kvt));
         run_op(units[1], &g, buf, B, pos, &kv, tables, &attn);
         run_op(units[0], &g, ref_buf, B, pos, &kv_ref, tables, &attn);
@@ -471,7 +471,7 @@ static void test_kv_append(const char *isa)
         R.pos = 3;
         rig_run(&R, 0);
         rig_run(&R, 1);
-        size_t bytes = (size_t)R.kv[0].n_blocks * R.kv[0].block_bytes;
+        size_t bytes = q3_kv_pool_bytes(&R.kv[0]);
         CHECK(!memcmp(R.kv[0].data, R.kv[1].data, bytes),
               "[%s] kv_append %s: cache bytes differ from ref", isa, q3_dtype_name(kvtypes[kt]));
         rig_free(&R);

@@ -53,7 +53,9 @@ int main(void)
     for (int i = 0; i < 256; i++) toks[i] = (int32_t)(i * 7 % 100);
     q3_kv_pool p;
     CHECK(q3_kv_pool_init(&p, &cfg, Q3_F32, 8, 4, 128) == Q3_OK, "init: %s", q3_last_error());
-    CHECK(p.block_bytes == (size_t)2 * 2 * BT * 16 * 4, "block bytes %zu", p.block_bytes);
+    CHECK(p.layer_bytes == (size_t)2 * BT * 16 * 4 && p.layer_stride == 8 * p.layer_bytes &&
+              q3_kv_pool_bytes(&p) == (size_t)2 * p.layer_stride,
+          "layer bytes %zu, layer stride %zu", p.layer_bytes, p.layer_stride);
     int a, b, c, d;
     CHECK(q3_kv_seq_add(&p, &a) == Q3_OK && q3_kv_seq_add(&p, &b) == Q3_OK, "two sequences");
 
@@ -160,8 +162,8 @@ int main(void)
     q3_config c32 = cfg;
     c32.head_dim = 32;
     CHECK(q3_kv_pool_init(&p, &c32, Q3_Q8_0, 8, 4, 128) == Q3_OK, "Q8_0 cache of head_dim 32: %s", q3_last_error());
-    CHECK(p.row_bytes == (size_t)c32.n_kv_heads * 34 && p.block_bytes == (size_t)c32.n_layers * 2 * BT * p.row_bytes,
-          "Q8_0 row bytes %zu, block bytes %zu", p.row_bytes, p.block_bytes);
+    CHECK(p.row_bytes == (size_t)c32.n_kv_heads * 34 && p.layer_bytes == (size_t)2 * BT * p.row_bytes,
+          "Q8_0 row bytes %zu, layer bytes %zu", p.row_bytes, p.layer_bytes);
     CHECK(q3_kv_bytes_per_token(&c32, Q3_Q8_0) == 2 * (size_t)c32.n_layers * p.row_bytes, "Q8_0 bytes per token %zu",
           q3_kv_bytes_per_token(&c32, Q3_Q8_0));
     q3_kv_pool_free(&p);

@@ -123,7 +123,12 @@ static void block_release(q3_kv_pool *p, int32_t id)
     else p->free_ids[p->n_free++] = id;
 }
 
-static char *block_data(const q3_kv_pool *p, int32_t id) { return p->data + (size_t)id * p->block_bytes; }
+void q3_kv_block_copy(q3_kv_pool *p, int32_t dst, int32_t src)
+{
+    for (int l = 0; l < p->n_layers; l++)
+        memcpy(p->data + (size_t)l * p->layer_stride + (size_t)dst * p->layer_bytes,
+               p->data + (size_t)l * p->layer_stride + (size_t)src * p->layer_bytes, p->layer_bytes);
+}
 
 static q3_status pool_full(const q3_kv_pool *p)
 {
@@ -154,20 +159,20 @@ q3_status q3_kv_pool_init(q3_kv_pool *p, const q3_config *c, q3_dtype dtype, int
     p->max_blocks = q3_kv_blocks_for(n_ctx);
     p->row_bytes = q3_dtype_row_bytes(dtype, (size_t)p->kv_dim);
     p->layer_bytes = 2 * (size_t)BT * p->row_bytes;
-    p->block_bytes = (size_t)p->n_layers * p->layer_bytes;
+    p->layer_stride = (size_t)n_blocks * p->layer_bytes;
     p->n_blocks = n_blocks;
     p->max_seqs = max_seqs;
     p->lru_head = p->lru_tail = -1;
     p->n_buckets = 1;
     while (p->n_buckets < 2u * (uint32_t)n_blocks) p->n_buckets <<= 1;
     /* calloc: the pages of a block are touched only when it first fills */
-    p->data = calloc((size_t)n_blocks, p->block_bytes);
+    p->data = calloc((size_t)n_blocks * (size_t)p->n_layers, p->layer_bytes);
     p->blocks = calloc((size_t)n_blocks, sizeof *p->blocks);
     p->free_ids = malloc((size_t)n_blocks * sizeof *p->free_ids);
     p->buckets = malloc(p->n_buckets * sizeof *p->buckets);
     p->seqs = calloc((size_t)max_seqs, sizeof *p->seqs);
     if (!p->data || !p->blocks || !p->free_ids || !p->buckets || !p->seqs) {
-        size_t bytes = (size_t)n_blocks * p->block_bytes;
+        size_t bytes = (size_t)n_blocks * (size_t)p->n_layers * p->layer_bytes;
         q3_kv_pool_free(p);
         return q3_fail(Q3_ERR_NOMEM, "cannot allocate a KV pool of %d blocks (%zu bytes)", n_blocks, bytes);
     }
@@ -255,7 +260,7 @@ q3_status q3_kv_seq_truncate(q3_kv_pool *p, int id, int n)
         if (b->ref > 1) {
             int32_t copy = block_take(p);
             if (copy < 0) return pool_full(p);
-            memcpy(block_data(p, copy), block_data(p, old), p->block_bytes);
+            q3_kv_block_copy(p, copy, old);
             block_release(p, old);
             s->table[keep - 1] = copy;
         } else if (b->registered) {
@@ -282,7 +287,7 @@ q3_status q3_kv_seq_fork(q3_kv_pool *p, int src, int *id)
             d->live = false;
             return pool_full(p);
         }
-        memcpy(block_data(p, copy), block_data(p, s->table[full]), p->block_bytes);
+        q3_kv_block_copy(p, copy, s->table[full]);
         d->table[full] = copy;
     }
     for (int b = 0; b < full; b++) {

@@ -173,8 +173,7 @@ q3_status q3_bench_batch(q3_model *m, const q3_bench_opts *o, const int *batches
         if ((st = q3_kv_seq_reserve(&c->kv, seq[b], depth))) goto done;
         const int32_t *src = c->kv.seqs[seq[0]].table, *dst = c->kv.seqs[seq[b]].table;
         for (int blk = 0; blk < q3_kv_blocks_for(depth); blk++)
-            memcpy(c->kv.data + (size_t)dst[blk] * c->kv.block_bytes, c->kv.data + (size_t)src[blk] * c->kv.block_bytes,
-                   c->kv.block_bytes);
+            q3_kv_block_copy(&c->kv, dst[blk], src[blk]);
         tokens[0] = b; /* its own first token: the prefix cache keeps the copies apart */
         q3_kv_seq_commit(&c->kv, seq[b], tokens, depth);
     }

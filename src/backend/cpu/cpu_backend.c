@@ -425,11 +425,11 @@ static q3_status run_matmul(cpu_unit *u, const q3_exec *e, const q3_op *op)
 static void attn_cache(q3_cpu_attn *a, const q3_kv_pool *kv, const int32_t *table, int layer)
 {
     a->kv_dtype = kv->dtype;
-    a->kv_data = kv->data;
+    a->kv_data = kv->data + (size_t)layer * kv->layer_stride; /* this layer's blocks */
     a->table = table;
-    a->block_bytes = kv->block_bytes;
-    a->k_off = (size_t)layer * kv->layer_bytes;
-    a->v_off = a->k_off + (size_t)Q3_KV_BLOCK_TOKENS * kv->row_bytes;
+    a->block_bytes = kv->layer_bytes;
+    a->k_off = 0;
+    a->v_off = (size_t)Q3_KV_BLOCK_TOKENS * kv->row_bytes;
     a->row_bytes = kv->row_bytes;
 }
 
