@@ -23,12 +23,12 @@
  *    packed blocks of 640 bytes per super-block: T[0..7], F0, F1), then every
  *    tile of activation rows walks it, 8 rows at a time.
  * The weights are read in the table's own layout (made once per weight by
- * q3_kquant_pack_avx512): panel after panel, each panel's super-blocks in
- * order, super-block s of its 16 rows side by side (16 x 144/176/210 bytes),
- * bytes unchanged. A panel's rows are then 16 super-blocks apart instead of
- * a whole weight row, so each step reads one contiguous run of a few KB and
- * the panel streams in address order (the rows of the file's layout are 16
- * interleaved streams, which the hardware prefetchers follow poorly).
+ * q3_kquant_pack_avx512; "the packed layout" below): panel after panel, each
+ * panel's super-blocks in order, super-block s of its 16 rows one region of
+ * 16 x 144/176/210 bytes holding them already transposed. Each step reads
+ * one contiguous run and the panel streams in address order (the file's
+ * rows are 16 interleaved streams, which the hardware prefetchers follow
+ * poorly), with no transposing shuffles left in the loop.
  * Scales: the 16 header bytes of Q4_K/Q5_K (d, dmin, 12 scale bytes) and
  * the 16 int8 scales of Q6_K come in through one 16 x 16-byte transpose per
  * super-block and are decoded in 32-bit lanes (6-bit fields by shifts and
@@ -71,13 +71,44 @@ Q3_INLINE void scales45(const __m512i V[4], __m512 d, __m512 dm, const int j, __
     *fm = _mm512_mul_ps(dm, _mm512_cvtepi32_ps(m));
 }
 
+/* ---- the packed layout ------------------------------------------------------------------
+ *
+ * Super-block s of a panel is one region of 16 x sbb bytes (sbb = 144, 176,
+ * 210) holding the chunks the kernels transpose, already transposed: the 16
+ * rows' 32 bytes at offset x of the super-block (x a multiple of 16) as
+ * T[0..7] at region + 16 x (512 bytes), 16-byte chunks as V[0..3] at region +
+ * 16 x (256 bytes); Q6_K's 16 f16 d after them at region + 16 * 208. The same
+ * size as the file's rows, and the kernels load with no shuffle. */
+
+/* T[8]: the transposed 32-byte chunk at offset x of the super-block at region boff. */
+Q3_INLINE void ktr32(const q3_panel_rows *pr, size_t boff, size_t x, __m512i T[8])
+{
+    const char *q = (const char *)pr->p[0] + boff + 16 * x;
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; j++) T[j] = _mm512_loadu_si512(q + 64 * j);
+}
+
+/* V[4]: the transposed 16-byte chunk at offset x. */
+Q3_INLINE void ktr16(const q3_panel_rows *pr, size_t boff, size_t x, __m512i V[4])
+{
+    const char *q = (const char *)pr->p[0] + boff + 16 * x;
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; j++) V[j] = _mm512_loadu_si512(q + 64 * j);
+}
+
+/* Q6_K: the 16 rows' d. */
+Q3_INLINE __m512 q6_d(const q3_panel_rows *pr, size_t boff)
+{
+    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const char *)pr->p[0] + boff + 16 * 208)));
+}
+
 /* ---- unpacking a super-block of the panel ------------------------------------------------ */
 
 /* Q4_K (q5 = 0) / Q5_K (q5 = 1) super-block at byte boff of each row -> dst. */
 Q3_INLINE void unpack_q45(const int q5, const q3_panel_rows *pr, size_t boff, char *dst)
 {
     __m512i V[4];
-    q3_panel_tr16(pr, boff, V); /* V[0]: d | dmin << 16; V[1..3]: the 12 scale bytes */
+    ktr16(pr, boff, 0, V); /* V[0]: d | dmin << 16; V[1..3]: the 12 scale bytes */
     const __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(V[0]));
     const __m512 dm = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(V[0], 16)));
 #pragma GCC unroll 8
@@ -89,12 +120,12 @@ Q3_INLINE void unpack_q45(const int q5, const q3_panel_rows *pr, size_t boff, ch
     }
     const __m512i lo4 = _mm512_set1_epi8(0x0f), bit4 = _mm512_set1_epi8(0x10);
     __m512i H[8];
-    if (q5) q3_panel_tr32(pr, boff + 16, H);
-    const size_t qoff = boff + (q5 ? 48 : 16);
+    if (q5) ktr32(pr, boff, 16, H);
+    const size_t qx = q5 ? 48 : 16;
 #pragma GCC unroll 4
     for (int k = 0; k < 4; k++) {
         __m512i T[8];
-        q3_panel_tr32(pr, qoff + 32 * (size_t)k, T);
+        ktr32(pr, boff, qx + 32 * (size_t)k, T);
         char *d0 = dst + 2 * k * KB_BYTES, *d1 = d0 + KB_BYTES;
 #pragma GCC unroll 8
         for (int j = 0; j < 8; j++) {
@@ -113,10 +144,8 @@ Q3_INLINE void unpack_q45(const int q5, const q3_panel_rows *pr, size_t boff, ch
 Q3_INLINE void unpack_q6(const q3_panel_rows *pr, size_t boff, char *dst)
 {
     __m512i V[4];
-    q3_panel_tr16(pr, boff + 192, V); /* the 16 int8 scales */
-    /* d: the top half of bytes 206..209 (inside the 210-byte block) */
-    __m512i g = _mm512_i32gather_epi32(pr->vidx, (const void *)(pr->p[0] + boff + 206), 1);
-    const __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(g, 16)));
+    ktr16(pr, boff, 192, V); /* the 16 int8 scales */
+    const __m512 d = q6_d(pr, boff);
 #pragma GCC unroll 16
     for (int j = 0; j < 16; j++) {
         __m512i sc = _mm512_srai_epi32(_mm512_slli_epi32(V[j / 4], 24 - 8 * (j % 4)), 24);
@@ -126,9 +155,9 @@ Q3_INLINE void unpack_q6(const q3_panel_rows *pr, size_t boff, char *dst)
 #pragma GCC unroll 2
     for (int h = 0; h < 2; h++) {
         __m512i TA[8], TB[8], TC[8];
-        q3_panel_tr32(pr, boff + 64 * (size_t)h, TA);       /* values 128h + i (low), 128h + 64 + i (high) */
-        q3_panel_tr32(pr, boff + 64 * (size_t)h + 32, TB);  /* 128h + 32 + i, 128h + 96 + i */
-        q3_panel_tr32(pr, boff + 128 + 32 * (size_t)h, TC); /* their top 2 bits at bits 0, 2, 4, 6 */
+        ktr32(pr, boff, 64 * (size_t)h, TA);       /* values 128h + i (low), 128h + 64 + i (high) */
+        ktr32(pr, boff, 64 * (size_t)h + 32, TB);  /* 128h + 32 + i, 128h + 96 + i */
+        ktr32(pr, boff, 128 + 32 * (size_t)h, TC); /* their top 2 bits at bits 0, 2, 4, 6 */
         char *o = dst + 4 * h * KB_BYTES;
 #pragma GCC unroll 8
         for (int j = 0; j < 8; j++) {
@@ -256,14 +285,14 @@ Q3_INLINE void fold45(const int R, const __m512i *I, __m512 fs, __m512 fm, const
 
 /* Activation blocks 2k and 2k + 1 of a Q4_K / Q5_K super-block (quants at
  * qoff + 32k of each row; header V, d, dm; Q5_K's high bits H). */
-Q3_INLINE void sb45_step(const int q5, const int R, const q3_panel_rows *pr, size_t qoff, int k, const __m512i V[4], __m512 d,
+Q3_INLINE void sb45_step(const int q5, const int R, const q3_panel_rows *pr, size_t boff, size_t qx, int k, const __m512i V[4], __m512 d,
                          __m512 dm, const __m512i H[8], const arows *a, __m512 *f, pf_cursor *pf)
 {
     const __m512i lo4 = _mm512_set1_epi8(0x0f), hi4 = _mm512_set1_epi8((char)0xf0), bit4 = _mm512_set1_epi8(0x10);
     __m512i T[8], I0[SMALL_GROUP], I1[SMALL_GROUP];
     const arows a0 = arows_at(a, 2 * k), a1 = arows_at(a, 2 * k + 1);
     pf_next(pf);
-    q3_panel_tr32(pr, qoff + 32 * (size_t)k, T);
+    ktr32(pr, boff, qx + 32 * (size_t)k, T);
 #pragma GCC unroll 8
     for (int r = 0; r < R; r++) I0[r] = I1[r] = _mm512_setzero_si512();
 #pragma GCC unroll 8
@@ -302,20 +331,20 @@ Q3_INLINE void sb45_step(const int q5, const int R, const q3_panel_rows *pr, siz
 Q3_INLINE void sb_q45(const int q5, const int R, const q3_panel_rows *pr, size_t boff, const arows *a, __m512 *f, pf_cursor *pf)
 {
     __m512i V[4];
-    q3_panel_tr16(pr, boff, V);
+    ktr16(pr, boff, 0, V);
     const __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(V[0]));
     const __m512 dm = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(V[0], 16)));
     __m512i H[8];
-    if (q5) q3_panel_tr32(pr, boff + 16, H);
-    const size_t qoff = boff + (q5 ? 48 : 16);
+    if (q5) ktr32(pr, boff, 16, H);
+    const size_t qx = q5 ? 48 : 16;
     if (q5) {
-        sb45_step(1, R, pr, qoff, 0, V, d, dm, H, a, f, pf);
-        sb45_step(1, R, pr, qoff, 1, V, d, dm, H, a, f, pf);
-        sb45_step(1, R, pr, qoff, 2, V, d, dm, H, a, f, pf);
-        sb45_step(1, R, pr, qoff, 3, V, d, dm, H, a, f, pf);
+        sb45_step(1, R, pr, boff, qx, 0, V, d, dm, H, a, f, pf);
+        sb45_step(1, R, pr, boff, qx, 1, V, d, dm, H, a, f, pf);
+        sb45_step(1, R, pr, boff, qx, 2, V, d, dm, H, a, f, pf);
+        sb45_step(1, R, pr, boff, qx, 3, V, d, dm, H, a, f, pf);
     } else {
 #pragma GCC unroll 1
-        for (int k = 0; k < 4; k++) sb45_step(0, R, pr, qoff, k, V, d, dm, H, a, f, pf);
+        for (int k = 0; k < 4; k++) sb45_step(0, R, pr, boff, qx, k, V, d, dm, H, a, f, pf);
     }
 }
 
@@ -328,9 +357,8 @@ Q3_INLINE void sb_q45(const int q5, const int R, const q3_panel_rows *pr, size_t
 Q3_INLINE void sb_q6(const int R, const q3_panel_rows *pr, size_t boff, const arows *a, __m512 *f, pf_cursor *pf)
 {
     __m512i V[4];
-    q3_panel_tr16(pr, boff + 192, V); /* the 16 int8 scales */
-    __m512i g = _mm512_i32gather_epi32(pr->vidx, (const void *)(pr->p[0] + boff + 206), 1);
-    const __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(g, 16)));
+    ktr16(pr, boff, 192, V); /* the 16 int8 scales */
+    const __m512 d = q6_d(pr, boff);
     const __m512i lo4 = _mm512_set1_epi8(0x0f), hi2 = _mm512_set1_epi8(0x30);
 #pragma GCC unroll 1
     for (int h = 0; h < 2; h++) {
@@ -346,11 +374,11 @@ Q3_INLINE void sb_q6(const int R, const q3_panel_rows *pr, size_t boff, const ar
                 J[q][1][r] = _mm512_set1_epi32(-32 * (int16_t)(c >> 16));
             }
         }
-        q3_panel_tr32(pr, boff + 128 + 32 * (size_t)h, TC); /* the top 2 bits of the 4 groups at bits 0, 2, 4, 6 */
+        ktr32(pr, boff, 128 + 32 * (size_t)h, TC); /* the top 2 bits of the 4 groups at bits 0, 2, 4, 6 */
 #pragma GCC unroll 2
         for (int p = 0; p < 2; p++) {               /* TA: groups 0 and 2; TB: groups 1 and 3 */
             pf_next(pf);
-            q3_panel_tr32(pr, boff + 64 * (size_t)h + 32 * (size_t)p, T);
+            ktr32(pr, boff, 64 * (size_t)h + 32 * (size_t)p, T);
 #pragma GCC unroll 8
             for (int j = 0; j < 8; j++) {
                 if (j == 4) pf_next(pf);
@@ -535,13 +563,29 @@ void q3_kquant_pack_avx512(q3_dtype wt, const void *w, size_t ws, int n, int k, 
 {
     const size_t sbb = wt == Q3_Q4_K ? 144 : wt == Q3_Q5_K ? 176 : 210;
     const int nsb = k / 256;
+    /* the chunks each kind's kernels transpose: 32-byte ones at x32[], 16-byte ones at x16 */
+    static const int x32_q4[] = {16, 48, 80, 112}, x32_q5[] = {16, 48, 80, 112, 144},
+                     x32_q6[] = {0, 32, 64, 96, 128, 160};
+    const int *x32 = wt == Q3_Q4_K ? x32_q4 : wt == Q3_Q5_K ? x32_q5 : x32_q6;
+    const int n32 = wt == Q3_Q4_K ? 4 : wt == Q3_Q5_K ? 5 : 6, x16 = wt == Q3_Q6_K ? 192 : 0;
     for (int p = o0 / PANEL; p * PANEL < o1; p++) {
-        char *d = (char *)dst + (size_t)p * PANEL * ws;
-        for (int s = 0; s < nsb; s++)
-            for (int l = 0; l < PANEL; l++, d += sbb) {
-                int row = p * PANEL + l < n ? p * PANEL + l : n - 1; /* a last partial panel repeats its last row */
-                memcpy(d, (const char *)w + (size_t)row * ws + (size_t)s * sbb, sbb);
+        q3_panel_rows pr; /* the file's rows; a last partial panel repeats its last row */
+        q3_panel_rows_init(&pr, w, ws, p * PANEL, n);
+        char *region = (char *)dst + (size_t)p * PANEL * ws;
+        for (int s = 0; s < nsb; s++, region += PANEL * sbb) {
+            const size_t off = (size_t)s * sbb;
+            __m512i T[8];
+            for (int c = 0; c < n32; c++) {
+                q3_panel_tr32(&pr, off + (size_t)x32[c], T);
+                for (int j = 0; j < 8; j++) _mm512_storeu_si512(region + 16 * x32[c] + 64 * j, T[j]);
             }
+            q3_panel_tr16(&pr, off + (size_t)x16, T);
+            for (int j = 0; j < 4; j++) _mm512_storeu_si512(region + 16 * x16 + 64 * j, T[j]);
+            if (wt == Q3_Q6_K) { /* d: the top half of bytes 206..209 of each row's block */
+                __m512i g = _mm512_i32gather_epi32(pr.vidx, (const void *)(pr.p[0] + off + 206), 1);
+                _mm256_storeu_si256((__m256i *)(region + 16 * 208), _mm512_cvtepi32_epi16(_mm512_srli_epi32(g, 16)));
+            }
+        }
     }
 }
 
