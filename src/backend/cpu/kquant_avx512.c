@@ -3,8 +3,8 @@
  *
  * The same "output form" as the Q8_0/Q4_0 kernels (quant_avx512.c): a panel
  * is 16 consecutive outputs, one per 32-bit lane. Every 32 bytes of a
- * super-block of the panel's 16 rows are transposed in registers into
- * T[0..7] (lane l of T[j]: the 4 bytes of row l that meet activation bytes
+ * super-block of the panel's 16 rows are transposed (once, when the weight
+ * is packed) into T[0..7] (lane l of T[j]: the 4 bytes of row l that meet activation bytes
  * 4j..4j+3), from which the unsigned quants of one or two activation blocks
  * of 32 values are masked out (Q4_K/Q5_K: both nibbles, plus the 5th bit;
  * Q6_K: a nibble plus 2 top bits); each block's scales are two float vectors
@@ -14,8 +14,8 @@
  * a fold of a few float operations per block, the same sequence whichever way
  * the block was reached:
  *  - GEMV (1 row, and decode steps of a few rows: up to 16 for Q4_K/Q5_K,
- *    8 for Q6_K, in passes of up to 8 rows): the quants go from the
- *    transposing registers straight into the dot products of every row (no
+ *    8 for Q6_K, in passes of up to 8 rows): the transposed quants go from
+ *    the packed weight straight into the dot products of every row (no
  *    copy), each weight byte read from memory once a pass, the next panel
  *    prefetched into L2 in address order meanwhile, a few lines per eighth
  *    of a super-block;
@@ -81,34 +81,34 @@ Q3_INLINE void scales45(const __m512i V[4], __m512 d, __m512 dm, const int j, __
  * size as the file's rows, and the kernels load with no shuffle. */
 
 /* T[8]: the transposed 32-byte chunk at offset x of the super-block at region boff. */
-Q3_INLINE void ktr32(const q3_panel_rows *pr, size_t boff, size_t x, __m512i T[8])
+Q3_INLINE void ktr32(const char *panel, size_t boff, size_t x, __m512i T[8])
 {
-    const char *q = (const char *)pr->p[0] + boff + 16 * x;
+    const char *q = panel + boff + 16 * x;
 #pragma GCC unroll 8
     for (int j = 0; j < 8; j++) T[j] = _mm512_loadu_si512(q + 64 * j);
 }
 
 /* V[4]: the transposed 16-byte chunk at offset x. */
-Q3_INLINE void ktr16(const q3_panel_rows *pr, size_t boff, size_t x, __m512i V[4])
+Q3_INLINE void ktr16(const char *panel, size_t boff, size_t x, __m512i V[4])
 {
-    const char *q = (const char *)pr->p[0] + boff + 16 * x;
+    const char *q = panel + boff + 16 * x;
 #pragma GCC unroll 4
     for (int j = 0; j < 4; j++) V[j] = _mm512_loadu_si512(q + 64 * j);
 }
 
 /* Q6_K: the 16 rows' d. */
-Q3_INLINE __m512 q6_d(const q3_panel_rows *pr, size_t boff)
+Q3_INLINE __m512 q6_d(const char *panel, size_t boff)
 {
-    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const char *)pr->p[0] + boff + 16 * 208)));
+    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(panel + boff + 16 * 208)));
 }
 
 /* ---- unpacking a super-block of the panel ------------------------------------------------ */
 
 /* Q4_K (q5 = 0) / Q5_K (q5 = 1) super-block at byte boff of each row -> dst. */
-Q3_INLINE void unpack_q45(const int q5, const q3_panel_rows *pr, size_t boff, char *dst)
+Q3_INLINE void unpack_q45(const int q5, const char *panel, size_t boff, char *dst)
 {
     __m512i V[4];
-    ktr16(pr, boff, 0, V); /* V[0]: d | dmin << 16; V[1..3]: the 12 scale bytes */
+    ktr16(panel, boff, 0, V); /* V[0]: d | dmin << 16; V[1..3]: the 12 scale bytes */
     const __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(V[0]));
     const __m512 dm = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(V[0], 16)));
 #pragma GCC unroll 8
@@ -120,12 +120,12 @@ Q3_INLINE void unpack_q45(const int q5, const q3_panel_rows *pr, size_t boff, ch
     }
     const __m512i lo4 = _mm512_set1_epi8(0x0f), bit4 = _mm512_set1_epi8(0x10);
     __m512i H[8];
-    if (q5) ktr32(pr, boff, 16, H);
+    if (q5) ktr32(panel, boff, 16, H);
     const size_t qx = q5 ? 48 : 16;
 #pragma GCC unroll 4
     for (int k = 0; k < 4; k++) {
         __m512i T[8];
-        ktr32(pr, boff, qx + 32 * (size_t)k, T);
+        ktr32(panel, boff, qx + 32 * (size_t)k, T);
         char *d0 = dst + 2 * k * KB_BYTES, *d1 = d0 + KB_BYTES;
 #pragma GCC unroll 8
         for (int j = 0; j < 8; j++) {
@@ -141,11 +141,11 @@ Q3_INLINE void unpack_q45(const int q5, const q3_panel_rows *pr, size_t boff, ch
 }
 
 /* Q6_K super-block at byte boff of each row -> dst. */
-Q3_INLINE void unpack_q6(const q3_panel_rows *pr, size_t boff, char *dst)
+Q3_INLINE void unpack_q6(const char *panel, size_t boff, char *dst)
 {
     __m512i V[4];
-    ktr16(pr, boff, 192, V); /* the 16 int8 scales */
-    const __m512 d = q6_d(pr, boff);
+    ktr16(panel, boff, 192, V); /* the 16 int8 scales */
+    const __m512 d = q6_d(panel, boff);
 #pragma GCC unroll 16
     for (int j = 0; j < 16; j++) {
         __m512i sc = _mm512_srai_epi32(_mm512_slli_epi32(V[j / 4], 24 - 8 * (j % 4)), 24);
@@ -155,9 +155,9 @@ Q3_INLINE void unpack_q6(const q3_panel_rows *pr, size_t boff, char *dst)
 #pragma GCC unroll 2
     for (int h = 0; h < 2; h++) {
         __m512i TA[8], TB[8], TC[8];
-        ktr32(pr, boff, 64 * (size_t)h, TA);       /* values 128h + i (low), 128h + 64 + i (high) */
-        ktr32(pr, boff, 64 * (size_t)h + 32, TB);  /* 128h + 32 + i, 128h + 96 + i */
-        ktr32(pr, boff, 128 + 32 * (size_t)h, TC); /* their top 2 bits at bits 0, 2, 4, 6 */
+        ktr32(panel, boff, 64 * (size_t)h, TA);       /* values 128h + i (low), 128h + 64 + i (high) */
+        ktr32(panel, boff, 64 * (size_t)h + 32, TB);  /* 128h + 32 + i, 128h + 96 + i */
+        ktr32(panel, boff, 128 + 32 * (size_t)h, TC); /* their top 2 bits at bits 0, 2, 4, 6 */
         char *o = dst + 4 * h * KB_BYTES;
 #pragma GCC unroll 8
         for (int j = 0; j < 8; j++) {
@@ -175,10 +175,10 @@ Q3_INLINE void unpack_q6(const q3_panel_rows *pr, size_t boff, char *dst)
     }
 }
 
-Q3_INLINE void unpack(const int kind, const q3_panel_rows *pr, size_t boff, char *dst)
+Q3_INLINE void unpack(const int kind, const char *panel, size_t boff, char *dst)
 {
-    if (kind == 6) unpack_q6(pr, boff, dst);
-    else unpack_q45(kind == 5, pr, boff, dst);
+    if (kind == 6) unpack_q6(panel, boff, dst);
+    else unpack_q45(kind == 5, panel, boff, dst);
 }
 
 /* ---- the dot products ------------------------------------------------------------------------ */
@@ -285,14 +285,14 @@ Q3_INLINE void fold45(const int R, const __m512i *I, __m512 fs, __m512 fm, const
 
 /* Activation blocks 2k and 2k + 1 of a Q4_K / Q5_K super-block (quants at
  * qoff + 32k of each row; header V, d, dm; Q5_K's high bits H). */
-Q3_INLINE void sb45_step(const int q5, const int R, const q3_panel_rows *pr, size_t boff, size_t qx, int k, const __m512i V[4], __m512 d,
+Q3_INLINE void sb45_step(const int q5, const int R, const char *panel, size_t boff, size_t qx, int k, const __m512i V[4], __m512 d,
                          __m512 dm, const __m512i H[8], const arows *a, __m512 *f, pf_cursor *pf)
 {
     const __m512i lo4 = _mm512_set1_epi8(0x0f), hi4 = _mm512_set1_epi8((char)0xf0), bit4 = _mm512_set1_epi8(0x10);
     __m512i T[8], I0[SMALL_GROUP], I1[SMALL_GROUP];
     const arows a0 = arows_at(a, 2 * k), a1 = arows_at(a, 2 * k + 1);
     pf_next(pf);
-    ktr32(pr, boff, qx + 32 * (size_t)k, T);
+    ktr32(panel, boff, qx + 32 * (size_t)k, T);
 #pragma GCC unroll 8
     for (int r = 0; r < R; r++) I0[r] = I1[r] = _mm512_setzero_si512();
 #pragma GCC unroll 8
@@ -328,23 +328,23 @@ Q3_INLINE void sb45_step(const int q5, const int R, const q3_panel_rows *pr, siz
  * nibbles: block 2k, high: 2k + 1). Q4_K's high nibbles are used in place
  * (T & 0xf0: 16 times the quant, so 16 times the exact sum, shifted back
  * before the fold). */
-Q3_INLINE void sb_q45(const int q5, const int R, const q3_panel_rows *pr, size_t boff, const arows *a, __m512 *f, pf_cursor *pf)
+Q3_INLINE void sb_q45(const int q5, const int R, const char *panel, size_t boff, const arows *a, __m512 *f, pf_cursor *pf)
 {
     __m512i V[4];
-    ktr16(pr, boff, 0, V);
+    ktr16(panel, boff, 0, V);
     const __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(V[0]));
     const __m512 dm = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(V[0], 16)));
     __m512i H[8];
-    if (q5) ktr32(pr, boff, 16, H);
+    if (q5) ktr32(panel, boff, 16, H);
     const size_t qx = q5 ? 48 : 16;
     if (q5) {
-        sb45_step(1, R, pr, boff, qx, 0, V, d, dm, H, a, f, pf);
-        sb45_step(1, R, pr, boff, qx, 1, V, d, dm, H, a, f, pf);
-        sb45_step(1, R, pr, boff, qx, 2, V, d, dm, H, a, f, pf);
-        sb45_step(1, R, pr, boff, qx, 3, V, d, dm, H, a, f, pf);
+        sb45_step(1, R, panel, boff, qx, 0, V, d, dm, H, a, f, pf);
+        sb45_step(1, R, panel, boff, qx, 1, V, d, dm, H, a, f, pf);
+        sb45_step(1, R, panel, boff, qx, 2, V, d, dm, H, a, f, pf);
+        sb45_step(1, R, panel, boff, qx, 3, V, d, dm, H, a, f, pf);
     } else {
 #pragma GCC unroll 1
-        for (int k = 0; k < 4; k++) sb45_step(0, R, pr, boff, qx, k, V, d, dm, H, a, f, pf);
+        for (int k = 0; k < 4; k++) sb45_step(0, R, panel, boff, qx, k, V, d, dm, H, a, f, pf);
     }
 }
 
@@ -354,11 +354,11 @@ Q3_INLINE void sb_q45(const int q5, const int R, const q3_panel_rows *pr, size_t
  * then TB (g = 1, 3) go straight into the dot products, each block's two
  * 16-value sub-blocks in their own sums (seeded with the -32 offset); the
  * four blocks are folded in order after. */
-Q3_INLINE void sb_q6(const int R, const q3_panel_rows *pr, size_t boff, const arows *a, __m512 *f, pf_cursor *pf)
+Q3_INLINE void sb_q6(const int R, const char *panel, size_t boff, const arows *a, __m512 *f, pf_cursor *pf)
 {
     __m512i V[4];
-    ktr16(pr, boff, 192, V); /* the 16 int8 scales */
-    const __m512 d = q6_d(pr, boff);
+    ktr16(panel, boff, 192, V); /* the 16 int8 scales */
+    const __m512 d = q6_d(panel, boff);
     const __m512i lo4 = _mm512_set1_epi8(0x0f), hi2 = _mm512_set1_epi8(0x30);
 #pragma GCC unroll 1
     for (int h = 0; h < 2; h++) {
@@ -374,11 +374,11 @@ Q3_INLINE void sb_q6(const int R, const q3_panel_rows *pr, size_t boff, const ar
                 J[q][1][r] = _mm512_set1_epi32(-32 * (int16_t)(c >> 16));
             }
         }
-        ktr32(pr, boff, 128 + 32 * (size_t)h, TC); /* the top 2 bits of the 4 groups at bits 0, 2, 4, 6 */
+        ktr32(panel, boff, 128 + 32 * (size_t)h, TC); /* the top 2 bits of the 4 groups at bits 0, 2, 4, 6 */
 #pragma GCC unroll 2
         for (int p = 0; p < 2; p++) {               /* TA: groups 0 and 2; TB: groups 1 and 3 */
             pf_next(pf);
-            ktr32(pr, boff, 64 * (size_t)h + 32 * (size_t)p, T);
+            ktr32(panel, boff, 64 * (size_t)h + 32 * (size_t)p, T);
 #pragma GCC unroll 8
             for (int j = 0; j < 8; j++) {
                 if (j == 4) pf_next(pf);
@@ -427,16 +427,14 @@ Q3_INLINE void gemv(const int kind, const int R, const void *w, size_t ws, const
     q3_prefetch_lines((const char *)w + (size_t)(o0 / PANEL) * pbytes, pbytes, 0, pbytes, 1);
     for (int p = o0 / PANEL; p < p1; p++) {
         const char *panel = (const char *)w + (size_t)p * pbytes;
-        q3_panel_rows pr;
-        q3_panel_rows_init(&pr, panel, sbb, 0, PANEL); /* row l at l * sbb: super-block s at s * PANEL * sbb */
         pf_cursor pf = {panel + pbytes, p + 1 < p1 ? pbytes : 0, 0, per_step};
         __m512 f[SMALL_GROUP];
 #pragma GCC unroll 8
         for (int r = 0; r < R; r++) f[r] = _mm512_setzero_ps();
         for (int s = 0; s < nsb; s++) {
             const arows a = arows_at(&a0, 8 * s);
-            if (kind == 6) sb_q6(R, &pr, (size_t)s * PANEL * sbb, &a, f, &pf);
-            else sb_q45(kind == 5, R, &pr, (size_t)s * PANEL * sbb, &a, f, &pf);
+            if (kind == 6) sb_q6(R, panel, (size_t)s * PANEL * sbb, &a, f, &pf);
+            else sb_q45(kind == 5, R, panel, (size_t)s * PANEL * sbb, &a, f, &pf);
         }
         const __mmask16 m = q3_panel_mask(p, o0, o1);
 #pragma GCC unroll 8
@@ -513,9 +511,7 @@ static void rows_q6(const char *panel, int nb, const char *a, int th, int r0, in
 static void unpack_panel(const int kind, const char *panel, int nsb, char *dst)
 {
     const size_t sbb = kind == 4 ? 144 : kind == 5 ? 176 : 210;
-    q3_panel_rows pr;
-    q3_panel_rows_init(&pr, panel, sbb, 0, PANEL);
-    for (int s = 0; s < nsb; s++) unpack(kind, &pr, (size_t)s * PANEL * sbb, dst + (size_t)s * SB_PACKED);
+    for (int s = 0; s < nsb; s++) unpack(kind, panel, (size_t)s * PANEL * sbb, dst + (size_t)s * SB_PACKED);
 }
 
 static void gemm(int kind, const void *w, size_t ws, const q3_qact *qa, float *y, size_t ldy, int o0, int o1,
