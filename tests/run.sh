@@ -1,10 +1,22 @@
 #!/bin/sh
-# Runs every test program in $BUILD/tests and adds up their counts.
-# A program that crashes or prints no count line counts as one failure.
+# Runs every test program in $BUILD/tests (or only those named in $TESTS, e.g.
+# TESTS="test_serve test_batch") and adds up their counts. A program that
+# crashes or prints no count line counts as one failure. A program's skips
+# (its `N skipped: reasons` line) are added up and listed, one line per program,
+# before the total; the last line is always `N passed, N failed`.
 BUILD=${BUILD:-build}
-passed=0; failed=0
-for t in "$BUILD"/tests/test_*; do
-  [ -x "$t" ] || continue
+passed=0; failed=0; skipped=0; skips=
+if [ -n "${TESTS:-}" ]; then
+  list=; for n in $TESTS; do list="$list $BUILD/tests/$n"; done
+else
+  list="$BUILD/tests/test_*"
+fi
+for t in $list; do
+  case $t in *.d|*.stderr|*.log) continue ;; esac
+  if [ ! -x "$t" ]; then
+    [ -n "${TESTS:-}" ] && { echo "$(basename "$t"): not built"; failed=$((failed + 1)); }
+    continue
+  fi
   name=$(basename "$t")
   out=$("$t" 2>"$BUILD/tests/$name.stderr"); rc=$?
   line=$(printf '%s\n' "$out" | grep -E '^[0-9]+ passed, [0-9]+ failed$' | tail -1)
@@ -14,12 +26,21 @@ for t in "$BUILD"/tests/test_*; do
   fi
   p=${line%% passed*}; f=${line#*, }; f=${f%% failed*}
   passed=$((passed + p)); failed=$((failed + f))
+  sline=$(printf '%s\n' "$out" | grep -E '^[0-9]+ skipped: ' | tail -1)
+  note=
+  if [ -n "$sline" ]; then
+    s=${sline%% skipped:*}; skipped=$((skipped + s))
+    skips="$skips
+  $name: ${sline#* skipped: }"
+    note=", $s skipped"
+  fi
   if [ "$f" -ne 0 ] || [ "$rc" -ne 0 ]; then
-    echo "$name: $line (exit $rc)"; sed 's/^/  /' "$BUILD/tests/$name.stderr" | tail -40
+    echo "$name: $line$note (exit $rc)"; sed 's/^/  /' "$BUILD/tests/$name.stderr" | tail -40
     [ "$f" -eq 0 ] && failed=$((failed + 1))
   else
-    echo "$name: $line"
+    echo "$name: $line$note"
   fi
 done
+[ "$skipped" -gt 0 ] && printf '%s skipped:%s\n' "$skipped" "$skips"
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -668,7 +668,7 @@ static void test_refuses(void)
 int main(void)
 {
     if (!q3_backend_cpu.present(&q3_backend_cpu)) {
-        printf("cpu unit absent (no AVX2+FMA): nothing to test\n");
+        SKIP_ISA("avx2", "the cpu unit is absent (no AVX2+FMA+F16C): nothing here runs");
         TEST_DONE();
     }
     CHECK(q3_unit_open(&q3_backend_ref, NULL, &units[0]) == Q3_OK, "open ref: %s", q3_last_error());
@@ -679,7 +679,7 @@ int main(void)
     const char *isas[] = {"amx", "avx512", "avx2"};
     for (int i = 0; i < 3; i++) {
         if (q3_cpu_unit_force_isa(units[1], isas[i])) {
-            printf("%s: not on this CPU, skipped\n", isas[i]);
+            SKIP_ISA(isas[i], "the cpu unit's %s kernels: not on this CPU", isas[i]);
             continue;
         }
         test_matmul(isas[i]);

@@ -84,7 +84,11 @@ int main(void)
     for (int u = 0; u <= n_units; u++) {
         const q3_backend *b = u < n_units ? q3_backends[u] : &q3_backend_cpu;
         const char *kv = u < n_units ? NULL : "q8_0";
-        if (b->present && !b->present(b)) continue;
+        if (b->present && !b->present(b)) {
+            if (b == &q3_backend_cpu) SKIP_ISA("avx2", "greedy ids on the cpu unit%s: the unit is absent", kv ? " (Q8_0 KV)" : "");
+            else SKIP("%s: greedy ids on this unit: device absent (%s)", b->name, b->device);
+            continue;
+        }
         const cJSON *c;
         cJSON_ArrayForEach(c, cases) {
             const char *name = cJSON_GetObjectItem(c, "name")->valuestring;

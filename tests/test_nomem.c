@@ -159,11 +159,11 @@ static void in_child(int (*fn)(void), const char *what)
 int main(void)
 {
     if (!q3_backend_cpu.present(&q3_backend_cpu)) {
-        printf("cpu unit absent: nothing to test\n");
+        SKIP_ISA("avx2", "the cpu unit is absent: nothing here runs");
         TEST_DONE();
     }
 #if defined(__SANITIZE_ADDRESS__)
-    printf("the capped-address-space cases run in the build without AddressSanitizer\n");
+    SKIP("capped address space: runs in the build without AddressSanitizer");
 #else
     in_child(child_matmul, "a matmul whose scratch cannot grow returns Q3_ERR_NOMEM");
     in_child(child_context, "a prefill step that runs out of memory returns Q3_ERR_NOMEM and changes nothing");

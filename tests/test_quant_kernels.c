@@ -63,10 +63,14 @@ static void find_tables(void)
     if (q3_cpu_has_avx2_path(f)) {
         mm_tables[n_tables] = &q3_cpu_mm_quant_avx2;
         tables[n_tables++] = &q3_quant_avx2;
+    } else {
+        SKIP_ISA("avx2", "the AVX2 quant kernels (checked against the reference): not on this CPU");
     }
     if (q3_cpu_has_avx512_path(f)) {
         mm_tables[n_tables] = &q3_cpu_mm_quant_avx512;
         tables[n_tables++] = &q3_quant_avx512;
+    } else {
+        SKIP_ISA("avx512", "the AVX-512 quant kernels (checked against the reference): not on this CPU");
     }
     printf("kernel tables:");
     for (int i = 0; i < n_tables; i++) printf(" %s", tables[i]->name);
