@@ -1,12 +1,15 @@
 /* q3 bench and q3 probe end to end on a small golden model: the JSON of each
  * validates against its schema in docs/, the numbers are sane, the chart is
- * an SVG with its bars, and split-phase runs work. */
+ * an SVG with its bars, and split-phase runs work. One run measures the
+ * machine's limits (about 4 s: 512 MiB read twice, four peaks) and checks the
+ * table against the CPU's features; every other run passes --no-limits. */
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
 
 #include "golden.h"
 #include "schema.h"
+#include "temps.h"
 #include "test.h"
 
 static char q3_bin[256];
@@ -37,6 +40,36 @@ static cJSON *load_schema(const char *path)
     return s;
 }
 
+/* bench's machine table: measured with the threads the units ran with, a
+ * positive read bandwidth, and a peak exactly for the instructions this CPU
+ * has (FP32 FMA with AVX2; BF16 and INT8 dot products with AVX-512; AMX tiles
+ * with AMX), 0 for the others. */
+static void check_limits(const cJSON *doc)
+{
+    const cJSON *m = cJSON_GetObjectItem(doc, "machine");
+    CHECK(cJSON_IsObject(m), "bench --json without --no-limits has a machine table");
+    if (!cJSON_IsObject(m)) return;
+    const cJSON *threads = cJSON_GetObjectItem(cJSON_GetObjectItem(doc, "settings"), "threads");
+    CHECK(threads && cJSON_GetObjectItem(m, "threads") && cJSON_GetObjectItem(m, "threads")->valueint == threads->valueint,
+          "limits measured on the units' threads");
+    static const struct { const char *field, *isa; } t[] = {
+        {"read_gb_s_1thread", NULL}, {"read_gb_s", NULL},          {"fp32_fma_gflop_s", "avx2"},
+        {"bf16_dot_gflop_s", "avx512"}, {"int8_dot_gop_s", "avx512"}, {"amx_bf16_gflop_s", "amx"},
+    };
+    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) {
+        const cJSON *v = cJSON_GetObjectItem(m, t[i].field);
+        CHECK(cJSON_IsNumber(v), "machine.%s present", t[i].field);
+        if (!cJSON_IsNumber(v)) continue;
+        int has = !t[i].isa || test_machine_has_isa(t[i].isa);
+        if (has) CHECK(v->valuedouble > 0, "machine.%s is %g on a CPU with %s", t[i].field, v->valuedouble, t[i].isa ? t[i].isa : "memory");
+        else CHECK(v->valuedouble == 0, "machine.%s is %g on a CPU without %s", t[i].field, v->valuedouble, t[i].isa);
+    }
+    const cJSON *r1 = cJSON_GetObjectItem(m, "read_gb_s_1thread"), *rn = cJSON_GetObjectItem(m, "read_gb_s");
+    if (cJSON_IsNumber(r1) && cJSON_IsNumber(rn))
+        CHECK(r1->valuedouble < 1e4 && rn->valuedouble < 1e4, "read bandwidth below 10 TB/s: %g, %g", r1->valuedouble,
+              rn->valuedouble);
+}
+
 int main(void)
 {
     snprintf(q3_bin, sizeof q3_bin, "./%s/q3", getenv("BUILD") ? getenv("BUILD") : "build");
@@ -46,9 +79,13 @@ int main(void)
     char err[600];
     int st;
 
-    /* bench on the reference unit, with a chart */
-    char *out = run("bench -m " TEST_DATA "/golden/small --compute-units ref --chunk 16 --gen 6 --repeats 3 --json "
-                    "--svg /tmp/q3-test-bench.svg", &st);
+    /* bench on the reference unit, with a chart and the machine's limits */
+    const char *svg_path = test_tmp("bench.svg");
+    char args[512];
+    snprintf(args, sizeof args,
+             "bench -m " TEST_DATA "/golden/small --compute-units ref --chunk 16 --gen 6 --repeats 3 --json --svg %s",
+             svg_path);
+    char *out = run(args, &st);
     CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "bench exit %d", st);
     cJSON *doc = cJSON_Parse(out);
     CHECK(doc != NULL, "bench --json parses: %.200s", out);
@@ -63,26 +100,34 @@ int main(void)
         CHECK(p50 > 0 && p99 >= p50, "prefill p50 %g p99 %g", p50, p99);
         CHECK(fabs(rtfx - tps / 15.0) < 1e-9 * (1 + rtfx), "RTFx = tok/s / drain");
         CHECK(cJSON_GetArraySize(cJSON_GetObjectItem(doc, "runs")) == 1, "one run");
+        check_limits(doc);
         /* the checker itself can fail: a document missing a field is refused */
         cJSON_DeleteItemFromObject(r0, "rtfx");
         CHECK(schema_validate(bench_schema, doc, err, sizeof err) != 0, "schema refuses a run without rtfx");
         cJSON_Delete(doc);
     }
     free(out);
-    char *svg = golden_slurp("/tmp/q3-test-bench.svg", NULL);
+    char *svg = golden_slurp(svg_path, NULL);
     CHECK(svg && !strncmp(svg, "<svg", 4) && strstr(svg, "</svg>"), "chart is an SVG document");
     int bars = 0;
     for (const char *p = svg; p && (p = strstr(p, "<rect")); p++) bars++;
     CHECK(bars == 1 + 1 + 3 + 2, "background + 1 prefill bar + 3 experiment bars + 2 decode bars: %d", bars);
     free(svg);
-    remove("/tmp/q3-test-bench.svg");
+
+    /* without the limits: no machine table */
+    out = run("bench -m " TEST_DATA "/golden/tiny --compute-units ref --chunk 8 --gen 2 --repeats 1 --json --no-limits", &st);
+    doc = cJSON_Parse(out);
+    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0 && doc, "bench --no-limits --json: %.200s", out);
+    if (doc) CHECK(!cJSON_GetObjectItem(doc, "machine"), "--no-limits: no machine table");
+    cJSON_Delete(doc);
+    free(out);
 
     /* split-phase: prefill on one unit, decode on another (ref both ways when alone) */
-    out = run("bench -m " TEST_DATA "/golden/tiny --prefill-on ref --decode-on ref --chunk 8 --gen 4 --repeats 2",
-              &st);
+    out = run("bench -m " TEST_DATA "/golden/tiny --prefill-on ref --decode-on ref --chunk 8 --gen 4 --repeats 2 "
+              "--no-limits", &st);
     CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0 && strstr(out, "RTFx"), "split-phase table: %.300s", out);
     free(out);
-    out = run("bench -m " TEST_DATA "/golden/tiny --compute-units nope --chunk 8 --gen 2 --repeats 1", &st);
+    out = run("bench -m " TEST_DATA "/golden/tiny --compute-units nope --chunk 8 --gen 2 --repeats 1 --no-limits", &st);
     CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 1, "unknown unit fails: %d", st);
     free(out);
 
