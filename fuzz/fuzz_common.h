@@ -81,12 +81,17 @@ static void fuzz_remove_dir(void)
     fuzz_dir_path[0] = 0;
 }
 
-/* A private scratch folder (in /dev/shm when there is one: no disk traffic),
- * created on first use and removed at exit. */
+/* A private scratch folder, created on first use and removed at exit: under
+ * the fuzzer in /dev/shm when there is one (no disk traffic), in the test
+ * suite (FUZZ_NO_MAIN) under $TMPDIR, the suite's per-run folder. */
 static const char *fuzz_dir(void)
 {
     if (fuzz_dir_path[0]) return fuzz_dir_path;
+#ifdef FUZZ_NO_MAIN
+    const char *bases[] = {getenv("TMPDIR"), "/tmp"};
+#else
     const char *bases[] = {"/dev/shm", getenv("TMPDIR"), "/tmp"};
+#endif
     for (size_t i = 0; i < sizeof bases / sizeof bases[0]; i++) {
         if (!bases[i] || !*bases[i]) continue;
         snprintf(fuzz_dir_path, sizeof fuzz_dir_path, "%s/q3fuzz.XXXXXX", bases[i]);

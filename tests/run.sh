@@ -4,8 +4,15 @@
 # crashes or prints no count line counts as one failure. A program's skips
 # (its `N skipped: reasons` line) are added up and listed, one line per program,
 # before the total; the last line is always `N passed, N failed`.
+#
+# Every test writes its files under one per-run folder (mkdtemp under
+# $TMPDIR, passed down as TMPDIR, removed at the end; tests/temps.h); a test
+# that leaves anything there counts as one failure.
 BUILD=${BUILD:-build}
 passed=0; failed=0; skipped=0; skips=
+run_tmp=$(mktemp -d "${TMPDIR:-/tmp}/q3-tests.XXXXXX") || exit 1
+trap 'rm -rf "$run_tmp"' EXIT
+trap 'exit 130' INT TERM
 if [ -n "${TESTS:-}" ]; then
   list=; for n in $TESTS; do list="$list $BUILD/tests/$n"; done
 else
@@ -18,7 +25,13 @@ for t in $list; do
     continue
   fi
   name=$(basename "$t")
-  out=$("$t" 2>"$BUILD/tests/$name.stderr"); rc=$?
+  out=$(TMPDIR="$run_tmp" "$t" 2>"$BUILD/tests/$name.stderr"); rc=$?
+  left=$(ls -A "$run_tmp")
+  if [ -n "$left" ]; then
+    echo "$name: left files in the run's temporary folder: $(echo $left)"
+    rm -rf "$run_tmp"/* "$run_tmp"/.[!.]* 2>/dev/null
+    failed=$((failed + 1))
+  fi
   line=$(printf '%s\n' "$out" | grep -E '^[0-9]+ passed, [0-9]+ failed$' | tail -1)
   if [ -z "$line" ]; then
     echo "$name: no result line (exit $rc)"; sed 's/^/  /' "$BUILD/tests/$name.stderr" | tail -20

@@ -1,7 +1,8 @@
 /* Temporary files of a test: one scratch folder per test program, made with
  * mkdtemp under $TMPDIR (tests/run.sh points TMPDIR at its own per-run folder,
  * which it removes at the end) and removed with everything in it when the
- * program exits. Never a fixed name in a shared folder.
+ * program exits. Never a fixed name in a shared folder. Shell commands a test
+ * runs see the folder as $Q3_TEST_TMP.
  *
  * Also: counting the temporary files an output left beside it (util/outfile.h
  * names them PATH.<hex>.tmp, or .q3-<hex>.tmp for very long names). */
@@ -33,7 +34,8 @@ static void test_tmp_cleanup(void)
 }
 
 /* The program's scratch folder ($TMPDIR/q3-<program>-XXXXXX), made on first
- * use and removed at exit; exits the program if it cannot be made. */
+ * use (and put in the environment as Q3_TEST_TMP) and removed at exit; exits
+ * the program if it cannot be made. */
 __attribute__((unused)) static const char *test_tmpdir(void)
 {
     if (test_tmp_root[0]) return test_tmp_root;
@@ -46,6 +48,7 @@ __attribute__((unused)) static const char *test_tmpdir(void)
     }
     test_tmp_owner = getpid();
     atexit(test_tmp_cleanup);
+    setenv("Q3_TEST_TMP", test_tmp_root, 1);
     return test_tmp_root;
 }
 

@@ -7,10 +7,12 @@
  * tests/data/tokenizer/chat_template.jinja. Run from the repository root. */
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cjson/cJSON.h>
 
+#include "temps.h"
 #include "test.h"
 #include "text/chat_template.h"
 #include "text/json_write.h"
@@ -659,9 +661,10 @@ static void test_template_recognition(void)
     CHECK(st == Q3_OK && kind == Q3_CHAT_TEMPLATE_QWEN3, "jinja: %s", q3_last_error());
 
     /* Unknown, missing and named templates, in a scratch folder. */
-    char dir[] = "/tmp/q3_test_chat_XXXXXX";
-    CHECK(mkdtemp(dir) != NULL, "mkdtemp");
-    char config[64], jinja[64];
+    char dir[600];
+    snprintf(dir, sizeof dir, "%s/chat", test_tmpdir());
+    CHECK(mkdir(dir, 0700) == 0, "mkdir %s", dir);
+    char config[700], jinja[700];
     snprintf(config, sizeof config, "%s/tokenizer_config.json", dir);
     snprintf(jinja, sizeof jinja, "%s/chat_template.jinja", dir);
 

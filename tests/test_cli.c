@@ -2,7 +2,8 @@
  * mistake with exit 2 and one line; -t 1 and -t 2 agree; seeds are random,
  * printed and repeatable; docs/cli.md matches every --help; every
  * environment variable q3 reads is documented. Drives build/q3 (Q3_BIN
- * overrides it). */
+ * overrides it). Files go to the test's scratch folder, which the shell
+ * commands see as $Q3_TEST_TMP. */
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,6 +12,7 @@
 
 #include "q3.h"
 #include "golden.h"
+#include "temps.h"
 #include "test.h"
 
 #define E2E TEST_DATA "/golden/e2e"
@@ -77,8 +79,8 @@ static void test_usage_errors(void)
         {"bench", "-m " TINY " --no-limits --gen 1 --repeats 1", "--chunk", "--gen 1.5", "-m /nonexistent-q3", "stray"},
         {"probe", "-m " TINY " --no-profile", "--chunk", "--chunk 12x", "-m /nonexistent-q3", "stray"},
         {"chat-template", "/dev/null", "--model", NULL, "--model /nonexistent-q3", "a b"},
-        {"synth", "-o /tmp/q3-test-cli-never", "-o", "--seed -1", "--config /nonexistent-q3", "stray"},
-        {"convert", "-m " TINY " -o /tmp/q3-test-cli-never.gguf", "-o", NULL, "/nonexistent-q3", "a b"},
+        {"synth", "-o \"$Q3_TEST_TMP\"/never", "-o", "--seed -1", "--config /nonexistent-q3", "stray"},
+        {"convert", "-m " TINY " -o \"$Q3_TEST_TMP\"/never.gguf", "-o", NULL, "/nonexistent-q3", "a b"},
         {"compare", "-m " TINY, "--types", NULL, "--cases /nonexistent-q3", "stray"},
         {"tokenize", "--tokenizer " E2E, "--tokenizer", NULL, "-m /nonexistent-q3", NULL},
         {"detokenize", "--tokenizer " E2E, "-m", NULL, "--tokenizer /nonexistent-q3", NULL},
@@ -168,24 +170,24 @@ static void test_seeds(void)
     static char a[8192], b[8192];
     unsigned long long sa = 0, sb = 0;
     const char *out;
-    int rc = sh_stdout(&out, "{ %s run -m " E2E " -p hi -n 16 --temp 1 --no-perf 2>/tmp/q3-test-cli-seed-a; }", q3_bin());
+    int rc = sh_stdout(&out, "{ %s run -m " E2E " -p hi -n 16 --temp 1 --no-perf 2>\"$Q3_TEST_TMP\"/seed-a; }", q3_bin());
     snprintf(a, sizeof a, "%s", out);
     CHECK(rc == 0, "run a: %d", rc);
-    rc = sh_stdout(&out, "{ %s run -m " E2E " -p hi -n 16 --temp 1 --no-perf 2>/tmp/q3-test-cli-seed-b; }", q3_bin());
+    rc = sh_stdout(&out, "{ %s run -m " E2E " -p hi -n 16 --temp 1 --no-perf 2>\"$Q3_TEST_TMP\"/seed-b; }", q3_bin());
     snprintf(b, sizeof b, "%s", out);
     CHECK(rc == 0, "run b: %d", rc);
     CHECK(strcmp(a, b) != 0, "two runs without --seed differ:\n%s\n%s", a, b);
-    FILE *f = fopen("/tmp/q3-test-cli-seed-a", "r");
+    FILE *f = fopen(test_tmp("seed-a"), "r");
     CHECK(f && fscanf(f, "q3 run: seed %llu", &sa) == 1, "run a printed its seed");
     if (f) fclose(f);
-    f = fopen("/tmp/q3-test-cli-seed-b", "r");
+    f = fopen(test_tmp("seed-b"), "r");
     CHECK(f && fscanf(f, "q3 run: seed %llu", &sb) == 1, "run b printed its seed");
     if (f) fclose(f);
     CHECK(sa != sb, "different seeds: %llu %llu", sa, sb);
     rc = sh_stdout(&out, "%s run -m " E2E " -p hi -n 16 --temp 1 --no-perf --seed %llu", q3_bin(), sa);
     CHECK(rc == 0 && !strcmp(out, a), "--seed %llu repeats run a:\n%s\n%s", sa, a, out);
-    remove("/tmp/q3-test-cli-seed-a");
-    remove("/tmp/q3-test-cli-seed-b");
+    remove(test_tmp("seed-a"));
+    remove(test_tmp("seed-b"));
     /* the timings: load, prompt eval, eval, total; --no-perf hides them */
     rc = sh(&out, "%s run -m " E2E " -p hi -n 4 --temp 0", q3_bin());
     CHECK(rc == 0 && strstr(out, "q3: load time") && strstr(out, "q3: prompt eval time") &&
@@ -253,6 +255,7 @@ static void test_docs(void)
 
 int main(void)
 {
+    test_tmpdir(); /* sets $Q3_TEST_TMP for the commands */
     test_usage_errors();
     test_syntax();
     test_threads();

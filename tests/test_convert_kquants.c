@@ -31,12 +31,13 @@
 #include "model/quantize.h"
 #include "model/synth.h"
 #include "q3.h"
+#include "temps.h"
 #include "test.h"
 
 #define KQ TEST_DATA "/kquants"
 #define SMALL TEST_DATA "/golden/small"
 
-static char tmpdir[64];
+static char tmpdir[512];
 
 static const char *tmp_path(const char *name)
 {
@@ -119,8 +120,7 @@ static int write_edge_input(const char *out)
     q3_synth_preset_tiny(&c);
     c.n_layers = 1, c.dim = 256, c.ffn_dim = 256, c.n_heads = 1, c.n_kv_heads = 1, c.head_dim = 8;
     c.vocab_size = 256, c.tied_embeddings = true;
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/q3-kq-edge-XXXXXX");
-    if (!mkdtemp(tmpdir)) return 1;
+    snprintf(tmpdir, sizeof tmpdir, "%s", test_tmpdir());
     const char *dir = tmp_path("hf");
     q3_model *m = NULL;
     q3_status st = q3_synth_write(dir, 1, Q3_F32, &c, NULL);
@@ -484,11 +484,7 @@ int main(int argc, char **argv)
                 argv[0]);
         return 2;
     }
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/q3-test-convkq-XXXXXX");
-    if (!mkdtemp(tmpdir)) {
-        perror("mkdtemp");
-        return 1;
-    }
+    snprintf(tmpdir, sizeof tmpdir, "%s", test_tmpdir());
     test_names();
     test_edge_blocks();
     test_mix();

@@ -9,6 +9,7 @@
 #include "backend/registry.h"
 #include "golden.h"
 #include "run/generate.h"
+#include "temps.h"
 #include "test.h"
 #include "text/chat_template.h"
 #include "text/json_write.h"
@@ -164,6 +165,7 @@ int main(void)
 
     /* the CLI path gives the same ids: q3 run --raw and chat-templated */
     const char *build = getenv("BUILD") ? getenv("BUILD") : "build";
+    test_tmpdir(); /* sets $Q3_TEST_TMP for the commands */
     char cmd[1024];
     snprintf(cmd, sizeof cmd,
              "./%s/q3 run -m " E2E " -p 'What is the capital of France?' --system 'You are a helpful assistant.' "
@@ -177,8 +179,8 @@ int main(void)
     CHECK(strstr(out, "[10555,39849,6887,6887,109327,66146,36132,39145,120191,") == out, "q3 run ids: %s", out);
     /* a GGUF alone is enough: its tokenizer and template come from its metadata */
     snprintf(cmd, sizeof cmd,
-             "./%s/q3 convert " E2E " -o /tmp/q3-test-e2e.gguf --type f32 --quiet >/dev/null 2>&1 && "
-             "./%s/q3 run -m /tmp/q3-test-e2e.gguf -p 'What is the capital of France?' --system 'You are a helpful "
+             "./%s/q3 convert " E2E " -o \"$Q3_TEST_TMP\"/e2e.gguf --type f32 --quiet >/dev/null 2>&1 && "
+             "./%s/q3 run -m \"$Q3_TEST_TMP\"/e2e.gguf -p 'What is the capital of France?' --system 'You are a helpful "
              "assistant.' --temp 0 -n 24 --output-ids 2>/dev/null | tail -1", build, build);
     f = popen(cmd, "r");
     got = fread(out, 1, sizeof out - 1, f);
@@ -186,7 +188,7 @@ int main(void)
     status = pclose(f);
     CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "q3 run on a GGUF exit %d", status);
     CHECK(strstr(out, "[10555,39849,6887,6887,109327,66146,36132,39145,120191,") == out, "q3 run GGUF ids: %s", out);
-    remove("/tmp/q3-test-e2e.gguf");
+    remove(test_tmp("e2e.gguf"));
     /* invalid UTF-8 in a prompt: a message and exit 1 */
     snprintf(cmd, sizeof cmd, "./%s/q3 run -m " E2E " -p \"$(printf '\\377\\376 bad')\" -n 2 2>&1", build);
     f = popen(cmd, "r");
@@ -203,17 +205,17 @@ int main(void)
     status = pclose(f);
     CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 1 && strstr(out, "context"), "long prompt: %s", out);
     /* a messages file with an unknown role */
-    FILE *mf = fopen("/tmp/q3-test-messages.json", "w");
+    FILE *mf = fopen(test_tmp("q3-test-messages.json"), "w");
     fputs("[{\"role\": \"wizard\", \"content\": \"hi\"}]", mf);
     fclose(mf);
-    snprintf(cmd, sizeof cmd, "./%s/q3 run -m " E2E " --messages /tmp/q3-test-messages.json -n 2 2>&1", build);
+    snprintf(cmd, sizeof cmd, "./%s/q3 run -m " E2E " --messages \"$Q3_TEST_TMP\"/q3-test-messages.json -n 2 2>&1", build);
     f = popen(cmd, "r");
     got = fread(out, 1, sizeof out - 1, f);
     out[got] = 0;
     status = pclose(f);
     CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 1 && strstr(out, "wizard"), "unknown role: %s", out);
     CHECK(strstr(out, "q3-test-messages.json: messages[0]") != NULL, "the file named, then the message: %s", out);
-    remove("/tmp/q3-test-messages.json");
+    remove(test_tmp("q3-test-messages.json"));
 
     /* q3 chat, piped: two turns (the second reuses the cached prefix), /reset, a full context */
     snprintf(cmd, sizeof cmd,

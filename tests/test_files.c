@@ -21,13 +21,14 @@
 #include "model/model.h"
 #include "model/safetensors_write.h"
 #include "q3.h"
+#include "temps.h"
 #include "test.h"
 #include "util/file.h"
 #include "util/outfile.h"
 
 #define GOLDEN TEST_DATA "/golden"
 
-static char work[64];  /* this run's scratch folder */
+static char work[512]; /* this run's scratch folder */
 static char q3_bin[128];
 
 /* work/name, the same string for the same name for the whole run (interned). */
@@ -771,11 +772,7 @@ static void test_cli_special_inputs(void)
 int main(void)
 {
     snprintf(q3_bin, sizeof q3_bin, "./%s/q3", getenv("BUILD") ? getenv("BUILD") : "build");
-    snprintf(work, sizeof work, "/tmp/q3-test-files-XXXXXX");
-    if (!mkdtemp(work)) {
-        perror("mkdtemp");
-        return 1;
-    }
+    snprintf(work, sizeof work, "%s", test_tmpdir());
     test_outfile();
     test_two_writers();
     test_planted_symlink();

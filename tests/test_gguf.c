@@ -22,7 +22,7 @@
 
 #define GOLDEN TEST_DATA "/golden"
 
-static char tmpdir[64];
+static char tmpdir[512];
 
 /* A path inside this run's temporary folder. */
 static const char *tmp_path(const char *name)
@@ -1058,11 +1058,7 @@ static void test_hostile_golden(void)
 
 int main(void)
 {
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/q3_test_gguf_XXXXXX");
-    if (!mkdtemp(tmpdir)) {
-        perror("mkdtemp");
-        return 1;
-    }
+    snprintf(tmpdir, sizeof tmpdir, "%s", test_tmpdir());
     for (size_t i = 0; i < sizeof goldens / sizeof goldens[0]; i++) {
         test_golden_metadata(&goldens[i]);
         test_golden_tensors(&goldens[i]);

@@ -27,7 +27,7 @@
 #define GOLDEN TEST_DATA "/golden"
 #define UNIT "ref"
 
-static char tmpdir[64];
+static char tmpdir[512];
 
 static const char *tmp_path(const char *name)
 {
@@ -765,11 +765,7 @@ static void test_bad_input(void)
 
 int main(void)
 {
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/q3-test-gguf-model-XXXXXX");
-    if (!mkdtemp(tmpdir)) {
-        perror("mkdtemp");
-        return 1;
-    }
+    snprintf(tmpdir, sizeof tmpdir, "%s", test_tmpdir());
     double t = now_s(), t0 = t;
 #define LAP(what)                                                       \
     do {                                                                \

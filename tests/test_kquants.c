@@ -24,9 +24,10 @@
 #include "model/synth.h"
 #include "plan/plan.h"
 #include "q3.h"
+#include "temps.h"
 #include "test.h"
 
-static char tmpdir[64];
+static char tmpdir[512];
 
 static const char *tmp_path(const char *name)
 {
@@ -737,11 +738,7 @@ out:
 
 int main(void)
 {
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/q3-test-kquants-XXXXXX");
-    if (!mkdtemp(tmpdir)) {
-        perror("mkdtemp");
-        return 1;
-    }
+    snprintf(tmpdir, sizeof tmpdir, "%s", test_tmpdir());
     test_dtype_table();
     test_q4_k_literal();
     test_q4_k_random();

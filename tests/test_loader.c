@@ -15,11 +15,12 @@
 #include "model/model.h"
 #include "model/safetensors.h"
 #include "q3.h"
+#include "temps.h"
 #include "test.h"
 
 #define TINY TEST_DATA "/golden/tiny"
 
-static char tmp_root[256];
+static char tmp_root[512];
 
 static void write_file(const char *path, const void *data, size_t n)
 {
@@ -421,7 +422,7 @@ static void cli_cases(void)
         {"./build/q3 info -m /nonexistent 2>&1", "no such file", 2},
         {"./build/q3 info 2>&1", "missing -m/--model", 2},
         {"./build/q3 logits -m " TINY " --tokens 1,x -o /dev/null 2>&1", "not a token id at 'x'", 2},
-        {"./build/q3 logits -m " TINY " --tokens 5000 -o /tmp/q3-test-loader-logits.f32 2>&1", "outside the vocabulary", 1},
+        {"./build/q3 logits -m " TINY " --tokens 5000 -o \"$Q3_TEST_TMP\"/logits.f32 2>&1", "outside the vocabulary", 1},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char cmd[700];
@@ -444,8 +445,7 @@ static void cli_cases(void)
 
 int main(void)
 {
-    snprintf(tmp_root, sizeof tmp_root, "/tmp/q3-test-loader-%d", (int)getpid());
-    mkdir(tmp_root, 0755);
+    snprintf(tmp_root, sizeof tmp_root, "%s", test_tmpdir());
     tiny_config = golden_slurp(TINY "/config.json", NULL);
     tiny_st = golden_slurp(TINY "/model.safetensors", &tiny_st_len);
     CHECK(tiny_config && tiny_st, "golden tiny model present");
@@ -458,8 +458,5 @@ int main(void)
     cli_cases();
     free(tiny_config);
     free(tiny_st);
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", tmp_root);
-    if (system(cmd)) fprintf(stderr, "could not remove %s\n", tmp_root);
     TEST_DONE();
 }

@@ -6,6 +6,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "temps.h"
 #include "test.h"
 #include "model/config.h"
 #include "model/convert.h"
@@ -57,16 +58,16 @@ static void test_yarn_formula(void)
 
 static const char *TINY = TEST_DATA "/golden/tiny";
 
-static char dir[64];
+static char dir[512];
 
 /* A copy of the tiny model (its weights; its config.json's sizes) whose config
  * also holds `extra` (JSON members followed by a comma). */
 static int make_model(const char *extra)
 {
-    char cmd[256];
+    char cmd[2048];
     snprintf(cmd, sizeof cmd, "rm -rf %s && mkdir -p %s && cp %s/model.safetensors %s/", dir, dir, TINY, dir);
     if (system(cmd)) return -1;
-    char path[128];
+    char path[640];
     snprintf(path, sizeof path, "%s/config.json", dir);
     FILE *f = fopen(path, "w");
     if (!f) return -1;
@@ -192,7 +193,7 @@ static void test_config_refusals(void)
 
     /* a safetensors header with a key twice inside an entry */
     const char hdr[] = "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4],\"dtype\":\"F16\"}}";
-    char path[128];
+    char path[640];
     snprintf(path, sizeof path, "%s/dup.safetensors", dir);
     FILE *f = fopen(path, "wb");
     if (f) {
@@ -213,12 +214,9 @@ static void test_config_refusals(void)
 
 int main(void)
 {
-    snprintf(dir, sizeof dir, "/tmp/q3-test-rope-%d", (int)getpid());
+    snprintf(dir, sizeof dir, "%s/model", test_tmpdir());
     test_yarn_formula();
     test_yarn_model();
     test_config_refusals();
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    if (system(cmd)) fprintf(stderr, "could not remove %s\n", dir);
     TEST_DONE();
 }

@@ -15,7 +15,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
-static char root[64]; /* this run's temporary folder */
+static char root[512]; /* this run's temporary folder */
 
 /* ---- helpers ------------------------------------------------------------ */
 
@@ -372,11 +372,7 @@ static int remove_entry(const char *path, const struct stat *sb, int flag, struc
 
 int main(void)
 {
-    snprintf(root, sizeof root, "/tmp/q3_test_synth_XXXXXX");
-    if (!mkdtemp(root)) {
-        perror("mkdtemp");
-        return 1;
-    }
+    snprintf(root, sizeof root, "%s", test_tmpdir());
     test_presets();
     test_small_bf16();
     test_small_f32_untied();

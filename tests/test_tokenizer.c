@@ -12,6 +12,7 @@
 #include <unistd.h>
 #include <utf8proc.h>
 
+#include "temps.h"
 #include "test.h"
 #include "text/tokenizer.h"
 #include "text/tokenizer_impl.h"
@@ -336,7 +337,8 @@ static void expect_load_fails(const char *path, const void *data, size_t n, cons
 
 static void test_broken_files(void)
 {
-    char path[] = "/tmp/q3_test_tokenizer_XXXXXX";
+    char path[600];
+    snprintf(path, sizeof path, "%s/tokenizer_XXXXXX", test_tmpdir());
     int fd = mkstemp(path);
     CHECK(fd >= 0, "mkstemp");
     if (fd < 0) return;
