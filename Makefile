@@ -21,6 +21,17 @@ BASE    += -fsanitize=address,undefined,float-cast-overflow -fno-omit-frame-poin
 LDFLAGS += -fsanitize=address,undefined,float-cast-overflow
 endif
 
+# `make TSAN=1 test [TESTS="test_serve test_batch"]`: ThreadSanitizer (no ASan) into build-tsan/.
+# The per-ISA kernel files stay uninstrumented (they hold no synchronisation, only
+# loads and stores of their (ith, nth) share): TSan then misses a race inside a
+# kernel, never invents one, and the model runs ~5x faster under it.
+ifeq ($(TSAN),1)
+BUILD   := build-tsan
+BASE    += -fsanitize=thread -fno-omit-frame-pointer
+LDFLAGS += -fsanitize=thread
+$(BUILD)/%_avx512.o $(BUILD)/%_avx2.o: BASE := $(filter-out -fsanitize=thread,$(BASE))
+endif
+
 # Per-ISA kernel files are compiled for their ISA only; the rest stays portable.
 AVX512_FLAGS := -mavx512f -mavx512bw -mavx512dq -mavx512vl -mavx512bf16 -mavx512vnni -mfma -mf16c
 AVX2_FLAGS   := -mavx2 -mfma -mf16c
@@ -107,8 +118,9 @@ $(BUILD)/%.o: %.c Makefile
 	@mkdir -p $(@D)
 	$(CC) $(BASE) $(WARN) $(CFLAGS) -c -o $@ $<
 
-test: all
-	@BUILD=$(BUILD) sh tests/run.sh
+# TESTS="test_a test_b": only those (and q3, which they may run).
+test: $(if $(TESTS),$(BUILD)/q3 $(TESTS:%=$(BUILD)/tests/%),all)
+	@BUILD=$(BUILD) TESTS="$(TESTS)" sh tests/run.sh
 
 # The parser, text and fuzz-regression tests under Valgrind's memcheck: leaks
 # (definite and indirect) on the error paths and reads of uninitialised memory.
@@ -128,7 +140,7 @@ deps:
 	cd tests/openai && npm ci --no-audit --no-fund --loglevel=error
 
 clean:
-	rm -rf build build-san
+	rm -rf build build-san build-tsan
 
 .PHONY: all test valgrind deps clean install uninstall
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

@@ -197,12 +197,12 @@ static void *client_main(void *arg)
 }
 
 static double health_worst;
-static volatile int load_running;
+static int load_running; /* atomic: the main thread ends the health checker's loop */
 
 static void *health_main(void *arg)
 {
     (void)arg;
-    while (load_running) {
+    while (__atomic_load_n(&load_running, __ATOMIC_ACQUIRE)) {
         double t0 = ts_now();
         ts_resp r;
         int rc = ts_request(port, "GET", "/health", NULL, NULL, &r);
@@ -538,12 +538,12 @@ int main(void)
             alone[c][k] = answer_text(body);
         }
     pthread_t th[N_CLIENTS], hth;
-    load_running = 1;
+    __atomic_store_n(&load_running, 1, __ATOMIC_RELEASE);
     pthread_create(&hth, NULL, health_main, NULL);
     double tl = ts_now();
     for (int c = 0; c < N_CLIENTS; c++) pthread_create(&th[c], NULL, client_main, (void *)(intptr_t)c);
     for (int c = 0; c < N_CLIENTS; c++) pthread_join(th[c], NULL);
-    load_running = 0;
+    __atomic_store_n(&load_running, 0, __ATOMIC_RELEASE);
     pthread_join(hth, NULL);
     fprintf(stderr, "load: %d clients x %d in %.2f s; worst /health %.1f ms; %d hang-ups\n", N_CLIENTS, N_PER, ts_now() - tl,
             health_worst * 1e3, load_hangups);
