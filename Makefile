@@ -147,7 +147,8 @@ clean:
 
 # ---- fuzzing ----
 # libFuzzer targets (fuzz/fuzz_*.c), built with clang, ASan and UBSan into
-# build-fuzz/ from the parser sources only (src/util, src/model, src/text).
+# build-fuzz/ from the parser sources only (src/util, src/model, src/text, and
+# src/server but its HTTP layer and engine: no libmicrohttpd).
 # `make fuzz-build` builds them; `make fuzz [FUZZ_SECONDS=60]` builds and runs
 # each for FUZZ_SECONDS (scripts/fuzz.sh); `make fuzz-seeds` rewrites the binary
 # seed files of fuzz/corpus/ (fuzz/make_seeds.c).
@@ -156,7 +157,8 @@ FUZZ_BUILD   := build-fuzz
 FUZZ_SECONDS ?= 60
 FUZZ_CFLAGS  := -std=c17 -g -O1 -MMD -MP -Iinclude -Isrc -D_GNU_SOURCE -fno-math-errno \
                 -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
-FUZZ_LIB_SRC := $(sort $(wildcard src/util/*.c src/model/*.c src/text/*.c))
+FUZZ_LIB_SRC := $(sort $(wildcard src/util/*.c src/model/*.c src/text/*.c)) \
+                $(filter-out src/server/http.c src/server/engine.c,$(sort $(wildcard src/server/*.c)))
 FUZZ_LIB_OBJ := $(FUZZ_LIB_SRC:%.c=$(FUZZ_BUILD)/%.o)
 FUZZ_BIN     := $(patsubst fuzz/%.c,$(FUZZ_BUILD)/%,$(sort $(wildcard fuzz/fuzz_*.c)))
 

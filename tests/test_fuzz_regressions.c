@@ -10,6 +10,8 @@
 #include "../fuzz/fuzz_gguf.c"
 #include "../fuzz/fuzz_safetensors.c"
 #include "../fuzz/fuzz_shard_index.c"
+#include "../fuzz/fuzz_srv_chat.c"
+#include "../fuzz/fuzz_srv_completion.c"
 #include "../fuzz/fuzz_tokenize.c"
 #include "../fuzz/fuzz_tokenizer_json.c"
 
@@ -177,6 +179,8 @@ int main(void)
     run_target("chat_template", fuzz_chat_template, 0);
     run_target("tokenizer_json", fuzz_tokenizer_json, 1);
     run_target("tokenize", fuzz_tokenize, 0);
+    run_target("srv_chat", fuzz_srv_chat, 0);
+    run_target("srv_completion", fuzz_srv_completion, 0);
     test_config_float_range();
     test_safetensors_offsets();
     test_tokenizer_no_added();
