@@ -144,7 +144,7 @@ FUZZ_BUILD   := build-fuzz
 FUZZ_SECONDS ?= 60
 FUZZ_CFLAGS  := -std=c17 -g -O1 -MMD -MP -Iinclude -Isrc -D_GNU_SOURCE -fno-math-errno \
                 -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
-FUZZ_LIB_SRC := $(sort $(wildcard src/util/*.c src/model/*.c src/text/*.c))
+FUZZ_LIB_SRC := $(sort $(wildcard src/util/*.c src/model/*.c src/text/*.c src/sample/*.c))
 FUZZ_LIB_OBJ := $(FUZZ_LIB_SRC:%.c=$(FUZZ_BUILD)/%.o)
 FUZZ_BIN     := $(patsubst fuzz/%.c,$(FUZZ_BUILD)/%,$(sort $(wildcard fuzz/fuzz_*.c)))
 

@@ -11,7 +11,7 @@
 #include <pthread.h>
 #include <stdint.h>
 
-#include "text/sampler.h"
+#include "sample/sampler.h"
 #include "util/strbuf.h"
 
 struct MHD_Connection;

@@ -50,6 +50,7 @@ const char *q3_status_name(q3_status st)
     case Q3_ERR_UNSUPPORTED: return "unsupported";
     case Q3_ERR_NOMEM: return "out of memory";
     case Q3_ERR_CONTEXT: return "context full";
+    case Q3_ERR_KV_FULL: return "KV pool full";
     }
     return "unknown status";
 }
