@@ -9,7 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "server/openai.h"
+#include "server/channel.h"
 #include "util/error.h"
 
 double q3_now(void);

@@ -11,7 +11,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "server/openai.h"
+#include "server/render.h"
+#include "server/request.h"
 #include "util/error.h"
 
 double q3_now(void);
