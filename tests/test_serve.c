@@ -239,21 +239,21 @@ static void test_splitter(void)
     for (int step = 1; step <= 7; step += 3) { /* fed in pieces of 1, 4, 7 bytes */
         for (int stream = 0; stream < 2; stream++) {
             srv_job *j = srv_job_new();
-            j->kind = SRV_CHAT;
-            j->stream = stream;
-            j->parse_reasoning = j->parse_tools = 1;
-            j->model_name = "m";
-            snprintf(j->id, sizeof j->id, "chatcmpl-x");
+            j->req.kind = SRV_CHAT;
+            j->req.stream = stream;
+            j->req.parse_reasoning = j->req.parse_tools = 1;
+            j->req.model_name = "m";
+            snprintf(j->req.id, sizeof j->req.id, "chatcmpl-x");
             srv_out o = {0};
             size_t n = strlen(text);
             for (size_t i = 0; i < n; i += (size_t)step) srv_out_text(&o, j, text + i, n - i < (size_t)step ? n - i : (size_t)step);
             srv_out_finish(&o, j, "stop");
-            CHECK(!strcmp(j->finish_reason, "tool_calls"), "finish %s", j->finish_reason);
-            CHECK(j->n_tool_calls == 1 && !strcmp(j->tool_calls[0].name, "get_weather") &&
-                  !strcmp(j->tool_calls[0].arguments, "{\"city\":\"Paris\",\"days\":2}"), "tool call parsed (step %d)", step);
+            CHECK(!strcmp(j->res.finish_reason, "tool_calls"), "finish %s", j->res.finish_reason);
+            CHECK(j->res.n_tool_calls == 1 && !strcmp(j->res.tool_calls[0].name, "get_weather") &&
+                  !strcmp(j->res.tool_calls[0].arguments, "{\"city\":\"Paris\",\"days\":2}"), "tool call parsed (step %d)", step);
             if (!stream) {
-                CHECK(j->reasoning.data && !strcmp(j->reasoning.data, "Let me see.\n\nYes."), "reasoning '%s'", j->reasoning.data);
-                CHECK(j->content.data && !strcmp(j->content.data, "Sure: "), "content '%s'", j->content.data);
+                CHECK(j->res.reasoning.data && !strcmp(j->res.reasoning.data, "Let me see.\n\nYes."), "reasoning '%s'", j->res.reasoning.data);
+                CHECK(j->res.content.data && !strcmp(j->res.content.data, "Sure: "), "content '%s'", j->res.content.data);
                 q3_strbuf b = {0};
                 srv_response_json(j, &b);
                 cJSON *r = cJSON_Parse(b.data);
@@ -265,9 +265,9 @@ static void test_splitter(void)
                 free(b.data);
             } else {
                 stream_result *s = calloc(1, sizeof *s);
-                parse_sse(j->sse.data, s);
+                parse_sse(j->st.sse.data, s);
                 CHECK(s->ok_framing && s->done_last && !strcmp(s->content, "Sure: ") && !strcmp(s->reasoning, "Let me see.\n\nYes.") &&
-                      !strcmp(s->finish, "tool_calls") && strstr(j->sse.data, "\"tool_calls\":[{\"index\":0"),
+                      !strcmp(s->finish, "tool_calls") && strstr(j->st.sse.data, "\"tool_calls\":[{\"index\":0"),
                       "stream split (step %d): content '%s' reasoning '%s'", step, s->content, s->reasoning);
                 free(s);
             }
@@ -280,13 +280,13 @@ static void test_splitter(void)
     CHECK(srv_parse_tool_call("nope", 4, &name, &args) == -1, "a tool call is JSON");
     /* a broken tool call stays text */
     srv_job *j = srv_job_new();
-    j->kind = SRV_CHAT;
-    j->parse_tools = 1;
+    j->req.kind = SRV_CHAT;
+    j->req.parse_tools = 1;
     srv_out o = {0};
     srv_out_text(&o, j, "a<tool_call>{oops</tool_call>b", 30);
     srv_out_finish(&o, j, "stop");
-    CHECK(j->n_tool_calls == 0 && !strcmp(j->content.data, "a<tool_call>{oops</tool_call>b") && !strcmp(j->finish_reason, "stop"),
-          "broken tool call as text: '%s'", j->content.data);
+    CHECK(j->res.n_tool_calls == 0 && !strcmp(j->res.content.data, "a<tool_call>{oops</tool_call>b") && !strcmp(j->res.finish_reason, "stop"),
+          "broken tool call as text: '%s'", j->res.content.data);
     srv_out_free(&o);
     srv_job_unref(j);
 }

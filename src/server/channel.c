@@ -68,7 +68,7 @@ static void tool_call_done(srv_out *o, srv_job *j)
 {
     char *name, *args;
     const char *t = o->tool.data ? o->tool.data : "";
-    if (j->n_tool_calls >= SRV_MAX_TOOL_CALLS || srv_parse_tool_call(t, o->tool.len, &name, &args)) {
+    if (j->res.n_tool_calls >= SRV_MAX_TOOL_CALLS || srv_parse_tool_call(t, o->tool.len, &name, &args)) {
         /* not a tool call after all: it stays text */
         emit_content(o, j, "<tool_call>", 11);
         emit_content(o, j, t, o->tool.len);
@@ -99,8 +99,8 @@ static void process(srv_out *o, srv_job *j, int final)
         size_t n = o->pend.len;
         const char *m1 = NULL, *m2 = NULL;
         if (o->mode == 0) {
-            m1 = j->parse_reasoning ? MARK_THINK : NULL;
-            m2 = j->parse_tools ? MARK_TOOL : NULL;
+            m1 = j->req.parse_reasoning ? MARK_THINK : NULL;
+            m2 = j->req.parse_tools ? MARK_TOOL : NULL;
         } else {
             m1 = o->mode == 1 ? MARK_THINK_END : MARK_TOOL_END;
         }
@@ -140,7 +140,7 @@ static void process(srv_out *o, srv_job *j, int final)
 
 void srv_out_text(srv_out *o, srv_job *j, const char *text, size_t len)
 {
-    if (j->kind == SRV_COMPLETION) { /* raw text: no markers */
+    if (j->req.kind == SRV_COMPLETION) { /* raw text: no markers */
         srv_render_content(j, text, len);
         return;
     }
@@ -150,9 +150,9 @@ void srv_out_text(srv_out *o, srv_job *j, const char *text, size_t len)
 
 void srv_out_finish(srv_out *o, srv_job *j, const char *finish_reason)
 {
-    if (j->kind == SRV_CHAT) process(o, j, 1);
-    if (j->n_tool_calls && !strcmp(finish_reason, "stop")) finish_reason = "tool_calls";
-    j->finish_reason = finish_reason;
+    if (j->req.kind == SRV_CHAT) process(o, j, 1);
+    if (j->res.n_tool_calls && !strcmp(finish_reason, "stop")) finish_reason = "tool_calls";
+    j->res.finish_reason = finish_reason;
     srv_render_end(j);
 }
 

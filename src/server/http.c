@@ -76,6 +76,16 @@ static enum MHD_Result fail(struct MHD_Connection *c, int status, const char *ty
 
 /* ---- streams ------------------------------------------------------------------ */
 
+/* The engine's wake-up call (engine.h): the one place a job's connection is
+ * resumed (caller holds j->mu). */
+void srv_job_wake(srv_job *j)
+{
+    if (j->st.suspended && j->st.conn) {
+        j->st.suspended = 0;
+        MHD_resume_connection(j->st.conn);
+    }
+}
+
 /* MHD asks for the next bytes of a stream. With none ready the connection is
  * suspended (no thread waits on it) until the engine resumes it. */
 static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
@@ -83,30 +93,30 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
     (void)pos;
     srv_job *j = cls;
     pthread_mutex_lock(&j->mu);
-    if (j->finished && j->err_status && j->err_status != 499) { /* a failure after the stream began */
+    if (j->res.finished && j->res.err_status && j->res.err_status != 499) { /* a failure after the stream began */
         srv_err e;
-        srv_err_set(&e, j->err_status, j->err_status >= 500 ? "server_error" : "invalid_request_error", NULL, NULL,
-                    "%s", j->err_msg);
-        q3_strbuf_puts(&j->sse, "data: ");
-        srv_err_json(&e, &j->sse);
-        q3_strbuf_puts(&j->sse, "\n\ndata: [DONE]\n\n");
-        j->err_status = 499; /* written once */
+        srv_err_set(&e, j->res.err_status, j->res.err_status >= 500 ? "server_error" : "invalid_request_error", NULL, NULL,
+                    "%s", j->res.err_msg);
+        q3_strbuf_puts(&j->st.sse, "data: ");
+        srv_err_json(&e, &j->st.sse);
+        q3_strbuf_puts(&j->st.sse, "\n\ndata: [DONE]\n\n");
+        j->res.err_status = 499; /* written once */
     }
-    size_t avail = j->sse.len - j->sse_sent;
+    size_t avail = j->st.sse.len - j->st.sse_sent;
     if (avail) {
         size_t n = avail < max ? avail : max;
-        memcpy(buf, j->sse.data + j->sse_sent, n);
-        j->sse_sent += n;
-        if (j->sse_sent == j->sse.len) j->sse.len = j->sse_sent = 0;
+        memcpy(buf, j->st.sse.data + j->st.sse_sent, n);
+        j->st.sse_sent += n;
+        if (j->st.sse_sent == j->st.sse.len) j->st.sse.len = j->st.sse_sent = 0;
         pthread_mutex_unlock(&j->mu);
         return (ssize_t)n;
     }
-    if (j->finished || j->sse.oom) {
+    if (j->res.finished || j->st.sse.oom) {
         pthread_mutex_unlock(&j->mu);
         return MHD_CONTENT_READER_END_OF_STREAM;
     }
-    j->suspended = 1;
-    MHD_suspend_connection(j->conn);
+    j->st.suspended = 1;
+    MHD_suspend_connection(j->st.conn);
     pthread_mutex_unlock(&j->mu);
     return 0;
 }
@@ -130,10 +140,10 @@ static int authorized(srv_server *s, struct MHD_Connection *c)
 /* Answers a finished job (non-stream). */
 static enum MHD_Result answer_job(struct MHD_Connection *c, srv_job *j)
 {
-    if (j->err_status) {
+    if (j->res.err_status) {
         srv_err e;
-        srv_err_set(&e, j->err_status == 499 ? 500 : j->err_status, j->err_status >= 500 ? "server_error" : "invalid_request_error",
-                    NULL, NULL, "%s", j->err_msg);
+        srv_err_set(&e, j->res.err_status == 499 ? 500 : j->res.err_status, j->res.err_status >= 500 ? "server_error" : "invalid_request_error",
+                    NULL, NULL, "%s", j->res.err_msg);
         return respond_err(c, &e);
     }
     q3_strbuf b = {0};
@@ -152,19 +162,19 @@ static enum MHD_Result start_job(srv_server *s, struct MHD_Connection *c, conn_c
         srv_job_unref(j);
         return respond_err(c, &e);
     }
-    j->model_name = s->api.model_name;
-    j->conn = c;
+    j->req.model_name = s->api.model_name;
+    j->st.conn = c;
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
-    j->fd = ci ? ci->connect_fd : -1;
-    j->t_submit = j->t_last_write = q3_now();
-    if (j->stream) srv_stream_begin(j);
+    j->st.fd = ci ? ci->connect_fd : -1;
+    j->req.t_submit = j->st.t_last_write = q3_now();
+    if (j->req.stream) srv_stream_begin(j);
     if (srv_engine_submit(s->eng, j)) {
         srv_job_unref(j);
         return fail(c, 429, "server_error", "queue_full", "the server's queue is full; try again later");
     }
     cc->job = j;
     __atomic_add_fetch(&s->in_flight, 1, __ATOMIC_SEQ_CST);
-    if (j->stream) {
+    if (j->req.stream) {
         struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_read, j, stream_free);
         if (!r) return MHD_NO;
         srv_job_ref(j);
@@ -175,11 +185,11 @@ static enum MHD_Result start_job(srv_server *s, struct MHD_Connection *c, conn_c
         return ok;
     }
     pthread_mutex_lock(&j->mu);
-    if (j->finished) {
+    if (j->res.finished) {
         pthread_mutex_unlock(&j->mu);
         return answer_job(c, j);
     }
-    j->suspended = 1;
+    j->st.suspended = 1;
     MHD_suspend_connection(c);
     pthread_mutex_unlock(&j->mu);
     return MHD_YES;
@@ -208,8 +218,8 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
     if (cc->job) { /* resumed: the engine finished a non-stream job */
         srv_job *j = cc->job;
         pthread_mutex_lock(&j->mu);
-        if (!j->finished) { /* a spurious wake */
-            j->suspended = 1;
+        if (!j->res.finished) { /* a spurious wake */
+            j->st.suspended = 1;
             MHD_suspend_connection(c);
             pthread_mutex_unlock(&j->mu);
             return MHD_YES;
@@ -279,10 +289,10 @@ static void completed(void *cls, struct MHD_Connection *c, void **con_cls, enum 
     if (cc->job) {
         srv_job *j = cc->job;
         pthread_mutex_lock(&j->mu);
-        j->conn = NULL;
-        j->fd = -1;
-        j->suspended = 0;
-        if (!j->finished) j->cancelled = 1;
+        j->st.conn = NULL;
+        j->st.fd = -1;
+        j->st.suspended = 0;
+        if (!j->res.finished) j->st.cancelled = 1;
         pthread_mutex_unlock(&j->mu);
         srv_job_unref(j);
         __atomic_sub_fetch(&s->in_flight, 1, __ATOMIC_SEQ_CST);

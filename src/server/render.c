@@ -51,29 +51,29 @@ void srv_err_json(const srv_err *e, q3_strbuf *b)
 static cJSON *usage_json(const srv_job *j)
 {
     cJSON *u = cJSON_CreateObject();
-    cJSON_AddNumberToObject(u, "prompt_tokens", j->n_prompt);
-    cJSON_AddNumberToObject(u, "completion_tokens", j->n_completion);
-    cJSON_AddNumberToObject(u, "total_tokens", j->n_prompt + j->n_completion);
+    cJSON_AddNumberToObject(u, "prompt_tokens", j->req.n_prompt);
+    cJSON_AddNumberToObject(u, "completion_tokens", j->res.n_completion);
+    cJSON_AddNumberToObject(u, "total_tokens", j->req.n_prompt + j->res.n_completion);
     cJSON *d = cJSON_AddObjectToObject(u, "prompt_tokens_details");
-    cJSON_AddNumberToObject(d, "cached_tokens", j->n_cached);
+    cJSON_AddNumberToObject(d, "cached_tokens", j->res.n_cached);
     return u;
 }
 
 static cJSON *chunk_head(const srv_job *j)
 {
     cJSON *c = cJSON_CreateObject();
-    cJSON_AddStringToObject(c, "id", j->id);
-    cJSON_AddStringToObject(c, "object", j->kind == SRV_CHAT ? "chat.completion.chunk" : "text_completion");
-    cJSON_AddNumberToObject(c, "created", (double)j->created);
-    cJSON_AddStringToObject(c, "model", j->model_name);
+    cJSON_AddStringToObject(c, "id", j->req.id);
+    cJSON_AddStringToObject(c, "object", j->req.kind == SRV_CHAT ? "chat.completion.chunk" : "text_completion");
+    cJSON_AddNumberToObject(c, "created", (double)j->req.created);
+    cJSON_AddStringToObject(c, "model", j->req.model_name);
     return c;
 }
 
 static void sse_put(srv_job *j, cJSON *chunk)
 {
-    q3_strbuf_puts(&j->sse, "data: ");
-    srv_put_json(&j->sse, chunk);
-    q3_strbuf_puts(&j->sse, "\n\n");
+    q3_strbuf_puts(&j->st.sse, "data: ");
+    srv_put_json(&j->st.sse, chunk);
+    q3_strbuf_puts(&j->st.sse, "\n\n");
     cJSON_Delete(chunk);
 }
 
@@ -125,12 +125,12 @@ static cJSON *lp_item(const q3_tokenizer *tok, int32_t id, float lp)
 static cJSON *logprobs_json(const srv_job *j, int from, int to)
 {
     cJSON *o = cJSON_CreateObject();
-    if (j->kind == SRV_CHAT) {
+    if (j->req.kind == SRV_CHAT) {
         cJSON *arr = cJSON_AddArrayToObject(o, "content");
         for (int i = from; i < to; i++) {
-            const srv_logprob *l = &j->lp[i];
-            cJSON *it = lp_item(j->tok, l->id, l->logprob), *top = cJSON_AddArrayToObject(it, "top_logprobs");
-            for (int k = 0; k < l->n_top; k++) cJSON_AddItemToArray(top, lp_item(j->tok, l->top_id[k], l->top_lp[k]));
+            const srv_logprob *l = &j->res.lp[i];
+            cJSON *it = lp_item(j->req.tok, l->id, l->logprob), *top = cJSON_AddArrayToObject(it, "top_logprobs");
+            for (int k = 0; k < l->n_top; k++) cJSON_AddItemToArray(top, lp_item(j->req.tok, l->top_id[k], l->top_lp[k]));
             cJSON_AddItemToArray(arr, it);
         }
         return o;
@@ -140,24 +140,24 @@ static cJSON *logprobs_json(const srv_job *j, int from, int to)
     size_t off = 0;
     for (int i = 0; i < from; i++) {
         size_t n = 0;
-        if (j->tok) q3_tokenizer_token_bytes(j->tok, j->lp[i].id, &n);
+        if (j->req.tok) q3_tokenizer_token_bytes(j->req.tok, j->res.lp[i].id, &n);
         off += n;
     }
     for (int i = from; i < to; i++) {
-        const srv_logprob *l = &j->lp[i];
+        const srv_logprob *l = &j->res.lp[i];
         q3_strbuf t = {0};
-        token_text(j->tok, l->id, &t, NULL);
+        token_text(j->req.tok, l->id, &t, NULL);
         cJSON_AddItemToArray(toks, cJSON_CreateString(t.data ? t.data : ""));
         cJSON_AddItemToArray(lps, cJSON_CreateNumber(l->logprob));
         cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)off));
         size_t n = 0;
-        if (j->tok) q3_tokenizer_token_bytes(j->tok, l->id, &n);
+        if (j->req.tok) q3_tokenizer_token_bytes(j->req.tok, l->id, &n);
         off += n;
         free(t.data);
         cJSON *top = cJSON_CreateObject();
         for (int k = 0; k < l->n_top; k++) {
             q3_strbuf tt = {0};
-            token_text(j->tok, l->top_id[k], &tt, NULL);
+            token_text(j->req.tok, l->top_id[k], &tt, NULL);
             if (!cJSON_GetObjectItemCaseSensitive(top, tt.data ? tt.data : ""))
                 cJSON_AddNumberToObject(top, tt.data ? tt.data : "", l->top_lp[k]);
             free(tt.data);
@@ -170,12 +170,12 @@ static cJSON *logprobs_json(const srv_job *j, int from, int to)
 /* Stream chunks carry the entries not yet sent (j->mu held by the caller). */
 static void choice_logprobs(srv_job *j, cJSON *choice)
 {
-    if (!j->logprobs) {
+    if (!j->req.logprobs) {
         cJSON_AddNullToObject(choice, "logprobs");
         return;
     }
-    cJSON_AddItemToObject(choice, "logprobs", logprobs_json(j, j->lp_sent, j->n_lp));
-    j->lp_sent = j->n_lp;
+    cJSON_AddItemToObject(choice, "logprobs", logprobs_json(j, j->st.lp_sent, j->res.n_lp));
+    j->st.lp_sent = j->res.n_lp;
 }
 
 static void choice_tail(cJSON *choice, const char *finish)
@@ -186,7 +186,7 @@ static void choice_tail(cJSON *choice, const char *finish)
 
 void srv_stream_begin(srv_job *j)
 {
-    if (j->kind != SRV_CHAT) return;
+    if (j->req.kind != SRV_CHAT) return;
     cJSON *choice, *c = chunk_choice(j, &choice, NULL);
     cJSON *d = cJSON_AddObjectToObject(choice, "delta");
     cJSON_AddStringToObject(d, "role", "assistant");
@@ -202,14 +202,14 @@ void srv_stream_begin(srv_job *j)
 static void put_text(srv_job *j, int reasoning, const char *s, size_t n)
 {
     if (!n) return;
-    if (!j->stream) {
-        q3_strbuf_put(reasoning ? &j->reasoning : &j->content, s, n);
+    if (!j->req.stream) {
+        q3_strbuf_put(reasoning ? &j->res.reasoning : &j->res.content, s, n);
         return;
     }
     char *t = strndup(s, n);
-    if (!t) { j->sse.oom = 1; return; }
+    if (!t) { j->st.sse.oom = 1; return; }
     cJSON *choice, *c = chunk_choice(j, &choice, NULL);
-    if (j->kind == SRV_CHAT) {
+    if (j->req.kind == SRV_CHAT) {
         cJSON *d = cJSON_AddObjectToObject(choice, "delta");
         cJSON_AddStringToObject(d, reasoning ? "reasoning_content" : "content", t);
     } else {
@@ -226,16 +226,16 @@ void srv_render_reasoning(srv_job *j, const char *s, size_t n) { put_text(j, 1, 
 
 void srv_render_tool_call(srv_job *j, char *name, char *arguments)
 {
-    int k = j->n_tool_calls++;
-    j->tool_calls[k].name = name;
-    j->tool_calls[k].arguments = arguments;
-    if (!j->stream) return;
+    int k = j->res.n_tool_calls++;
+    j->res.tool_calls[k].name = name;
+    j->res.tool_calls[k].arguments = arguments;
+    if (!j->req.stream) return;
     cJSON *choice, *c = chunk_choice(j, &choice, NULL);
     cJSON *d = cJSON_AddObjectToObject(choice, "delta"), *arr = cJSON_AddArrayToObject(d, "tool_calls");
     cJSON *tc = cJSON_CreateObject();
     cJSON_AddItemToArray(arr, tc);
     char id[96];
-    snprintf(id, sizeof id, "call_%s_%d", j->id, k);
+    snprintf(id, sizeof id, "call_%s_%d", j->req.id, k);
     cJSON_AddNumberToObject(tc, "index", k);
     cJSON_AddStringToObject(tc, "id", id);
     cJSON_AddStringToObject(tc, "type", "function");
@@ -249,59 +249,59 @@ void srv_render_tool_call(srv_job *j, char *name, char *arguments)
 
 void srv_render_end(srv_job *j)
 {
-    if (!j->stream) return;
+    if (!j->req.stream) return;
     cJSON *choice, *c = chunk_choice(j, &choice, NULL);
-    if (j->kind == SRV_CHAT) cJSON_AddObjectToObject(choice, "delta");
+    if (j->req.kind == SRV_CHAT) cJSON_AddObjectToObject(choice, "delta");
     else cJSON_AddStringToObject(choice, "text", "");
     choice_logprobs(j, choice);
-    choice_tail(choice, j->finish_reason);
+    choice_tail(choice, j->res.finish_reason);
     sse_put(j, c);
-    if (j->include_usage) {
+    if (j->req.include_usage) {
         c = chunk_head(j);
         cJSON_AddArrayToObject(c, "choices");
         cJSON_AddItemToObject(c, "usage", usage_json(j));
         sse_put(j, c);
     }
-    q3_strbuf_puts(&j->sse, "data: [DONE]\n\n");
+    q3_strbuf_puts(&j->st.sse, "data: [DONE]\n\n");
 }
 
 void srv_response_json(const srv_job *j, q3_strbuf *out)
 {
     cJSON *r = cJSON_CreateObject();
-    cJSON_AddStringToObject(r, "id", j->id);
-    cJSON_AddStringToObject(r, "object", j->kind == SRV_CHAT ? "chat.completion" : "text_completion");
-    cJSON_AddNumberToObject(r, "created", (double)j->created);
-    cJSON_AddStringToObject(r, "model", j->model_name);
+    cJSON_AddStringToObject(r, "id", j->req.id);
+    cJSON_AddStringToObject(r, "object", j->req.kind == SRV_CHAT ? "chat.completion" : "text_completion");
+    cJSON_AddNumberToObject(r, "created", (double)j->req.created);
+    cJSON_AddStringToObject(r, "model", j->req.model_name);
     cJSON *arr = cJSON_AddArrayToObject(r, "choices"), *choice = cJSON_CreateObject();
     cJSON_AddItemToArray(arr, choice);
     cJSON_AddNumberToObject(choice, "index", 0);
-    const char *content = j->content.data ? j->content.data : "";
-    if (j->kind == SRV_CHAT) {
+    const char *content = j->res.content.data ? j->res.content.data : "";
+    if (j->req.kind == SRV_CHAT) {
         cJSON *m = cJSON_AddObjectToObject(choice, "message");
         cJSON_AddStringToObject(m, "role", "assistant");
-        if (j->n_tool_calls && !j->content.len) cJSON_AddNullToObject(m, "content");
+        if (j->res.n_tool_calls && !j->res.content.len) cJSON_AddNullToObject(m, "content");
         else cJSON_AddStringToObject(m, "content", content);
-        if (j->reasoning.len) cJSON_AddStringToObject(m, "reasoning_content", j->reasoning.data);
-        if (j->n_tool_calls) {
+        if (j->res.reasoning.len) cJSON_AddStringToObject(m, "reasoning_content", j->res.reasoning.data);
+        if (j->res.n_tool_calls) {
             cJSON *tcs = cJSON_AddArrayToObject(m, "tool_calls");
-            for (int k = 0; k < j->n_tool_calls; k++) {
+            for (int k = 0; k < j->res.n_tool_calls; k++) {
                 cJSON *tc = cJSON_CreateObject();
                 cJSON_AddItemToArray(tcs, tc);
                 char id[96];
-                snprintf(id, sizeof id, "call_%s_%d", j->id, k);
+                snprintf(id, sizeof id, "call_%s_%d", j->req.id, k);
                 cJSON_AddStringToObject(tc, "id", id);
                 cJSON_AddStringToObject(tc, "type", "function");
                 cJSON *f = cJSON_AddObjectToObject(tc, "function");
-                cJSON_AddStringToObject(f, "name", j->tool_calls[k].name);
-                cJSON_AddStringToObject(f, "arguments", j->tool_calls[k].arguments);
+                cJSON_AddStringToObject(f, "name", j->res.tool_calls[k].name);
+                cJSON_AddStringToObject(f, "arguments", j->res.tool_calls[k].arguments);
             }
         }
     } else {
         cJSON_AddStringToObject(choice, "text", content);
     }
-    if (j->logprobs) cJSON_AddItemToObject(choice, "logprobs", logprobs_json(j, 0, j->n_lp));
+    if (j->req.logprobs) cJSON_AddItemToObject(choice, "logprobs", logprobs_json(j, 0, j->res.n_lp));
     else cJSON_AddNullToObject(choice, "logprobs");
-    choice_tail(choice, j->finish_reason ? j->finish_reason : "stop");
+    choice_tail(choice, j->res.finish_reason ? j->res.finish_reason : "stop");
     cJSON_AddItemToObject(r, "usage", usage_json(j));
     srv_put_json(out, r);
     cJSON_Delete(r);

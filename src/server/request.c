@@ -93,8 +93,8 @@ static int parse_common(const srv_api *a, const cJSON *root, srv_job *j, int thi
     x = sp.min_p; if (get_num(root, "min_p", 0, 1, &x, e)) return e->status; sp.min_p = (float)x;
     x = 1; if (get_num(root, "repetition_penalty", 1e-6, 10, &x, e)) return e->status; sp.repeat_penalty = (float)x;
     if (sp.repeat_penalty != 1.0f) sp.penalty_last_n = a->n_ctx;
-    x = 0; if (get_num(root, "presence_penalty", -2, 2, &x, e)) return e->status; j->presence_penalty = (float)x;
-    x = 0; if (get_num(root, "frequency_penalty", -2, 2, &x, e)) return e->status; j->frequency_penalty = (float)x;
+    x = 0; if (get_num(root, "presence_penalty", -2, 2, &x, e)) return e->status; j->req.presence_penalty = (float)x;
+    x = 0; if (get_num(root, "frequency_penalty", -2, 2, &x, e)) return e->status; j->req.frequency_penalty = (float)x;
     sp.presence_penalty = 0;
     v = cJSON_GetObjectItemCaseSensitive(root, "seed");
     if (v && !cJSON_IsNull(v)) {
@@ -103,48 +103,48 @@ static int parse_common(const srv_api *a, const cJSON *root, srv_job *j, int thi
     } else {
         sp.seed = (uint64_t)time(NULL) * 0x9e3779b97f4a7c15ull + __atomic_add_fetch(&seed_counter, 1, __ATOMIC_RELAXED);
     }
-    j->sp = sp;
+    j->req.sp = sp;
     n = 1;
     if (get_int(root, "n", 1, 1, &n, e)) return bad(e, "n", "'n' must be 1 (q3 serve makes one choice per request)");
     long long mt = 0;
     if (get_int(root, "max_tokens", 1, 1e9, &mt, e)) return e->status;
     if (get_int(root, "max_completion_tokens", 1, 1e9, &mt, e)) return e->status;
-    j->max_tokens = (int)mt;
+    j->req.max_tokens = (int)mt;
     v = cJSON_GetObjectItemCaseSensitive(root, "stop");
     if (cJSON_IsString(v)) {
-        if (v->valuestring[0]) j->stop[j->n_stop++] = strdup(v->valuestring);
+        if (v->valuestring[0]) j->req.stop[j->req.n_stop++] = strdup(v->valuestring);
     } else if (cJSON_IsArray(v)) {
         if (cJSON_GetArraySize(v) > SRV_MAX_STOP) return bad(e, "stop", "at most %d stop strings", SRV_MAX_STOP);
         for (const cJSON *s = v->child; s; s = s->next) {
             if (!cJSON_IsString(s)) return bad(e, "stop", "'stop' must be a string or a list of strings");
-            if (s->valuestring[0]) j->stop[j->n_stop++] = strdup(s->valuestring);
+            if (s->valuestring[0]) j->req.stop[j->req.n_stop++] = strdup(s->valuestring);
         }
     } else if (v && !cJSON_IsNull(v)) {
         return bad(e, "stop", "'stop' must be a string or a list of strings");
     }
-    for (int i = 0; i < j->n_stop; i++)
-        if (!j->stop[i]) return srv_err_set(e, 500, "server_error", NULL, NULL, "out of memory");
-    if (get_bool(root, "stream", &j->stream, e)) return e->status;
+    for (int i = 0; i < j->req.n_stop; i++)
+        if (!j->req.stop[i]) return srv_err_set(e, 500, "server_error", NULL, NULL, "out of memory");
+    if (get_bool(root, "stream", &j->req.stream, e)) return e->status;
     v = cJSON_GetObjectItemCaseSensitive(root, "stream_options");
     if (v && !cJSON_IsNull(v)) {
         if (!cJSON_IsObject(v)) return bad(e, "stream_options", "'stream_options' must be an object");
-        if (!j->stream) return bad(e, "stream_options", "'stream_options' needs \"stream\": true");
+        if (!j->req.stream) return bad(e, "stream_options", "'stream_options' needs \"stream\": true");
         static const char *const so_known[] = {"include_usage", "continuous_usage_stats", NULL};
         if (check_fields(v, so_known, e)) return e->status;
-        if (get_bool(v, "include_usage", &j->include_usage, e)) return e->status;
+        if (get_bool(v, "include_usage", &j->req.include_usage, e)) return e->status;
     }
-    j->tok = a->tok;
-    if (j->kind == SRV_CHAT) { /* logprobs: bool, top_logprobs: 0..20 */
-        if (get_bool(root, "logprobs", &j->logprobs, e)) return e->status;
+    j->req.tok = a->tok;
+    if (j->req.kind == SRV_CHAT) { /* logprobs: bool, top_logprobs: 0..20 */
+        if (get_bool(root, "logprobs", &j->req.logprobs, e)) return e->status;
         long long top = 0;
         if (get_int(root, "top_logprobs", 0, SRV_MAX_TOP_LOGPROBS, &top, e)) return e->status;
-        if (top > 0 && !j->logprobs) return bad(e, "top_logprobs", "'top_logprobs' needs \"logprobs\": true");
-        j->top_logprobs = (int)top;
+        if (top > 0 && !j->req.logprobs) return bad(e, "top_logprobs", "'top_logprobs' needs \"logprobs\": true");
+        j->req.top_logprobs = (int)top;
     } else { /* legacy completions: logprobs is the number of alternatives */
         long long top = -1;
         if (get_int(root, "logprobs", 0, SRV_MAX_TOP_LOGPROBS, &top, e)) return e->status;
-        j->logprobs = top >= 0;
-        j->top_logprobs = top > 0 ? (int)top : 0;
+        j->req.logprobs = top >= 0;
+        j->req.top_logprobs = top > 0 ? (int)top : 0;
     }
     v = cJSON_GetObjectItemCaseSensitive(root, "logit_bias");
     if (v && !cJSON_IsNull(v) && !(cJSON_IsObject(v) && !v->child))
@@ -157,18 +157,18 @@ static int parse_common(const srv_api *a, const cJSON *root, srv_job *j, int thi
 /* The prompt fits with room for at least one token, and max_tokens fits after it. */
 static int check_length(const srv_api *a, srv_job *j, srv_err *e)
 {
-    if (j->n_prompt < 1) return bad(e, "messages", "the prompt is empty");
-    if (j->n_prompt >= a->n_ctx)
+    if (j->req.n_prompt < 1) return bad(e, "messages", "the prompt is empty");
+    if (j->req.n_prompt >= a->n_ctx)
         return srv_err_set(e, 400, "invalid_request_error", "context_length_exceeded", "messages",
                            "This model's maximum context length is %d tokens. However, your request has %d input "
-                           "tokens. Please reduce the length of the input messages.", a->n_ctx, j->n_prompt);
-    int room = a->n_ctx - j->n_prompt;
-    if (j->max_tokens == 0) j->max_tokens = room;
-    else if (j->max_tokens > room)
+                           "tokens. Please reduce the length of the input messages.", a->n_ctx, j->req.n_prompt);
+    int room = a->n_ctx - j->req.n_prompt;
+    if (j->req.max_tokens == 0) j->req.max_tokens = room;
+    else if (j->req.max_tokens > room)
         return srv_err_set(e, 400, "invalid_request_error", "context_length_exceeded", "max_tokens",
                            "This model's maximum context length is %d tokens. However, you requested %d tokens "
                            "(%d in the messages, %d in the completion). Please reduce the length of the messages "
-                           "or completion.", a->n_ctx, j->n_prompt + j->max_tokens, j->n_prompt, j->max_tokens);
+                           "or completion.", a->n_ctx, j->req.n_prompt + j->req.max_tokens, j->req.n_prompt, j->req.max_tokens);
     return 0;
 }
 
@@ -191,8 +191,8 @@ static void fill_ids(srv_job *j, const char *prefix)
 {
     static unsigned long long counter;
     unsigned long long c = __atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED);
-    j->created = (long long)time(NULL);
-    snprintf(j->id, sizeof j->id, "%s-%llx%08llx", prefix, (unsigned long long)j->created, c);
+    j->req.created = (long long)time(NULL);
+    snprintf(j->req.id, sizeof j->req.id, "%s-%llx%08llx", prefix, (unsigned long long)j->req.created, c);
 }
 
 /* ---- chat ------------------------------------------------------------------ */
@@ -268,8 +268,8 @@ static int render_chat(const srv_api *a, const cJSON *messages, const cJSON *too
         rc = bad(e, "messages", "%s", q3_last_error());
         goto done;
     }
-    j->prompt = toks.ids;
-    j->n_prompt = (int)toks.n;
+    j->req.prompt = toks.ids;
+    j->req.n_prompt = (int)toks.n;
     toks.ids = NULL;
 done:
     q3_tokens_free(&toks);
@@ -287,8 +287,8 @@ int srv_parse_chat(const srv_api *a, const char *body, size_t len, srv_job *j, s
     cJSON *root = parse_body(body, len, e);
     if (!root) return e->status;
     int rc = check_fields(root, known, e);
-    j->kind = SRV_CHAT;
-    j->parse_reasoning = 1;
+    j->req.kind = SRV_CHAT;
+    j->req.parse_reasoning = 1;
     int thinking = -1;
     const cJSON *kw = cJSON_GetObjectItemCaseSensitive(root, "chat_template_kwargs");
     if (!rc && kw && !cJSON_IsNull(kw)) {
@@ -325,7 +325,7 @@ int srv_parse_chat(const srv_api *a, const char *body, size_t len, srv_job *j, s
         else if (!(cJSON_IsString(tc) && !strcmp(tc->valuestring, "auto")))
             rc = bad(e, "tool_choice", "tool_choice must be \"auto\" or \"none\" (q3 serve does not force tool calls)");
     }
-    j->parse_tools = tools != NULL;
+    j->req.parse_tools = tools != NULL;
     if (!rc) rc = parse_common(a, root, j, thinking != 0, e);
     if (!rc) {
         const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(root, "messages");
@@ -346,7 +346,7 @@ int srv_parse_completion(const srv_api *a, const char *body, size_t len, srv_job
         "logprobs", "echo", "best_of", "suffix", "logit_bias", NULL};
     cJSON *root = parse_body(body, len, e);
     if (!root) return e->status;
-    j->kind = SRV_COMPLETION;
+    j->req.kind = SRV_COMPLETION;
     int rc = check_fields(root, known, e);
     if (!rc) rc = parse_common(a, root, j, 0, e);
     int echo = 0;
@@ -362,19 +362,19 @@ int srv_parse_completion(const srv_api *a, const char *body, size_t len, srv_job
             int32_t *ids = NULL;
             size_t n = 0;
             if (q3_tokenizer_encode(a->tok, p->valuestring, strlen(p->valuestring), Q3_ENCODE_DEFAULT, &ids, &n)) rc = bad(e, "prompt", "%s", q3_last_error());
-            j->prompt = ids;
-            j->n_prompt = (int)n;
+            j->req.prompt = ids;
+            j->req.n_prompt = (int)n;
         } else if (cJSON_IsArray(p) && cJSON_GetArraySize(p) > 0 && cJSON_IsNumber(p->child)) {
             int n = cJSON_GetArraySize(p), k = 0;
             if (n > a->n_ctx) n = a->n_ctx; /* longer is refused below anyway */
-            j->prompt = malloc((size_t)n * sizeof *j->prompt);
-            if (!j->prompt) rc = srv_err_set(e, 500, "server_error", NULL, NULL, "out of memory");
+            j->req.prompt = malloc((size_t)n * sizeof *j->req.prompt);
+            if (!j->req.prompt) rc = srv_err_set(e, 500, "server_error", NULL, NULL, "out of memory");
             for (const cJSON *t = p->child; !rc && t; t = t->next, k++) {
                 if (!cJSON_IsNumber(t) || t->valuedouble != floor(t->valuedouble) || t->valuedouble < 0 || t->valuedouble >= a->vocab)
                     rc = bad(e, "prompt", "prompt[%d] is not a token id in [0, %d)", k, a->vocab);
-                else if (k < n) j->prompt[k] = (int32_t)t->valuedouble;
+                else if (k < n) j->req.prompt[k] = (int32_t)t->valuedouble;
             }
-            j->n_prompt = cJSON_GetArraySize(p);
+            j->req.n_prompt = cJSON_GetArraySize(p);
         } else {
             rc = bad(e, "prompt", "'prompt' must be a string or a non-empty list of token ids");
         }
@@ -402,8 +402,8 @@ int srv_tokenize(const srv_api *a, const char *body, size_t len, q3_strbuf *out,
             int32_t *ids = NULL;
             size_t n = 0;
             if (q3_tokenizer_encode(a->tok, p->valuestring, strlen(p->valuestring), Q3_ENCODE_DEFAULT, &ids, &n)) rc = bad(e, "prompt", "%s", q3_last_error());
-            j->prompt = ids;
-            j->n_prompt = (int)n;
+            j->req.prompt = ids;
+            j->req.n_prompt = (int)n;
         } else if (m) {
             int thinking = -1;
             const cJSON *kw = cJSON_GetObjectItemCaseSensitive(root, "chat_template_kwargs");
@@ -417,8 +417,8 @@ int srv_tokenize(const srv_api *a, const char *body, size_t len, q3_strbuf *out,
     }
     if (!rc) {
         cJSON *r = cJSON_CreateObject(), *arr = cJSON_AddArrayToObject(r, "tokens");
-        for (int i = 0; i < j->n_prompt; i++) cJSON_AddItemToArray(arr, cJSON_CreateNumber(j->prompt[i]));
-        cJSON_AddNumberToObject(r, "count", j->n_prompt);
+        for (int i = 0; i < j->req.n_prompt; i++) cJSON_AddItemToArray(arr, cJSON_CreateNumber(j->req.prompt[i]));
+        cJSON_AddNumberToObject(r, "count", j->req.n_prompt);
         cJSON_AddNumberToObject(r, "max_model_len", a->n_ctx);
         srv_put_json(out, r);
         cJSON_Delete(r);
