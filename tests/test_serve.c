@@ -10,7 +10,8 @@
 #include <pthread.h>
 
 #include "serve_util.h"
-#include "server/openai.h"
+#include "server/channel.h"
+#include "server/render.h"
 #include "test.h"
 
 #define MODEL TEST_DATA "/golden/e2e"
@@ -247,8 +248,8 @@ static void test_splitter(void)
             srv_out o = {0};
             size_t n = strlen(text);
             for (size_t i = 0; i < n; i += (size_t)step) srv_out_text(&o, j, text + i, n - i < (size_t)step ? n - i : (size_t)step);
-            srv_out_finish(&o, j, "stop");
-            CHECK(!strcmp(j->res.finish_reason, "tool_calls"), "finish %s", j->res.finish_reason);
+            srv_out_finish(&o, j, SRV_FINISH_STOP);
+            CHECK(j->res.finish == SRV_FINISH_TOOL_CALLS, "finish %s", srv_finish_wire(j->res.finish));
             CHECK(j->res.n_tool_calls == 1 && !strcmp(j->res.tool_calls[0].name, "get_weather") &&
                   !strcmp(j->res.tool_calls[0].arguments, "{\"city\":\"Paris\",\"days\":2}"), "tool call parsed (step %d)", step);
             if (!stream) {
@@ -284,8 +285,8 @@ static void test_splitter(void)
     j->req.parse_tools = 1;
     srv_out o = {0};
     srv_out_text(&o, j, "a<tool_call>{oops</tool_call>b", 30);
-    srv_out_finish(&o, j, "stop");
-    CHECK(j->res.n_tool_calls == 0 && !strcmp(j->res.content.data, "a<tool_call>{oops</tool_call>b") && !strcmp(j->res.finish_reason, "stop"),
+    srv_out_finish(&o, j, SRV_FINISH_STOP);
+    CHECK(j->res.n_tool_calls == 0 && !strcmp(j->res.content.data, "a<tool_call>{oops</tool_call>b") && j->res.finish == SRV_FINISH_STOP,
           "broken tool call as text: '%s'", j->res.content.data);
     srv_out_free(&o);
     srv_job_unref(j);

@@ -14,10 +14,14 @@
 
 double q3_now(void);
 
-enum { SLOT_FREE, SLOT_PREFILL, SLOT_DECODE };
+typedef enum slot_state {
+    SLOT_FREE,             /* no job */
+    SLOT_PREFILL,          /* the prompt's K/V are being computed, a chunk a step */
+    SLOT_DECODE,           /* generating: a decode row each step */
+} slot_state;
 
 typedef struct slot {
-    int state;
+    slot_state state;
     srv_job *job;
     int seq;
     long long order;       /* admission order: the oldest prefilling slot gets the chunk */
@@ -112,49 +116,50 @@ static void release_slot(srv_engine *e, slot *s)
     pthread_mutex_unlock(&e->mu);
 }
 
-/* Ends the job: reason NULL = cancelled (no answer), else the finish reason. */
-static void finish(srv_engine *e, slot *s, const char *reason)
+/* Ends the job: reason SRV_FINISH_NONE = cancelled (no answer), else why it
+ * ended; with res.err_status set it fails instead. */
+static void finish(srv_engine *e, slot *s, srv_finish reason)
 {
     srv_job *j = s->job;
     double now = q3_now();
-    if (reason && strcmp(reason, "stop_string")) {
+    if (reason != SRV_FINISH_NONE && reason != SRV_FINISH_STOP_STRING) { /* a stop string drops what follows it */
         const char *piece;
         size_t pl;
         if (!q3_detok_flush(&s->detok, &piece, &pl) && pl) q3_strbuf_put(&s->text, piece, pl);
         flush_text(s, 1);
     }
-    if (reason && !strcmp(reason, "stop_string")) reason = "stop";
     pthread_mutex_lock(&j->mu);
     j->res.n_completion = s->n_gen;
     j->res.t_done = now;
-    if (reason && !j->res.err_status) srv_out_finish(&s->out, j, reason);
+    if (reason != SRV_FINISH_NONE && !j->res.err_status) srv_out_finish(&s->out, j, reason);
     if (s->text.oom || j->st.sse.oom || j->res.content.oom || j->res.reasoning.oom) {
         j->res.err_status = 500;
         snprintf(j->res.err_msg, sizeof j->res.err_msg, "out of memory while writing the answer");
     }
-    j->res.finished = 1;
+    j->res.state = j->res.err_status ? SRV_JOB_FAILED : reason != SRV_FINISH_NONE ? SRV_JOB_DONE : SRV_JOB_GONE;
     srv_job_wake(j);
-    const char *fr = j->res.finish_reason;
+    srv_finish fr = j->res.finish; /* NONE unless answered: counted as "abort" */
     pthread_mutex_unlock(&j->mu);
-    int code = !reason || !fr ? SRV_FINISH_ABORT : !strcmp(fr, "length") ? SRV_FINISH_LENGTH
-             : !strcmp(fr, "tool_calls") ? SRV_FINISH_TOOLS : SRV_FINISH_STOP;
     double ttft = j->res.t_first > 0 ? j->res.t_first - j->req.t_submit : -1;
     double tpot = s->n_gen > 1 && j->res.t_first > 0 ? (now - j->res.t_first) / (s->n_gen - 1) : -1;
-    srv_metrics_request(e->metrics, code, j->req.n_prompt, j->res.n_cached, s->n_gen, ttft, tpot, now - j->req.t_submit);
+    srv_metrics_request(e->metrics, fr, j->req.n_prompt, j->res.n_cached, s->n_gen, ttft, tpot, now - j->req.t_submit);
     release_slot(e, s);
 }
 
-/* A job that never reached a slot ends with an error status. */
-static void fail_job(srv_job *j, int status, const char *msg)
+/* A job that never reached a slot ends in state `how` (FAILED: with this
+ * HTTP status; GONE_QUEUED: status 0, nobody is left to answer). */
+static void end_queued(srv_job *j, srv_job_state how, int status, const char *msg)
 {
     pthread_mutex_lock(&j->mu);
     j->res.err_status = status;
     snprintf(j->res.err_msg, sizeof j->res.err_msg, "%s", msg);
-    j->res.finished = 1;
+    j->res.state = how;
     srv_job_wake(j);
     pthread_mutex_unlock(&j->mu);
     srv_job_unref(j);
 }
+
+static void fail_job(srv_job *j, int status, const char *msg) { end_queued(j, SRV_JOB_FAILED, status, msg); }
 
 /* The raw distribution's log-probabilities: the sampled token's and the top
  * alternatives', before penalties touch the row (raw: [vocab] copy of it). */
@@ -216,17 +221,17 @@ static void on_token(srv_engine *e, slot *s, int32_t id)
 {
     srv_job *j = s->job;
     double now = q3_now();
-    if (s->n_gen == 0) j->res.t_first = now; /* written by this thread only, read after finished */
+    if (s->n_gen == 0) j->res.t_first = now; /* written by this thread only, read once the job ended */
     s->t_last = now;
     q3_sampler_accept(s->smp, id);
     s->gen[s->n_gen++] = id;
     if (s->counts) s->counts[id]++;
-    if (id == e->eot[0] || id == e->eot[1]) { finish(e, s, "stop"); return; }
+    if (id == e->eot[0] || id == e->eot[1]) { finish(e, s, SRV_FINISH_STOP); return; }
     const char *piece;
     size_t pl;
     if (!q3_detok_push(&s->detok, id, &piece, &pl) && pl) q3_strbuf_put(&s->text, piece, pl);
-    if (flush_text(s, 0)) { finish(e, s, "stop_string"); return; }
-    if (s->n_gen >= j->req.max_tokens) { finish(e, s, "length"); return; }
+    if (flush_text(s, 0)) { finish(e, s, SRV_FINISH_STOP_STRING); return; }
+    if (s->n_gen >= j->req.max_tokens) { finish(e, s, SRV_FINISH_LENGTH); return; }
     s->next = id;
     s->state = SLOT_DECODE;
 }
@@ -275,7 +280,7 @@ static int admit(srv_engine *e, slot *s, srv_job *j)
     s->state = SLOT_PREFILL;
     pthread_mutex_lock(&j->mu);
     j->res.n_cached = s->n_done;
-    j->res.started = 1;
+    j->res.state = SRV_JOB_RUNNING;
     pthread_mutex_unlock(&j->mu);
     return 0;
 }
@@ -346,7 +351,7 @@ static void *engine_main(void *arg)
                     e->queue[(e->q_head + m) % e->q_cap] = e->queue[(e->q_head + m + 1) % e->q_cap];
                 e->q_len--;
                 if (too_big) fail_job(j, 400, "the prompt and max_tokens need more KV cache than this server has (--kv-size)");
-                else fail_job(j, 499, "client closed the connection");
+                else end_queued(j, SRV_JOB_GONE_QUEUED, 0, "client closed the connection");
                 continue;
             }
             k++;
@@ -378,7 +383,7 @@ static void *engine_main(void *arg)
         }
         /* cancelled sequences free their blocks before the step */
         for (int i = 0; i < e->max_seqs; i++)
-            if (e->slots[i].state != SLOT_FREE && gone(e->slots[i].job)) finish(e, &e->slots[i], NULL);
+            if (e->slots[i].state != SLOT_FREE && gone(e->slots[i].job)) finish(e, &e->slots[i], SRV_FINISH_NONE);
 
         q3_step st = {.decode = e->rows, .prefill_seq = -1};
         slot *pre = NULL;
@@ -415,14 +420,14 @@ static void *engine_main(void *arg)
                 s->job->res.err_status = 500;
                 snprintf(s->job->res.err_msg, sizeof s->job->res.err_msg, "%s", msg);
                 pthread_mutex_unlock(&s->job->mu);
-                finish(e, s, "length");
+                finish(e, s, SRV_FINISH_LENGTH);
             }
             if (pre) {
                 pthread_mutex_lock(&pre->job->mu);
                 pre->job->res.err_status = 500;
                 snprintf(pre->job->res.err_msg, sizeof pre->job->res.err_msg, "%s", msg);
                 pthread_mutex_unlock(&pre->job->mu);
-                finish(e, pre, "length");
+                finish(e, pre, SRV_FINISH_LENGTH);
             }
             publish(e, waiting);
             continue;
@@ -446,7 +451,7 @@ static void *engine_main(void *arg)
             j->res.err_status = 503;
             snprintf(j->res.err_msg, sizeof j->res.err_msg, "the server is shutting down");
             pthread_mutex_unlock(&j->mu);
-            finish(e, &e->slots[i], "length");
+            finish(e, &e->slots[i], SRV_FINISH_LENGTH);
         }
     pthread_mutex_lock(&e->mu);
     while (e->q_len > 0) {

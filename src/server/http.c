@@ -93,15 +93,7 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
     (void)pos;
     srv_job *j = cls;
     pthread_mutex_lock(&j->mu);
-    if (j->res.finished && j->res.err_status && j->res.err_status != 499) { /* a failure after the stream began */
-        srv_err e;
-        srv_err_set(&e, j->res.err_status, j->res.err_status >= 500 ? "server_error" : "invalid_request_error", NULL, NULL,
-                    "%s", j->res.err_msg);
-        q3_strbuf_puts(&j->st.sse, "data: ");
-        srv_err_json(&e, &j->st.sse);
-        q3_strbuf_puts(&j->st.sse, "\n\ndata: [DONE]\n\n");
-        j->res.err_status = 499; /* written once */
-    }
+    if (j->res.state == SRV_JOB_FAILED) srv_render_failure(j); /* a failure after the stream began (once) */
     size_t avail = j->st.sse.len - j->st.sse_sent;
     if (avail) {
         size_t n = avail < max ? avail : max;
@@ -111,7 +103,7 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
         pthread_mutex_unlock(&j->mu);
         return (ssize_t)n;
     }
-    if (j->res.finished || j->st.sse.oom) {
+    if (srv_job_ended(j->res.state) || j->st.sse.oom) {
         pthread_mutex_unlock(&j->mu);
         return MHD_CONTENT_READER_END_OF_STREAM;
     }
@@ -137,13 +129,12 @@ static int authorized(srv_server *s, struct MHD_Connection *c)
     return diff == 0;
 }
 
-/* Answers a finished job (non-stream). */
+/* Answers a job that ended (non-stream). */
 static enum MHD_Result answer_job(struct MHD_Connection *c, srv_job *j)
 {
-    if (j->res.err_status) {
+    if (j->res.state == SRV_JOB_FAILED || j->res.state == SRV_JOB_GONE_QUEUED) {
         srv_err e;
-        srv_err_set(&e, j->res.err_status == 499 ? 500 : j->res.err_status, j->res.err_status >= 500 ? "server_error" : "invalid_request_error",
-                    NULL, NULL, "%s", j->res.err_msg);
+        srv_job_err(j, &e);
         return respond_err(c, &e);
     }
     q3_strbuf b = {0};
@@ -185,7 +176,7 @@ static enum MHD_Result start_job(srv_server *s, struct MHD_Connection *c, conn_c
         return ok;
     }
     pthread_mutex_lock(&j->mu);
-    if (j->res.finished) {
+    if (srv_job_ended(j->res.state)) {
         pthread_mutex_unlock(&j->mu);
         return answer_job(c, j);
     }
@@ -218,7 +209,7 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
     if (cc->job) { /* resumed: the engine finished a non-stream job */
         srv_job *j = cc->job;
         pthread_mutex_lock(&j->mu);
-        if (!j->res.finished) { /* a spurious wake */
+        if (!srv_job_ended(j->res.state)) { /* a spurious wake */
             j->st.suspended = 1;
             MHD_suspend_connection(c);
             pthread_mutex_unlock(&j->mu);
@@ -292,7 +283,7 @@ static void completed(void *cls, struct MHD_Connection *c, void **con_cls, enum 
         j->st.conn = NULL;
         j->st.fd = -1;
         j->st.suspended = 0;
-        if (!j->res.finished) j->st.cancelled = 1;
+        if (!srv_job_ended(j->res.state)) j->st.cancelled = 1;
         pthread_mutex_unlock(&j->mu);
         srv_job_unref(j);
         __atomic_sub_fetch(&s->in_flight, 1, __ATOMIC_SEQ_CST);

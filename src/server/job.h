@@ -37,6 +37,35 @@ struct q3_tokenizer;
 
 typedef enum srv_kind { SRV_CHAT, SRV_COMPLETION } srv_kind;
 
+/* Why generation ended with an answer; render.c's srv_finish_wire says it in
+ * the wire's words, metrics.c in vLLM's label. */
+typedef enum srv_finish {
+    SRV_FINISH_NONE,        /* no answer: not ended yet, failed or cancelled (metrics: "abort") */
+    SRV_FINISH_STOP,        /* an end-of-turn token: "stop" */
+    SRV_FINISH_STOP_STRING, /* one of the request's stop strings: "stop" */
+    SRV_FINISH_LENGTH,      /* max_tokens: "length" */
+    SRV_FINISH_TOOL_CALLS,  /* a stop after at least one tool call: "tool_calls" */
+} srv_finish;
+
+/* Where a job is. QUEUED and RUNNING are set by the engine thread; every state
+ * from DONE on is final (srv_job_ended), and the result with it. */
+typedef enum srv_job_state {
+    SRV_JOB_QUEUED,         /* submitted, waiting for a sequence */
+    SRV_JOB_RUNNING,        /* admitted to a sequence */
+    SRV_JOB_DONE,           /* ended with an answer: res.finish says why */
+    SRV_JOB_FAILED,         /* ended with an error: res.err_status and res.err_msg */
+    SRV_JOB_GONE_QUEUED,    /* the client went away before the job started: dropped from the queue */
+    SRV_JOB_GONE,           /* the client went away while it ran: dropped from its sequence */
+} srv_job_state;
+
+static inline int srv_job_ended(srv_job_state s) { return s >= SRV_JOB_DONE; }
+
+/* How far a stream's framing went. */
+typedef enum srv_sse_state {
+    SRV_SSE_OPEN,           /* chunks are appended as the answer comes */
+    SRV_SSE_ERROR_SENT,     /* a failed job's error event and [DONE] are appended (once) */
+} srv_sse_state;
+
 typedef struct srv_tool_call {
     char *name;       /* function name */
     char *arguments;  /* JSON text */
@@ -75,25 +104,25 @@ typedef struct srv_stream {
     int cancelled;                  /* the client went away: the engine drops the job */
     q3_strbuf sse;                  /* stream: bytes not yet handed to MHD start at sse_sent */
     size_t sse_sent;
+    srv_sse_state sse_state;
     int lp_sent;                    /* stream: result.lp[0, lp_sent) went out in a chunk */
     double t_last_write;
 } srv_stream;
 
 /* What generation produced: written by the engine thread under j->mu (t_first
- * without it: only that thread writes it before `finished`), read by the HTTP
- * threads under j->mu, or without it once `finished` is seen. */
+ * without it: only that thread writes it, before the job ends), read by the HTTP
+ * threads under j->mu, or without it once srv_job_ended(state) was seen. */
 typedef struct srv_result {
-    int started;                    /* admitted to a sequence */
-    int finished;                   /* no more output; the result fields are final */
+    srv_job_state state;
     int n_completion, n_cached;
-    const char *finish_reason;      /* "stop", "length", "tool_calls" */
+    srv_finish finish;              /* set with the last output (srv_out_finish) */
     q3_strbuf content, reasoning;   /* non-stream: the whole answer */
     srv_tool_call tool_calls[SRV_MAX_TOOL_CALLS];
     int n_tool_calls;
     srv_logprob *lp;                /* [n_lp] one per generated token (logprobs requests) */
     int n_lp, cap_lp;
-    int err_status;                 /* != 0: the job failed with this HTTP status */
-    char err_msg[256];
+    int err_status;                 /* != 0: the job fails with this HTTP status (state FAILED once it ends) */
+    char err_msg[256];              /* its message; GONE_QUEUED: why it was dropped */
     double t_first, t_done;
 } srv_result;
 

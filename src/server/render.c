@@ -24,6 +24,28 @@ int srv_err_set(srv_err *e, int status, const char *type, const char *code, cons
     return status;
 }
 
+/* The status of an error answer gives its type. */
+static const char *err_type(int status) { return status >= 500 ? "server_error" : "invalid_request_error"; }
+
+void srv_job_err(const srv_job *j, srv_err *e)
+{
+    if (j->res.state == SRV_JOB_GONE_QUEUED) /* only a client that half-closed its socket still reads this */
+        srv_err_set(e, 500, "invalid_request_error", NULL, NULL, "%s", j->res.err_msg);
+    else
+        srv_err_set(e, j->res.err_status, err_type(j->res.err_status), NULL, NULL, "%s", j->res.err_msg);
+}
+
+void srv_render_failure(srv_job *j)
+{
+    if (j->st.sse_state == SRV_SSE_ERROR_SENT) return;
+    srv_err e;
+    srv_job_err(j, &e);
+    q3_strbuf_puts(&j->st.sse, "data: ");
+    srv_err_json(&e, &j->st.sse);
+    q3_strbuf_puts(&j->st.sse, "\n\ndata: [DONE]\n\n");
+    j->st.sse_state = SRV_SSE_ERROR_SENT;
+}
+
 /* Appends item's unformatted JSON (cJSON escapes strings as JSON requires). */
 void srv_put_json(q3_strbuf *b, const cJSON *item)
 {
@@ -78,7 +100,7 @@ static void sse_put(srv_job *j, cJSON *chunk)
 }
 
 /* A chunk with one choice; delta (chat) or text (completion) given by the caller. */
-static cJSON *chunk_choice(const srv_job *j, cJSON **choice, const char *finish)
+static cJSON *chunk_choice(const srv_job *j, cJSON **choice)
 {
     cJSON *c = chunk_head(j), *arr = cJSON_AddArrayToObject(c, "choices");
     *choice = cJSON_CreateObject();
@@ -178,21 +200,35 @@ static void choice_logprobs(srv_job *j, cJSON *choice)
     j->st.lp_sent = j->res.n_lp;
 }
 
-static void choice_tail(cJSON *choice, const char *finish)
+const char *srv_finish_wire(srv_finish f)
 {
-    if (finish) cJSON_AddStringToObject(choice, "finish_reason", finish);
+    switch (f) {
+    case SRV_FINISH_STOP:
+    case SRV_FINISH_STOP_STRING: return "stop";
+    case SRV_FINISH_LENGTH: return "length";
+    case SRV_FINISH_TOOL_CALLS: return "tool_calls";
+    case SRV_FINISH_NONE: break;
+    }
+    return NULL;
+}
+
+/* "finish_reason": the wire's word, or null while the answer goes on. */
+static void choice_tail(cJSON *choice, srv_finish f)
+{
+    const char *w = srv_finish_wire(f);
+    if (w) cJSON_AddStringToObject(choice, "finish_reason", w);
     else cJSON_AddNullToObject(choice, "finish_reason");
 }
 
 void srv_stream_begin(srv_job *j)
 {
     if (j->req.kind != SRV_CHAT) return;
-    cJSON *choice, *c = chunk_choice(j, &choice, NULL);
+    cJSON *choice, *c = chunk_choice(j, &choice);
     cJSON *d = cJSON_AddObjectToObject(choice, "delta");
     cJSON_AddStringToObject(d, "role", "assistant");
     cJSON_AddStringToObject(d, "content", "");
     cJSON_AddNullToObject(choice, "logprobs");
-    choice_tail(choice, NULL);
+    choice_tail(choice, SRV_FINISH_NONE);
     sse_put(j, c);
 }
 
@@ -208,7 +244,7 @@ static void put_text(srv_job *j, int reasoning, const char *s, size_t n)
     }
     char *t = strndup(s, n);
     if (!t) { j->st.sse.oom = 1; return; }
-    cJSON *choice, *c = chunk_choice(j, &choice, NULL);
+    cJSON *choice, *c = chunk_choice(j, &choice);
     if (j->req.kind == SRV_CHAT) {
         cJSON *d = cJSON_AddObjectToObject(choice, "delta");
         cJSON_AddStringToObject(d, reasoning ? "reasoning_content" : "content", t);
@@ -216,7 +252,7 @@ static void put_text(srv_job *j, int reasoning, const char *s, size_t n)
         cJSON_AddStringToObject(choice, "text", t);
     }
     choice_logprobs(j, choice);
-    choice_tail(choice, NULL);
+    choice_tail(choice, SRV_FINISH_NONE);
     sse_put(j, c);
     free(t);
 }
@@ -230,7 +266,7 @@ void srv_render_tool_call(srv_job *j, char *name, char *arguments)
     j->res.tool_calls[k].name = name;
     j->res.tool_calls[k].arguments = arguments;
     if (!j->req.stream) return;
-    cJSON *choice, *c = chunk_choice(j, &choice, NULL);
+    cJSON *choice, *c = chunk_choice(j, &choice);
     cJSON *d = cJSON_AddObjectToObject(choice, "delta"), *arr = cJSON_AddArrayToObject(d, "tool_calls");
     cJSON *tc = cJSON_CreateObject();
     cJSON_AddItemToArray(arr, tc);
@@ -243,18 +279,18 @@ void srv_render_tool_call(srv_job *j, char *name, char *arguments)
     cJSON_AddStringToObject(f, "name", name);
     cJSON_AddStringToObject(f, "arguments", arguments);
     choice_logprobs(j, choice);
-    choice_tail(choice, NULL);
+    choice_tail(choice, SRV_FINISH_NONE);
     sse_put(j, c);
 }
 
 void srv_render_end(srv_job *j)
 {
     if (!j->req.stream) return;
-    cJSON *choice, *c = chunk_choice(j, &choice, NULL);
+    cJSON *choice, *c = chunk_choice(j, &choice);
     if (j->req.kind == SRV_CHAT) cJSON_AddObjectToObject(choice, "delta");
     else cJSON_AddStringToObject(choice, "text", "");
     choice_logprobs(j, choice);
-    choice_tail(choice, j->res.finish_reason);
+    choice_tail(choice, j->res.finish);
     sse_put(j, c);
     if (j->req.include_usage) {
         c = chunk_head(j);
@@ -301,7 +337,7 @@ void srv_response_json(const srv_job *j, q3_strbuf *out)
     }
     if (j->req.logprobs) cJSON_AddItemToObject(choice, "logprobs", logprobs_json(j, 0, j->res.n_lp));
     else cJSON_AddNullToObject(choice, "logprobs");
-    choice_tail(choice, j->res.finish_reason ? j->res.finish_reason : "stop");
+    choice_tail(choice, j->res.finish != SRV_FINISH_NONE ? j->res.finish : SRV_FINISH_STOP);
     cJSON_AddItemToObject(r, "usage", usage_json(j));
     srv_put_json(out, r);
     cJSON_Delete(r);

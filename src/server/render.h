@@ -30,6 +30,14 @@ int srv_err_set(srv_err *e, int status, const char *type, const char *code, cons
 /* {"error":{"message","type","param","code"}} into b (code: e->code, or the status as a number). */
 void srv_err_json(const srv_err *e, q3_strbuf *b);
 
+/* The error answer of a job that ended without an answer (FAILED, or
+ * GONE_QUEUED: answered 500, though only a half-closed client still reads it). */
+void srv_job_err(const srv_job *j, srv_err *e);
+
+/* The wire's finish_reason for f ("stop", "length", "tool_calls"); NULL for
+ * SRV_FINISH_NONE. The one place the enum becomes the wire's word. */
+const char *srv_finish_wire(srv_finish f);
+
 /* Appends item's unformatted JSON to b (b->oom when cJSON runs out of memory). */
 void srv_put_json(q3_strbuf *b, const struct cJSON *item);
 
@@ -44,9 +52,12 @@ void srv_render_reasoning(srv_job *j, const char *s, size_t n);
 /* A whole tool call: recorded in the job (which takes both heap strings) and,
  * for a stream, sent as a tool_calls delta. */
 void srv_render_tool_call(srv_job *j, char *name, char *arguments);
-/* Stream: the final chunk (with the job's finish reason), the usage chunk
- * (include_usage) and `data: [DONE]`. Nothing for a whole answer. */
+/* Stream: the final chunk (with res.finish), the usage chunk (include_usage)
+ * and `data: [DONE]`. Nothing for a whole answer. */
 void srv_render_end(srv_job *j);
+/* Stream of a FAILED job: its error event and `data: [DONE]`, once (then
+ * st.sse_state is SRV_SSE_ERROR_SENT). */
+void srv_render_failure(srv_job *j);
 
 /* A whole non-stream answer. */
 void srv_response_json(const srv_job *j, q3_strbuf *out);
