@@ -515,7 +515,11 @@ int main(void)
         ts_resp_free(&r);
     }
     ts_request(port, "GET", "/v1/chat/completions", NULL, NULL, &r);
-    CHECK(r.status == 405, "GET on a POST route: %d", r.status);
+    CHECK(r.status == 405 && r.head && strstr(r.head, "\r\nAllow: POST\r\n") && strstr(r.body, "\"error\""),
+          "GET on a POST route: %d, Allow: POST", r.status);
+    ts_resp_free(&r);
+    ts_request(port, "POST", "/health", NULL, "{}", &r);
+    CHECK(r.status == 405 && r.head && strstr(r.head, "\r\nAllow: GET\r\n"), "POST /health: %d, Allow: GET", r.status);
     ts_resp_free(&r);
     ts_request(port, "GET", "/nope", NULL, NULL, &r);
     CHECK(r.status == 404 && strstr(r.body, "\"error\""), "unknown path: %d", r.status);

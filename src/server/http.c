@@ -1,5 +1,6 @@
-/* HTTP with GNU libmicrohttpd: routing, limits, API keys, and the
- * suspend/resume plumbing between connections and the engine. */
+/* HTTP with GNU libmicrohttpd: the route table, limits, API keys, and the
+ * suspend/resume plumbing between connections and the engine. The only file
+ * of src/server that includes microhttpd.h. */
 #include "server/server.h"
 
 #include <arpa/inet.h>
@@ -142,14 +143,21 @@ static enum MHD_Result answer_job(struct MHD_Connection *c, srv_job *j)
     return respond_json(c, 200, &b);
 }
 
-static enum MHD_Result start_job(srv_server *s, struct MHD_Connection *c, conn_ctx *cc, int chat)
+/* ---- handlers: one a route; the table below has already checked the method,
+ * the key and, where the route needs it, readiness and the body's limits ---- */
+
+typedef int (*parse_fn)(const srv_api *a, const char *body, size_t len, srv_job *j, srv_err *e);
+typedef int (*answer_fn)(const srv_api *a, const char *body, size_t len, q3_strbuf *out, srv_err *e);
+
+/* Parses the body into a job and submits it; a stream is answered as it comes,
+ * otherwise the connection is suspended until the job ends. */
+static enum MHD_Result start_job(srv_server *s, struct MHD_Connection *c, conn_ctx *cc, parse_fn parse)
 {
     srv_job *j = srv_job_new();
     if (!j) return fail(c, 500, "server_error", NULL, "out of memory");
     srv_err e = {0};
     const char *body = cc->body.data ? cc->body.data : "";
-    int rc = chat ? srv_parse_chat(&s->api, body, cc->body.len, j, &e) : srv_parse_completion(&s->api, body, cc->body.len, j, &e);
-    if (rc) {
+    if (parse(&s->api, body, cc->body.len, j, &e)) {
         srv_job_unref(j);
         return respond_err(c, &e);
     }
@@ -186,6 +194,138 @@ static enum MHD_Result start_job(srv_server *s, struct MHD_Connection *c, conn_c
     return MHD_YES;
 }
 
+/* A body in, a JSON answer out, on the HTTP thread. */
+static enum MHD_Result answer_body(srv_server *s, struct MHD_Connection *c, conn_ctx *cc, answer_fn answer)
+{
+    q3_strbuf b = {0};
+    srv_err e = {0};
+    const char *body = cc->body.data ? cc->body.data : "";
+    if (answer(&s->api, body, cc->body.len, &b, &e)) {
+        free(b.data);
+        return respond_err(c, &e);
+    }
+    return respond_json(c, 200, &b);
+}
+
+/* Whether the server takes requests now; otherwise *out is the 503 answer. */
+static int ready(srv_server *s, struct MHD_Connection *c, enum MHD_Result *out)
+{
+    if (!__atomic_load_n(&s->ready, __ATOMIC_ACQUIRE)) {
+        *out = fail(c, 503, "server_error", "loading", "the model is loading");
+        return 0;
+    }
+    if (__atomic_load_n(&s->draining, __ATOMIC_ACQUIRE)) {
+        *out = fail(c, 503, "server_error", "draining", "the server is shutting down");
+        return 0;
+    }
+    return 1;
+}
+
+/* 200 when ready, 503 while loading or draining; never waits on inference. */
+static enum MHD_Result h_health(srv_server *s, struct MHD_Connection *c, conn_ctx *cc)
+{
+    enum MHD_Result out;
+    if (!ready(s, c, &out)) return out;
+    return respond(c, 200, "application/json", "{}", 2);
+}
+
+static enum MHD_Result h_metrics(srv_server *s, struct MHD_Connection *c, conn_ctx *cc)
+{
+    q3_strbuf b = {0};
+    srv_metrics_render(&s->metrics, s->api.model_name ? s->api.model_name : "", &b);
+    if (b.oom) { free(b.data); return fail(c, 500, "server_error", NULL, "out of memory"); }
+    enum MHD_Result ok = respond(c, 200, "text/plain; version=0.0.4; charset=utf-8", b.data ? b.data : "", b.len);
+    free(b.data);
+    return ok;
+}
+
+static enum MHD_Result h_models(srv_server *s, struct MHD_Connection *c, conn_ctx *cc)
+{
+    q3_strbuf b = {0};
+    srv_models_json(&s->api, s->started, &b);
+    return respond_json(c, 200, &b);
+}
+
+static enum MHD_Result h_chat(srv_server *s, struct MHD_Connection *c, conn_ctx *cc) { return start_job(s, c, cc, srv_parse_chat); }
+static enum MHD_Result h_completions(srv_server *s, struct MHD_Connection *c, conn_ctx *cc) { return start_job(s, c, cc, srv_parse_completion); }
+static enum MHD_Result h_tokenize(srv_server *s, struct MHD_Connection *c, conn_ctx *cc) { return answer_body(s, c, cc, srv_tokenize); }
+static enum MHD_Result h_detokenize(srv_server *s, struct MHD_Connection *c, conn_ctx *cc) { return answer_body(s, c, cc, srv_detokenize); }
+
+/* ---- routes ---------------------------------------------------------------------- */
+
+typedef struct route {
+    const char *method, *path;
+    enum MHD_Result (*handler)(srv_server *s, struct MHD_Connection *c, conn_ctx *cc);
+    int needs_auth;   /* the API key, when the server has one (401) */
+    int needs_ready;  /* 503 while loading or draining; the body's limits checked (413) */
+} route;
+
+/* Every route the server answers. A path not here is 404; a path here with
+ * another method is 405 with Allow listing the path's methods. The checks run
+ * in this order: path, key (of any route on the path), method, readiness, body. */
+static const route ROUTES[] = {
+    {"GET", "/health", h_health, 0, 0},
+    {"GET", "/metrics", h_metrics, 0, 0},
+    {"GET", "/v1/models", h_models, 1, 1},
+    {"POST", "/v1/chat/completions", h_chat, 1, 1},
+    {"POST", "/v1/completions", h_completions, 1, 1},
+    {"POST", "/tokenize", h_tokenize, 1, 1},
+    {"POST", "/detokenize", h_detokenize, 1, 1},
+};
+
+/* 405: the path's methods in Allow and in the message. */
+static enum MHD_Result not_allowed(struct MHD_Connection *c, const char *allow, const char *path)
+{
+    srv_err e;
+    srv_err_set(&e, 405, "invalid_request_error", NULL, NULL, "use %s %s", allow, path);
+    q3_strbuf b = {0};
+    srv_err_json(&e, &b);
+    if (b.oom) return respond_json(c, 405, &b); /* answers 500 */
+    struct MHD_Response *r = MHD_create_response_from_buffer(b.len, b.data, MHD_RESPMEM_MUST_COPY);
+    free(b.data);
+    if (!r) return MHD_NO;
+    MHD_add_response_header(r, "Content-Type", "application/json");
+    MHD_add_response_header(r, "Allow", allow);
+    enum MHD_Result ok = MHD_queue_response(c, 405, r);
+    MHD_destroy_response(r);
+    return ok;
+}
+
+static enum MHD_Result dispatch(srv_server *s, struct MHD_Connection *c, conn_ctx *cc, const char *url, const char *method)
+{
+    const route *rt = NULL;
+    int on_path = 0, auth = 0;
+    char allow[64] = "";
+    for (size_t i = 0; i < sizeof ROUTES / sizeof *ROUTES; i++) {
+        const route *r = &ROUTES[i];
+        if (strcmp(url, r->path)) continue;
+        size_t n = strlen(allow);
+        snprintf(allow + n, sizeof allow - n, "%s%s", on_path ? ", " : "", r->method);
+        on_path = 1;
+        auth |= r->needs_auth;
+        if (!strcmp(method, r->method)) rt = r;
+    }
+    if (!on_path) {
+        char msg[160];
+        snprintf(msg, sizeof msg, "no route %.100s", url);
+        return fail(c, 404, "invalid_request_error", "not_found", msg);
+    }
+    if (auth && !authorized(s, c))
+        return fail(c, 401, "invalid_request_error", "invalid_api_key", "a missing or wrong API key (Authorization: Bearer KEY)");
+    if (!rt) return not_allowed(c, allow, url);
+    if (rt->needs_ready) {
+        enum MHD_Result out;
+        if (!ready(s, c, &out)) return out;
+        if (cc->too_big) {
+            char msg[96];
+            snprintf(msg, sizeof msg, "the request body is larger than %zu bytes", s->max_body);
+            return fail(c, 413, "invalid_request_error", "body_too_large", msg);
+        }
+        if (cc->body.oom) return fail(c, 500, "server_error", NULL, "out of memory");
+    }
+    return rt->handler(s, c, cc);
+}
+
 static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *url, const char *method,
                               const char *version, const char *upload, size_t *upload_size, void **con_cls)
 {
@@ -218,56 +358,7 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
         pthread_mutex_unlock(&j->mu);
         return answer_job(c, j);
     }
-    int get = !strcmp(method, "GET"), post = !strcmp(method, "POST");
-    if (!strcmp(url, "/health")) {
-        if (!get) return fail(c, 405, "invalid_request_error", NULL, "use GET /health");
-        if (!__atomic_load_n(&s->ready, __ATOMIC_ACQUIRE)) return fail(c, 503, "server_error", "loading", "the model is loading");
-        if (__atomic_load_n(&s->draining, __ATOMIC_ACQUIRE)) return fail(c, 503, "server_error", "draining", "the server is shutting down");
-        return respond(c, 200, "application/json", "{}", 2);
-    }
-    if (!strcmp(url, "/metrics")) {
-        if (!get) return fail(c, 405, "invalid_request_error", NULL, "use GET /metrics");
-        q3_strbuf b = {0};
-        srv_metrics_render(&s->metrics, s->api.model_name ? s->api.model_name : "", &b);
-        if (b.oom) { free(b.data); return fail(c, 500, "server_error", NULL, "out of memory"); }
-        enum MHD_Result ok = respond(c, 200, "text/plain; version=0.0.4; charset=utf-8", b.data ? b.data : "", b.len);
-        free(b.data);
-        return ok;
-    }
-    static const char *const routes[] = {"/v1/models", "/v1/chat/completions", "/v1/completions", "/tokenize", "/detokenize", NULL};
-    int route = -1;
-    for (int i = 0; routes[i]; i++)
-        if (!strcmp(url, routes[i])) route = i;
-    if (route < 0) {
-        char msg[160];
-        snprintf(msg, sizeof msg, "no route %.100s", url);
-        return fail(c, 404, "invalid_request_error", "not_found", msg);
-    }
-    if (!authorized(s, c)) return fail(c, 401, "invalid_request_error", "invalid_api_key", "a missing or wrong API key (Authorization: Bearer KEY)");
-    if (route == 0 ? !get : !post) return fail(c, 405, "invalid_request_error", NULL, route == 0 ? "use GET" : "use POST");
-    if (!__atomic_load_n(&s->ready, __ATOMIC_ACQUIRE)) return fail(c, 503, "server_error", "loading", "the model is loading");
-    if (__atomic_load_n(&s->draining, __ATOMIC_ACQUIRE)) return fail(c, 503, "server_error", "draining", "the server is shutting down");
-    if (cc->too_big) {
-        char msg[96];
-        snprintf(msg, sizeof msg, "the request body is larger than %zu bytes", s->max_body);
-        return fail(c, 413, "invalid_request_error", "body_too_large", msg);
-    }
-    if (cc->body.oom) return fail(c, 500, "server_error", NULL, "out of memory");
-    if (route == 0) {
-        q3_strbuf b = {0};
-        srv_models_json(&s->api, s->started, &b);
-        return respond_json(c, 200, &b);
-    }
-    if (route == 1 || route == 2) return start_job(s, c, cc, route == 1);
-    q3_strbuf b = {0};
-    srv_err e = {0};
-    const char *body = cc->body.data ? cc->body.data : "";
-    int rc = route == 3 ? srv_tokenize(&s->api, body, cc->body.len, &b, &e) : srv_detokenize(&s->api, body, cc->body.len, &b, &e);
-    if (rc) {
-        free(b.data);
-        return respond_err(c, &e);
-    }
-    return respond_json(c, 200, &b);
+    return dispatch(s, c, cc, url, method);
 }
 
 static void completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe)
