@@ -5,7 +5,8 @@
  * control tokens in message text, 24 concurrent clients (some hanging up
  * early) whose answers equal the same requests made alone, /health under
  * load, the queue limit (429), API keys (401), and SIGTERM draining a stream
- * and exiting 0. Plus the output splitter (reasoning, tool calls) on its own. */
+ * and exiting 0. Plus the output splitter (reasoning, tool calls) on its own,
+ * fed as text and fed by channel, and how a failed or abandoned job answers. */
 #include <cjson/cJSON.h>
 #include <pthread.h>
 
@@ -292,9 +293,65 @@ static void test_splitter(void)
     srv_job_unref(j);
 }
 
+/* The splitter's policy layer fed by channel (as a splitter by token ids will
+ * feed it) gives what the marker text gives; a job's ends render as before. */
+static void test_channels_and_ends(void)
+{
+    for (int stream = 0; stream < 2; stream++) {
+        srv_job *j = srv_job_new();
+        j->req.kind = SRV_CHAT;
+        j->req.stream = stream;
+        j->req.parse_reasoning = j->req.parse_tools = 1;
+        j->req.model_name = "m";
+        snprintf(j->req.id, sizeof j->req.id, "chatcmpl-x");
+        srv_out o = {0};
+#define PUT(ch, text) srv_out_put(&o, j, ch, text, strlen(text))
+        PUT(SRV_CHANNEL_REASONING, "\nLet me see.\n\n");
+        PUT(SRV_CHANNEL_REASONING, "Yes.\n");
+        srv_out_close(&o, j);
+        PUT(SRV_CHANNEL_CONTENT, "\n\nSure: ");
+        PUT(SRV_CHANNEL_TOOL_CALL, "{\"name\": \"f\", \"arguments\": {}}");
+        srv_out_close(&o, j);
+        PUT(SRV_CHANNEL_TOOL_CALL, "{not json");
+        srv_out_finish(&o, j, SRV_FINISH_STOP_STRING);
+#undef PUT
+        CHECK(j->res.n_tool_calls == 1 && !strcmp(j->res.tool_calls[0].name, "f") && j->res.finish == SRV_FINISH_TOOL_CALLS,
+              "channels: one tool call, finish %s", srv_finish_wire(j->res.finish));
+        if (!stream)
+            CHECK(j->res.reasoning.data && !strcmp(j->res.reasoning.data, "Let me see.\n\nYes.") && j->res.content.data &&
+                  !strcmp(j->res.content.data, "Sure: <tool_call>{not json"),
+                  "channels: reasoning '%s', content '%s'", j->res.reasoning.data, j->res.content.data);
+        else
+            CHECK(j->st.sse.data && strstr(j->st.sse.data, "\"finish_reason\":\"tool_calls\"") &&
+                  strstr(j->st.sse.data, "data: [DONE]\n\n"), "channels: stream ends");
+        srv_out_free(&o);
+        srv_job_unref(j);
+    }
+    /* a failure: the stream's error event goes out once; a whole answer is the envelope */
+    srv_job *j = srv_job_new();
+    j->req.stream = 1;
+    j->res.state = SRV_JOB_FAILED;
+    j->res.err_status = 503;
+    snprintf(j->res.err_msg, sizeof j->res.err_msg, "the server is shutting down");
+    srv_render_failure(j);
+    srv_render_failure(j);
+    CHECK(j->st.sse.data && !strcmp(j->st.sse.data, "data: {\"error\":{\"message\":\"the server is shutting down\",\"type\":"
+                                                    "\"server_error\",\"param\":null,\"code\":503}}\n\ndata: [DONE]\n\n"),
+          "failure event once: %s", j->st.sse.data);
+    /* the client left before the job started: answered 500 should anyone still read */
+    j->res.state = SRV_JOB_GONE_QUEUED;
+    j->res.err_status = 0;
+    srv_err e;
+    srv_job_err(j, &e);
+    CHECK(e.status == 500 && !strcmp(e.message, "the server is shutting down"), "gone before start: %d", e.status);
+    srv_job_unref(j);
+    CHECK(!strcmp(srv_finish_wire(SRV_FINISH_STOP_STRING), "stop") && !srv_finish_wire(SRV_FINISH_NONE), "finish on the wire");
+}
+
 int main(void)
 {
     test_splitter();
+    test_channels_and_ends();
 
     test_server srv = {0};
     const char *args[] = {"-m", MODEL, "-t", "1", "--parallel", "4", "--ctx", "256", "--max-body", "65536", NULL};
