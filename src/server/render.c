@@ -11,6 +11,8 @@
 #include "text/tokenizer.h"
 #include "text/utf8.h"
 
+/* ---- the error envelope ----------------------------------------------------------- */
+
 int srv_err_set(srv_err *e, int status, const char *type, const char *code, const char *param, const char *fmt, ...)
 {
     e->status = status;
@@ -22,28 +24,6 @@ int srv_err_set(srv_err *e, int status, const char *type, const char *code, cons
     vsnprintf(e->message, sizeof e->message, fmt, ap);
     va_end(ap);
     return status;
-}
-
-/* The status of an error answer gives its type. */
-static const char *err_type(int status) { return status >= 500 ? "server_error" : "invalid_request_error"; }
-
-void srv_job_err(const srv_job *j, srv_err *e)
-{
-    if (j->res.state == SRV_JOB_GONE_QUEUED) /* only a client that half-closed its socket still reads this */
-        srv_err_set(e, 500, "invalid_request_error", NULL, NULL, "%s", j->res.err_msg);
-    else
-        srv_err_set(e, j->res.err_status, err_type(j->res.err_status), NULL, NULL, "%s", j->res.err_msg);
-}
-
-void srv_render_failure(srv_job *j)
-{
-    if (j->st.sse_state == SRV_SSE_ERROR_SENT) return;
-    srv_err e;
-    srv_job_err(j, &e);
-    q3_strbuf_puts(&j->st.sse, "data: ");
-    srv_err_json(&e, &j->st.sse);
-    q3_strbuf_puts(&j->st.sse, "\n\ndata: [DONE]\n\n");
-    j->st.sse_state = SRV_SSE_ERROR_SENT;
 }
 
 /* Appends item's unformatted JSON (cJSON escapes strings as JSON requires). */
@@ -68,7 +48,29 @@ void srv_err_json(const srv_err *e, q3_strbuf *b)
     cJSON_Delete(root);
 }
 
-/* ---- answers ------------------------------------------------------------------ */
+/* The status of an error answer gives its type. */
+static const char *err_type(int status) { return status >= 500 ? "server_error" : "invalid_request_error"; }
+
+void srv_job_err(const srv_job *j, srv_err *e)
+{
+    if (j->res.state == SRV_JOB_GONE_QUEUED) /* only a client that half-closed its socket still reads this */
+        srv_err_set(e, 500, "invalid_request_error", NULL, NULL, "%s", j->res.err_msg);
+    else
+        srv_err_set(e, j->res.err_status, err_type(j->res.err_status), NULL, NULL, "%s", j->res.err_msg);
+}
+
+void srv_render_failure(srv_job *j)
+{
+    if (j->st.sse_state == SRV_SSE_ERROR_SENT) return;
+    srv_err e;
+    srv_job_err(j, &e);
+    q3_strbuf_puts(&j->st.sse, "data: ");
+    srv_err_json(&e, &j->st.sse);
+    q3_strbuf_puts(&j->st.sse, "\n\ndata: [DONE]\n\n");
+    j->st.sse_state = SRV_SSE_ERROR_SENT;
+}
+
+/* ---- pieces of an answer ---------------------------------------------------------- */
 
 static cJSON *usage_json(const srv_job *j)
 {
@@ -220,6 +222,8 @@ static void choice_tail(cJSON *choice, srv_finish f)
     else cJSON_AddNullToObject(choice, "finish_reason");
 }
 
+/* ---- the answer as it comes: SSE chunks, or the whole answer's fields ------------- */
+
 void srv_stream_begin(srv_job *j)
 {
     if (j->req.kind != SRV_CHAT) return;
@@ -300,6 +304,8 @@ void srv_render_end(srv_job *j)
     }
     q3_strbuf_puts(&j->st.sse, "data: [DONE]\n\n");
 }
+
+/* ---- a whole answer --------------------------------------------------------------- */
 
 void srv_response_json(const srv_job *j, q3_strbuf *out)
 {
