@@ -5,12 +5,14 @@
  * control tokens in message text, 24 concurrent clients (some hanging up
  * early) whose answers equal the same requests made alone, /health under
  * load, the queue limit (429), API keys (401), and SIGTERM draining a stream
- * and exiting 0. Plus the output splitter (reasoning, tool calls) on its own. */
+ * and exiting 0. Plus the output splitter (reasoning, tool calls) on its own,
+ * fed as text and fed by channel, and how a failed or abandoned job answers. */
 #include <cjson/cJSON.h>
 #include <pthread.h>
 
 #include "serve_util.h"
-#include "server/openai.h"
+#include "server/channel.h"
+#include "server/render.h"
 #include "test.h"
 
 #define MODEL TEST_DATA "/golden/e2e"
@@ -239,21 +241,21 @@ static void test_splitter(void)
     for (int step = 1; step <= 7; step += 3) { /* fed in pieces of 1, 4, 7 bytes */
         for (int stream = 0; stream < 2; stream++) {
             srv_job *j = srv_job_new();
-            j->kind = SRV_CHAT;
-            j->stream = stream;
-            j->parse_reasoning = j->parse_tools = 1;
-            j->model_name = "m";
-            snprintf(j->id, sizeof j->id, "chatcmpl-x");
+            j->req.kind = SRV_CHAT;
+            j->req.stream = stream;
+            j->req.parse_reasoning = j->req.parse_tools = 1;
+            j->req.model_name = "m";
+            snprintf(j->req.id, sizeof j->req.id, "chatcmpl-x");
             srv_out o = {0};
             size_t n = strlen(text);
             for (size_t i = 0; i < n; i += (size_t)step) srv_out_text(&o, j, text + i, n - i < (size_t)step ? n - i : (size_t)step);
-            srv_out_finish(&o, j, "stop");
-            CHECK(!strcmp(j->finish_reason, "tool_calls"), "finish %s", j->finish_reason);
-            CHECK(j->n_tool_calls == 1 && !strcmp(j->tool_calls[0].name, "get_weather") &&
-                  !strcmp(j->tool_calls[0].arguments, "{\"city\":\"Paris\",\"days\":2}"), "tool call parsed (step %d)", step);
+            srv_out_finish(&o, j, SRV_FINISH_STOP);
+            CHECK(j->res.finish == SRV_FINISH_TOOL_CALLS, "finish %s", srv_finish_wire(j->res.finish));
+            CHECK(j->res.n_tool_calls == 1 && !strcmp(j->res.tool_calls[0].name, "get_weather") &&
+                  !strcmp(j->res.tool_calls[0].arguments, "{\"city\":\"Paris\",\"days\":2}"), "tool call parsed (step %d)", step);
             if (!stream) {
-                CHECK(j->reasoning.data && !strcmp(j->reasoning.data, "Let me see.\n\nYes."), "reasoning '%s'", j->reasoning.data);
-                CHECK(j->content.data && !strcmp(j->content.data, "Sure: "), "content '%s'", j->content.data);
+                CHECK(j->res.reasoning.data && !strcmp(j->res.reasoning.data, "Let me see.\n\nYes."), "reasoning '%s'", j->res.reasoning.data);
+                CHECK(j->res.content.data && !strcmp(j->res.content.data, "Sure: "), "content '%s'", j->res.content.data);
                 q3_strbuf b = {0};
                 srv_response_json(j, &b);
                 cJSON *r = cJSON_Parse(b.data);
@@ -265,9 +267,9 @@ static void test_splitter(void)
                 free(b.data);
             } else {
                 stream_result *s = calloc(1, sizeof *s);
-                parse_sse(j->sse.data, s);
+                parse_sse(j->st.sse.data, s);
                 CHECK(s->ok_framing && s->done_last && !strcmp(s->content, "Sure: ") && !strcmp(s->reasoning, "Let me see.\n\nYes.") &&
-                      !strcmp(s->finish, "tool_calls") && strstr(j->sse.data, "\"tool_calls\":[{\"index\":0"),
+                      !strcmp(s->finish, "tool_calls") && strstr(j->st.sse.data, "\"tool_calls\":[{\"index\":0"),
                       "stream split (step %d): content '%s' reasoning '%s'", step, s->content, s->reasoning);
                 free(s);
             }
@@ -280,20 +282,76 @@ static void test_splitter(void)
     CHECK(srv_parse_tool_call("nope", 4, &name, &args) == -1, "a tool call is JSON");
     /* a broken tool call stays text */
     srv_job *j = srv_job_new();
-    j->kind = SRV_CHAT;
-    j->parse_tools = 1;
+    j->req.kind = SRV_CHAT;
+    j->req.parse_tools = 1;
     srv_out o = {0};
     srv_out_text(&o, j, "a<tool_call>{oops</tool_call>b", 30);
-    srv_out_finish(&o, j, "stop");
-    CHECK(j->n_tool_calls == 0 && !strcmp(j->content.data, "a<tool_call>{oops</tool_call>b") && !strcmp(j->finish_reason, "stop"),
-          "broken tool call as text: '%s'", j->content.data);
+    srv_out_finish(&o, j, SRV_FINISH_STOP);
+    CHECK(j->res.n_tool_calls == 0 && !strcmp(j->res.content.data, "a<tool_call>{oops</tool_call>b") && j->res.finish == SRV_FINISH_STOP,
+          "broken tool call as text: '%s'", j->res.content.data);
     srv_out_free(&o);
     srv_job_unref(j);
+}
+
+/* The splitter's policy layer fed by channel (as a splitter by token ids will
+ * feed it) gives what the marker text gives; a job's ends render as before. */
+static void test_channels_and_ends(void)
+{
+    for (int stream = 0; stream < 2; stream++) {
+        srv_job *j = srv_job_new();
+        j->req.kind = SRV_CHAT;
+        j->req.stream = stream;
+        j->req.parse_reasoning = j->req.parse_tools = 1;
+        j->req.model_name = "m";
+        snprintf(j->req.id, sizeof j->req.id, "chatcmpl-x");
+        srv_out o = {0};
+#define PUT(ch, text) srv_out_put(&o, j, ch, text, strlen(text))
+        PUT(SRV_CHANNEL_REASONING, "\nLet me see.\n\n");
+        PUT(SRV_CHANNEL_REASONING, "Yes.\n");
+        srv_out_close(&o, j);
+        PUT(SRV_CHANNEL_CONTENT, "\n\nSure: ");
+        PUT(SRV_CHANNEL_TOOL_CALL, "{\"name\": \"f\", \"arguments\": {}}");
+        srv_out_close(&o, j);
+        PUT(SRV_CHANNEL_TOOL_CALL, "{not json");
+        srv_out_finish(&o, j, SRV_FINISH_STOP_STRING);
+#undef PUT
+        CHECK(j->res.n_tool_calls == 1 && !strcmp(j->res.tool_calls[0].name, "f") && j->res.finish == SRV_FINISH_TOOL_CALLS,
+              "channels: one tool call, finish %s", srv_finish_wire(j->res.finish));
+        if (!stream)
+            CHECK(j->res.reasoning.data && !strcmp(j->res.reasoning.data, "Let me see.\n\nYes.") && j->res.content.data &&
+                  !strcmp(j->res.content.data, "Sure: <tool_call>{not json"),
+                  "channels: reasoning '%s', content '%s'", j->res.reasoning.data, j->res.content.data);
+        else
+            CHECK(j->st.sse.data && strstr(j->st.sse.data, "\"finish_reason\":\"tool_calls\"") &&
+                  strstr(j->st.sse.data, "data: [DONE]\n\n"), "channels: stream ends");
+        srv_out_free(&o);
+        srv_job_unref(j);
+    }
+    /* a failure: the stream's error event goes out once; a whole answer is the envelope */
+    srv_job *j = srv_job_new();
+    j->req.stream = 1;
+    j->res.state = SRV_JOB_FAILED;
+    j->res.err_status = 503;
+    snprintf(j->res.err_msg, sizeof j->res.err_msg, "the server is shutting down");
+    srv_render_failure(j);
+    srv_render_failure(j);
+    CHECK(j->st.sse.data && !strcmp(j->st.sse.data, "data: {\"error\":{\"message\":\"the server is shutting down\",\"type\":"
+                                                    "\"server_error\",\"param\":null,\"code\":503}}\n\ndata: [DONE]\n\n"),
+          "failure event once: %s", j->st.sse.data);
+    /* the client left before the job started: answered 500 should anyone still read */
+    j->res.state = SRV_JOB_GONE_QUEUED;
+    j->res.err_status = 0;
+    srv_err e;
+    srv_job_err(j, &e);
+    CHECK(e.status == 500 && !strcmp(e.message, "the server is shutting down"), "gone before start: %d", e.status);
+    srv_job_unref(j);
+    CHECK(!strcmp(srv_finish_wire(SRV_FINISH_STOP_STRING), "stop") && !srv_finish_wire(SRV_FINISH_NONE), "finish on the wire");
 }
 
 int main(void)
 {
     test_splitter();
+    test_channels_and_ends();
 
     test_server srv = {0};
     const char *args[] = {"-m", MODEL, "-t", "1", "--parallel", "4", "--ctx", "256", "--max-body", "65536", NULL};
@@ -514,7 +572,11 @@ int main(void)
         ts_resp_free(&r);
     }
     ts_request(port, "GET", "/v1/chat/completions", NULL, NULL, &r);
-    CHECK(r.status == 405, "GET on a POST route: %d", r.status);
+    CHECK(r.status == 405 && r.head && strstr(r.head, "\r\nAllow: POST\r\n") && strstr(r.body, "\"error\""),
+          "GET on a POST route: %d, Allow: POST", r.status);
+    ts_resp_free(&r);
+    ts_request(port, "POST", "/health", NULL, "{}", &r);
+    CHECK(r.status == 405 && r.head && strstr(r.head, "\r\nAllow: GET\r\n"), "POST /health: %d, Allow: GET", r.status);
     ts_resp_free(&r);
     ts_request(port, "GET", "/nope", NULL, NULL, &r);
     CHECK(r.status == 404 && strstr(r.body, "\"error\""), "unknown path: %d", r.status);

@@ -9,15 +9,19 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "server/openai.h"
+#include "server/channel.h"
 #include "util/error.h"
 
 double q3_now(void);
 
-enum { SLOT_FREE, SLOT_PREFILL, SLOT_DECODE };
+typedef enum slot_state {
+    SLOT_FREE,             /* no job */
+    SLOT_PREFILL,          /* the prompt's K/V are being computed, a chunk a step */
+    SLOT_DECODE,           /* generating: a decode row each step */
+} slot_state;
 
 typedef struct slot {
-    int state;
+    slot_state state;
     srv_job *job;
     int seq;
     long long order;       /* admission order: the oldest prefilling slot gets the chunk */
@@ -67,10 +71,10 @@ static int flush_text(slot *s, int final)
     srv_job *j = s->job;
     size_t upto = s->text.len;
     int stopped = 0;
-    for (int i = 0; i < j->n_stop; i++) {
-        size_t sl = strlen(j->stop[i]);
+    for (int i = 0; i < j->req.n_stop; i++) {
+        size_t sl = strlen(j->req.stop[i]);
         size_t from = s->emitted > sl ? s->emitted - sl : 0;
-        const char *hit = s->text.len > from ? memmem(s->text.data + from, s->text.len - from, j->stop[i], sl) : NULL;
+        const char *hit = s->text.len > from ? memmem(s->text.data + from, s->text.len - from, j->req.stop[i], sl) : NULL;
         if (hit && (size_t)(hit - s->text.data) < upto) {
             upto = (size_t)(hit - s->text.data);
             stopped = 1;
@@ -84,7 +88,7 @@ static int flush_text(slot *s, int final)
         pthread_mutex_lock(&j->mu);
         srv_out_text(&s->out, j, s->text.data + s->emitted, upto - s->emitted);
         double now = q3_now();
-        if (j->stream) { j->t_last_write = now; srv_job_wake(j); }
+        if (j->req.stream) { j->st.t_last_write = now; srv_job_wake(j); }
         pthread_mutex_unlock(&j->mu);
         s->emitted = upto;
     }
@@ -112,56 +116,57 @@ static void release_slot(srv_engine *e, slot *s)
     pthread_mutex_unlock(&e->mu);
 }
 
-/* Ends the job: reason NULL = cancelled (no answer), else the finish reason. */
-static void finish(srv_engine *e, slot *s, const char *reason)
+/* Ends the job: reason SRV_FINISH_NONE = cancelled (no answer), else why it
+ * ended; with res.err_status set it fails instead. */
+static void finish(srv_engine *e, slot *s, srv_finish reason)
 {
     srv_job *j = s->job;
     double now = q3_now();
-    if (reason && strcmp(reason, "stop_string")) {
+    if (reason != SRV_FINISH_NONE && reason != SRV_FINISH_STOP_STRING) { /* a stop string drops what follows it */
         const char *piece;
         size_t pl;
         if (!q3_detok_flush(&s->detok, &piece, &pl) && pl) q3_strbuf_put(&s->text, piece, pl);
         flush_text(s, 1);
     }
-    if (reason && !strcmp(reason, "stop_string")) reason = "stop";
     pthread_mutex_lock(&j->mu);
-    j->n_completion = s->n_gen;
-    j->t_done = now;
-    if (reason && !j->err_status) srv_out_finish(&s->out, j, reason);
-    if (s->text.oom || j->sse.oom || j->content.oom || j->reasoning.oom) {
-        j->err_status = 500;
-        snprintf(j->err_msg, sizeof j->err_msg, "out of memory while writing the answer");
+    j->res.n_completion = s->n_gen;
+    j->res.t_done = now;
+    if (reason != SRV_FINISH_NONE && !j->res.err_status) srv_out_finish(&s->out, j, reason);
+    if (s->text.oom || j->st.sse.oom || j->res.content.oom || j->res.reasoning.oom) {
+        j->res.err_status = 500;
+        snprintf(j->res.err_msg, sizeof j->res.err_msg, "out of memory while writing the answer");
     }
-    j->finished = 1;
+    j->res.state = j->res.err_status ? SRV_JOB_FAILED : reason != SRV_FINISH_NONE ? SRV_JOB_DONE : SRV_JOB_GONE;
     srv_job_wake(j);
-    const char *fr = j->finish_reason;
+    srv_finish fr = j->res.finish; /* NONE unless answered: counted as "abort" */
     pthread_mutex_unlock(&j->mu);
-    int code = !reason || !fr ? SRV_FINISH_ABORT : !strcmp(fr, "length") ? SRV_FINISH_LENGTH
-             : !strcmp(fr, "tool_calls") ? SRV_FINISH_TOOLS : SRV_FINISH_STOP;
-    double ttft = j->t_first > 0 ? j->t_first - j->t_submit : -1;
-    double tpot = s->n_gen > 1 && j->t_first > 0 ? (now - j->t_first) / (s->n_gen - 1) : -1;
-    srv_metrics_request(e->metrics, code, j->n_prompt, j->n_cached, s->n_gen, ttft, tpot, now - j->t_submit);
+    double ttft = j->res.t_first > 0 ? j->res.t_first - j->req.t_submit : -1;
+    double tpot = s->n_gen > 1 && j->res.t_first > 0 ? (now - j->res.t_first) / (s->n_gen - 1) : -1;
+    srv_metrics_request(e->metrics, fr, j->req.n_prompt, j->res.n_cached, s->n_gen, ttft, tpot, now - j->req.t_submit);
     release_slot(e, s);
 }
 
-/* A job that never reached a slot ends with an error status. */
-static void fail_job(srv_job *j, int status, const char *msg)
+/* A job that never reached a slot ends in state `how` (FAILED: with this
+ * HTTP status; GONE_QUEUED: status 0, nobody is left to answer). */
+static void end_queued(srv_job *j, srv_job_state how, int status, const char *msg)
 {
     pthread_mutex_lock(&j->mu);
-    j->err_status = status;
-    snprintf(j->err_msg, sizeof j->err_msg, "%s", msg);
-    j->finished = 1;
+    j->res.err_status = status;
+    snprintf(j->res.err_msg, sizeof j->res.err_msg, "%s", msg);
+    j->res.state = how;
     srv_job_wake(j);
     pthread_mutex_unlock(&j->mu);
     srv_job_unref(j);
 }
+
+static void fail_job(srv_job *j, int status, const char *msg) { end_queued(j, SRV_JOB_FAILED, status, msg); }
 
 /* The raw distribution's log-probabilities: the sampled token's and the top
  * alternatives', before penalties touch the row (raw: [vocab] copy of it). */
 static void record_logprob(srv_engine *e, slot *s, const float *raw, int32_t id)
 {
     srv_job *j = s->job;
-    int V = e->vocab, K = j->top_logprobs;
+    int V = e->vocab, K = j->req.top_logprobs;
     float max = raw[0];
     for (int i = 1; i < V; i++) if (raw[i] > max) max = raw[i];
     double sum = 0;
@@ -183,31 +188,31 @@ static void record_logprob(srv_engine *e, slot *s, const float *raw, int32_t id)
     }
     for (int k = 0; k < l.n_top; k++) l.top_lp[k] -= lse;
     pthread_mutex_lock(&j->mu);
-    if (j->n_lp == j->cap_lp) {
-        int cap = j->cap_lp ? 2 * j->cap_lp : 16;
-        srv_logprob *p = realloc(j->lp, (size_t)cap * sizeof *p);
-        if (p) { j->lp = p; j->cap_lp = cap; }
+    if (j->res.n_lp == j->res.cap_lp) {
+        int cap = j->res.cap_lp ? 2 * j->res.cap_lp : 16;
+        srv_logprob *p = realloc(j->res.lp, (size_t)cap * sizeof *p);
+        if (p) { j->res.lp = p; j->res.cap_lp = cap; }
     }
-    if (j->n_lp < j->cap_lp) j->lp[j->n_lp++] = l;
+    if (j->res.n_lp < j->res.cap_lp) j->res.lp[j->res.n_lp++] = l;
     pthread_mutex_unlock(&j->mu);
 }
 
 static int32_t sample(srv_engine *e, slot *s)
 {
     srv_job *j = s->job;
-    if (j->logprobs && s->raw) memcpy(s->raw, s->logits, (size_t)e->vocab * sizeof *s->raw);
+    if (j->req.logprobs && s->raw) memcpy(s->raw, s->logits, (size_t)e->vocab * sizeof *s->raw);
     if (s->counts && s->n_gen) {
         for (int i = 0; i < s->n_gen; i++) {
             int32_t id = s->gen[i], c = s->counts[id];
             if (c > 0) { /* each distinct id once */
-                s->logits[id] -= j->frequency_penalty * (float)c + j->presence_penalty;
+                s->logits[id] -= j->req.frequency_penalty * (float)c + j->req.presence_penalty;
                 s->counts[id] = -c;
             }
         }
         for (int i = 0; i < s->n_gen; i++) if (s->counts[s->gen[i]] < 0) s->counts[s->gen[i]] = -s->counts[s->gen[i]];
     }
     int32_t id = q3_sampler_sample(s->smp, s->logits);
-    if (j->logprobs && s->raw) record_logprob(e, s, s->raw, id);
+    if (j->req.logprobs && s->raw) record_logprob(e, s, s->raw, id);
     return id;
 }
 
@@ -216,17 +221,17 @@ static void on_token(srv_engine *e, slot *s, int32_t id)
 {
     srv_job *j = s->job;
     double now = q3_now();
-    if (s->n_gen == 0) j->t_first = now; /* written by this thread only, read after finished */
+    if (s->n_gen == 0) j->res.t_first = now; /* written by this thread only, read once the job ended */
     s->t_last = now;
     q3_sampler_accept(s->smp, id);
     s->gen[s->n_gen++] = id;
     if (s->counts) s->counts[id]++;
-    if (id == e->eot[0] || id == e->eot[1]) { finish(e, s, "stop"); return; }
+    if (id == e->eot[0] || id == e->eot[1]) { finish(e, s, SRV_FINISH_STOP); return; }
     const char *piece;
     size_t pl;
     if (!q3_detok_push(&s->detok, id, &piece, &pl) && pl) q3_strbuf_put(&s->text, piece, pl);
-    if (flush_text(s, 0)) { finish(e, s, "stop_string"); return; }
-    if (s->n_gen >= j->max_tokens) { finish(e, s, "length"); return; }
+    if (flush_text(s, 0)) { finish(e, s, SRV_FINISH_STOP_STRING); return; }
+    if (s->n_gen >= j->req.max_tokens) { finish(e, s, SRV_FINISH_LENGTH); return; }
     s->next = id;
     s->state = SLOT_DECODE;
 }
@@ -235,7 +240,7 @@ static void on_token(srv_engine *e, slot *s, int32_t id)
 
 static int blocks_for(const srv_engine *e, const srv_job *j)
 {
-    return (j->n_prompt + j->max_tokens + e->block_tokens - 1) / e->block_tokens;
+    return (j->req.n_prompt + j->req.max_tokens + e->block_tokens - 1) / e->block_tokens;
 }
 
 static int admit(srv_engine *e, slot *s, srv_job *j)
@@ -243,18 +248,18 @@ static int admit(srv_engine *e, slot *s, srv_job *j)
     memset(s, 0, offsetof(slot, logits));
     s->job = j;
     if (q3_seq_new(e->ctx, &s->seq)) return -1;
-    q3_sampler_params sp = j->sp;
+    q3_sampler_params sp = j->req.sp;
     if (q3_sampler_new(&sp, e->vocab, &s->smp)) { q3_seq_drop(e->ctx, s->seq); return -1; }
-    s->gen = malloc((size_t)j->max_tokens * sizeof *s->gen);
-    if (j->presence_penalty != 0 || j->frequency_penalty != 0) s->counts = calloc((size_t)e->vocab, sizeof *s->counts);
-    if (!s->gen || ((j->presence_penalty != 0 || j->frequency_penalty != 0) && !s->counts)) {
+    s->gen = malloc((size_t)j->req.max_tokens * sizeof *s->gen);
+    if (j->req.presence_penalty != 0 || j->req.frequency_penalty != 0) s->counts = calloc((size_t)e->vocab, sizeof *s->counts);
+    if (!s->gen || ((j->req.presence_penalty != 0 || j->req.frequency_penalty != 0) && !s->counts)) {
         q3_sampler_free(s->smp);
         free(s->gen);
         free(s->counts);
         q3_seq_drop(e->ctx, s->seq);
         return -1;
     }
-    if (j->logprobs && !(s->raw = malloc((size_t)e->vocab * sizeof *s->raw))) {
+    if (j->req.logprobs && !(s->raw = malloc((size_t)e->vocab * sizeof *s->raw))) {
         q3_sampler_free(s->smp);
         free(s->gen);
         free(s->counts);
@@ -262,20 +267,20 @@ static int admit(srv_engine *e, slot *s, srv_job *j)
         return -1;
     }
     if (sp.penalty_last_n > 0)
-        for (int i = 0; i < j->n_prompt; i++) q3_sampler_accept(s->smp, j->prompt[i]);
+        for (int i = 0; i < j->req.n_prompt; i++) q3_sampler_accept(s->smp, j->req.prompt[i]);
     q3_detok_init(&s->detok, e->tok);
-    for (int i = 0; i < j->n_stop; i++) {
-        size_t l = strlen(j->stop[i]);
+    for (int i = 0; i < j->req.n_stop; i++) {
+        size_t l = strlen(j->req.stop[i]);
         if (l > s->hold + 1) s->hold = l - 1;
     }
-    s->n_done = q3_seq_reuse_prefix(e->ctx, s->seq, j->prompt, (size_t)j->n_prompt);
+    s->n_done = q3_seq_reuse_prefix(e->ctx, s->seq, j->req.prompt, (size_t)j->req.n_prompt);
     s->need_blocks = blocks_for(e, j);
     e->reserved_blocks += s->need_blocks;
     s->order = e->order++;
     s->state = SLOT_PREFILL;
     pthread_mutex_lock(&j->mu);
-    j->n_cached = s->n_done;
-    j->started = 1;
+    j->res.n_cached = s->n_done;
+    j->res.state = SRV_JOB_RUNNING;
     pthread_mutex_unlock(&j->mu);
     return 0;
 }
@@ -292,10 +297,10 @@ static slot *free_slot(srv_engine *e)
 static int gone(srv_job *j)
 {
     pthread_mutex_lock(&j->mu);
-    int c = j->cancelled || !j->conn;
-    if (!c && j->suspended && j->fd >= 0) {
-        struct pollfd p = {.fd = j->fd, .events = POLLRDHUP};
-        if (poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL))) c = j->cancelled = 1;
+    int c = j->st.cancelled || !j->st.conn;
+    if (!c && j->st.suspended && j->st.fd >= 0) {
+        struct pollfd p = {.fd = j->st.fd, .events = POLLRDHUP};
+        if (poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL))) c = j->st.cancelled = 1;
     }
     pthread_mutex_unlock(&j->mu);
     return c;
@@ -306,9 +311,9 @@ static int gone(srv_job *j)
 static void ping(srv_job *j, double now)
 {
     pthread_mutex_lock(&j->mu);
-    if (j->stream && now - j->t_last_write > 1.0) {
-        q3_strbuf_puts(&j->sse, ": ping\n\n");
-        j->t_last_write = now;
+    if (j->req.stream && now - j->st.t_last_write > 1.0) {
+        q3_strbuf_puts(&j->st.sse, ": ping\n\n");
+        j->st.t_last_write = now;
         srv_job_wake(j);
     }
     pthread_mutex_unlock(&j->mu);
@@ -346,7 +351,7 @@ static void *engine_main(void *arg)
                     e->queue[(e->q_head + m) % e->q_cap] = e->queue[(e->q_head + m + 1) % e->q_cap];
                 e->q_len--;
                 if (too_big) fail_job(j, 400, "the prompt and max_tokens need more KV cache than this server has (--kv-size)");
-                else fail_job(j, 499, "client closed the connection");
+                else end_queued(j, SRV_JOB_GONE_QUEUED, 0, "client closed the connection");
                 continue;
             }
             k++;
@@ -378,7 +383,7 @@ static void *engine_main(void *arg)
         }
         /* cancelled sequences free their blocks before the step */
         for (int i = 0; i < e->max_seqs; i++)
-            if (e->slots[i].state != SLOT_FREE && gone(e->slots[i].job)) finish(e, &e->slots[i], NULL);
+            if (e->slots[i].state != SLOT_FREE && gone(e->slots[i].job)) finish(e, &e->slots[i], SRV_FINISH_NONE);
 
         q3_step st = {.decode = e->rows, .prefill_seq = -1};
         slot *pre = NULL;
@@ -393,10 +398,10 @@ static void *engine_main(void *arg)
         }
         int n_pre = 0;
         if (pre) {
-            int left = pre->job->n_prompt - pre->n_done;
+            int left = pre->job->req.n_prompt - pre->n_done;
             n_pre = left < e->chunk ? left : e->chunk;
             st.prefill_seq = pre->seq;
-            st.prefill_tokens = pre->job->prompt + pre->n_done;
+            st.prefill_tokens = pre->job->req.prompt + pre->n_done;
             st.n_prefill = n_pre;
             st.prefill_logits = n_pre == left ? pre->logits : NULL;
         }
@@ -412,17 +417,17 @@ static void *engine_main(void *arg)
             for (int r = 0; r < st.n_decode; r++) {
                 slot *s = e->row_slot[r];
                 pthread_mutex_lock(&s->job->mu);
-                s->job->err_status = 500;
-                snprintf(s->job->err_msg, sizeof s->job->err_msg, "%s", msg);
+                s->job->res.err_status = 500;
+                snprintf(s->job->res.err_msg, sizeof s->job->res.err_msg, "%s", msg);
                 pthread_mutex_unlock(&s->job->mu);
-                finish(e, s, "length");
+                finish(e, s, SRV_FINISH_LENGTH);
             }
             if (pre) {
                 pthread_mutex_lock(&pre->job->mu);
-                pre->job->err_status = 500;
-                snprintf(pre->job->err_msg, sizeof pre->job->err_msg, "%s", msg);
+                pre->job->res.err_status = 500;
+                snprintf(pre->job->res.err_msg, sizeof pre->job->res.err_msg, "%s", msg);
                 pthread_mutex_unlock(&pre->job->mu);
-                finish(e, pre, "length");
+                finish(e, pre, SRV_FINISH_LENGTH);
             }
             publish(e, waiting);
             continue;
@@ -433,7 +438,7 @@ static void *engine_main(void *arg)
         }
         if (pre) {
             pre->n_done += n_pre;
-            if (pre->n_done == pre->job->n_prompt) on_token(e, pre, sample(e, pre));
+            if (pre->n_done == pre->job->req.n_prompt) on_token(e, pre, sample(e, pre));
             else ping(pre->job, q3_now());
         }
         publish(e, waiting);
@@ -443,10 +448,10 @@ static void *engine_main(void *arg)
         if (e->slots[i].state != SLOT_FREE) {
             srv_job *j = e->slots[i].job;
             pthread_mutex_lock(&j->mu);
-            j->err_status = 503;
-            snprintf(j->err_msg, sizeof j->err_msg, "the server is shutting down");
+            j->res.err_status = 503;
+            snprintf(j->res.err_msg, sizeof j->res.err_msg, "the server is shutting down");
             pthread_mutex_unlock(&j->mu);
-            finish(e, &e->slots[i], "length");
+            finish(e, &e->slots[i], SRV_FINISH_LENGTH);
         }
     pthread_mutex_lock(&e->mu);
     while (e->q_len > 0) {

@@ -32,7 +32,8 @@ int srv_engine_busy(srv_engine *e);
 /* Stops the thread: jobs still waiting or running end with 503. Frees the context. */
 void srv_engine_free(srv_engine *e);
 
-/* Wakes the connection of j if it waits (caller holds j->mu). */
+/* Wakes the connection of j if it waits (caller holds j->mu). Defined in
+ * http.c, the one file that speaks libmicrohttpd. */
 void srv_job_wake(srv_job *j);
 
 #endif

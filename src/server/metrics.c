@@ -50,11 +50,26 @@ void srv_metrics_gauges(srv_metrics *m, int running, int waiting, double kv_usag
     pthread_mutex_unlock(&m->mu);
 }
 
-void srv_metrics_request(srv_metrics *m, int finish, int prompt_tokens, int cached, int gen_tokens, double ttft,
+/* The finished_reason labels, in success[]'s order. */
+static const char *const REASONS[4] = {"stop", "length", "tool_calls", "abort"};
+
+static int reason_index(srv_finish f)
+{
+    switch (f) {
+    case SRV_FINISH_STOP:
+    case SRV_FINISH_STOP_STRING: return 0;
+    case SRV_FINISH_LENGTH: return 1;
+    case SRV_FINISH_TOOL_CALLS: return 2;
+    case SRV_FINISH_NONE: break;
+    }
+    return 3;
+}
+
+void srv_metrics_request(srv_metrics *m, srv_finish finish, int prompt_tokens, int cached, int gen_tokens, double ttft,
                          double tpot, double e2e)
 {
     pthread_mutex_lock(&m->mu);
-    if (finish >= 0 && finish < 4) m->success[finish]++;
+    m->success[reason_index(finish)]++;
     m->prompt_tokens += (uint64_t)prompt_tokens;
     m->cached_prompt_tokens += (uint64_t)cached;
     m->generation_tokens += (uint64_t)gen_tokens;
@@ -116,11 +131,10 @@ void srv_metrics_render(srv_metrics *m, const char *model_name, q3_strbuf *b)
     q3_strbuf_printf(b, "# HELP vllm:generation_tokens_total Number of generation tokens processed.\n"
                         "# TYPE vllm:generation_tokens_total counter\nvllm:generation_tokens_total{%s} %llu\n", labels,
                      (unsigned long long)m->generation_tokens);
-    static const char *reasons[4] = {"stop", "length", "tool_calls", "abort"};
     q3_strbuf_puts(b, "# HELP vllm:request_success_total Count of finished requests by finish reason.\n"
                       "# TYPE vllm:request_success_total counter\n");
     for (int i = 0; i < 4; i++)
-        q3_strbuf_printf(b, "vllm:request_success_total{finished_reason=\"%s\",%s} %llu\n", reasons[i], labels,
+        q3_strbuf_printf(b, "vllm:request_success_total{finished_reason=\"%s\",%s} %llu\n", REASONS[i], labels,
                          (unsigned long long)m->success[i]);
     render_hist(b, "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", labels, &m->ttft);
     render_hist(b, "vllm:time_per_output_token_seconds", "Histogram of time per output token in seconds.", labels, &m->tpot);

@@ -1,5 +1,6 @@
-/* The OpenAI wire format (see openai.h). */
-#include "server/openai.h"
+/* OpenAI request bodies (chat, completions, tokenize, detokenize) into jobs
+ * and answers, and the models list (see request.h). */
+#include "server/request.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -10,20 +11,6 @@
 #include <time.h>
 
 #include "text/chat_template.h"
-#include "text/utf8.h"
-
-int srv_err_set(srv_err *e, int status, const char *type, const char *code, const char *param, const char *fmt, ...)
-{
-    e->status = status;
-    e->type = type;
-    e->code = code;
-    snprintf(e->param, sizeof e->param, "%s", param ? param : "");
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(e->message, sizeof e->message, fmt, ap);
-    va_end(ap);
-    return status;
-}
 
 static int bad(srv_err *e, const char *param, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static int bad(srv_err *e, const char *param, const char *fmt, ...)
@@ -36,27 +23,6 @@ static int bad(srv_err *e, const char *param, const char *fmt, ...)
     return srv_err_set(e, 400, "invalid_request_error", NULL, param, "%s", msg);
 }
 
-/* Appends item's unformatted JSON (cJSON escapes strings as JSON requires). */
-static void put_json(q3_strbuf *b, const cJSON *item)
-{
-    char *s = cJSON_PrintUnformatted(item);
-    if (!s) { b->oom = 1; return; }
-    q3_strbuf_puts(b, s);
-    cJSON_free(s);
-}
-
-void srv_err_json(const srv_err *e, q3_strbuf *b)
-{
-    cJSON *root = cJSON_CreateObject(), *err = cJSON_AddObjectToObject(root, "error");
-    cJSON_AddStringToObject(err, "message", e->message);
-    cJSON_AddStringToObject(err, "type", e->type ? e->type : "invalid_request_error");
-    if (e->param[0]) cJSON_AddStringToObject(err, "param", e->param);
-    else cJSON_AddNullToObject(err, "param");
-    if (e->code) cJSON_AddStringToObject(err, "code", e->code);
-    else cJSON_AddNumberToObject(err, "code", e->status);
-    put_json(b, root);
-    cJSON_Delete(root);
-}
 
 /* ---- field helpers -------------------------------------------------------- */
 
@@ -127,8 +93,8 @@ static int parse_common(const srv_api *a, const cJSON *root, srv_job *j, int thi
     x = sp.min_p; if (get_num(root, "min_p", 0, 1, &x, e)) return e->status; sp.min_p = (float)x;
     x = 1; if (get_num(root, "repetition_penalty", 1e-6, 10, &x, e)) return e->status; sp.repeat_penalty = (float)x;
     if (sp.repeat_penalty != 1.0f) sp.penalty_last_n = a->n_ctx;
-    x = 0; if (get_num(root, "presence_penalty", -2, 2, &x, e)) return e->status; j->presence_penalty = (float)x;
-    x = 0; if (get_num(root, "frequency_penalty", -2, 2, &x, e)) return e->status; j->frequency_penalty = (float)x;
+    x = 0; if (get_num(root, "presence_penalty", -2, 2, &x, e)) return e->status; j->req.presence_penalty = (float)x;
+    x = 0; if (get_num(root, "frequency_penalty", -2, 2, &x, e)) return e->status; j->req.frequency_penalty = (float)x;
     sp.presence_penalty = 0;
     v = cJSON_GetObjectItemCaseSensitive(root, "seed");
     if (v && !cJSON_IsNull(v)) {
@@ -137,48 +103,48 @@ static int parse_common(const srv_api *a, const cJSON *root, srv_job *j, int thi
     } else {
         sp.seed = (uint64_t)time(NULL) * 0x9e3779b97f4a7c15ull + __atomic_add_fetch(&seed_counter, 1, __ATOMIC_RELAXED);
     }
-    j->sp = sp;
+    j->req.sp = sp;
     n = 1;
     if (get_int(root, "n", 1, 1, &n, e)) return bad(e, "n", "'n' must be 1 (q3 serve makes one choice per request)");
     long long mt = 0;
     if (get_int(root, "max_tokens", 1, 1e9, &mt, e)) return e->status;
     if (get_int(root, "max_completion_tokens", 1, 1e9, &mt, e)) return e->status;
-    j->max_tokens = (int)mt;
+    j->req.max_tokens = (int)mt;
     v = cJSON_GetObjectItemCaseSensitive(root, "stop");
     if (cJSON_IsString(v)) {
-        if (v->valuestring[0]) j->stop[j->n_stop++] = strdup(v->valuestring);
+        if (v->valuestring[0]) j->req.stop[j->req.n_stop++] = strdup(v->valuestring);
     } else if (cJSON_IsArray(v)) {
         if (cJSON_GetArraySize(v) > SRV_MAX_STOP) return bad(e, "stop", "at most %d stop strings", SRV_MAX_STOP);
         for (const cJSON *s = v->child; s; s = s->next) {
             if (!cJSON_IsString(s)) return bad(e, "stop", "'stop' must be a string or a list of strings");
-            if (s->valuestring[0]) j->stop[j->n_stop++] = strdup(s->valuestring);
+            if (s->valuestring[0]) j->req.stop[j->req.n_stop++] = strdup(s->valuestring);
         }
     } else if (v && !cJSON_IsNull(v)) {
         return bad(e, "stop", "'stop' must be a string or a list of strings");
     }
-    for (int i = 0; i < j->n_stop; i++)
-        if (!j->stop[i]) return srv_err_set(e, 500, "server_error", NULL, NULL, "out of memory");
-    if (get_bool(root, "stream", &j->stream, e)) return e->status;
+    for (int i = 0; i < j->req.n_stop; i++)
+        if (!j->req.stop[i]) return srv_err_set(e, 500, "server_error", NULL, NULL, "out of memory");
+    if (get_bool(root, "stream", &j->req.stream, e)) return e->status;
     v = cJSON_GetObjectItemCaseSensitive(root, "stream_options");
     if (v && !cJSON_IsNull(v)) {
         if (!cJSON_IsObject(v)) return bad(e, "stream_options", "'stream_options' must be an object");
-        if (!j->stream) return bad(e, "stream_options", "'stream_options' needs \"stream\": true");
+        if (!j->req.stream) return bad(e, "stream_options", "'stream_options' needs \"stream\": true");
         static const char *const so_known[] = {"include_usage", "continuous_usage_stats", NULL};
         if (check_fields(v, so_known, e)) return e->status;
-        if (get_bool(v, "include_usage", &j->include_usage, e)) return e->status;
+        if (get_bool(v, "include_usage", &j->req.include_usage, e)) return e->status;
     }
-    j->tok = a->tok;
-    if (j->kind == SRV_CHAT) { /* logprobs: bool, top_logprobs: 0..20 */
-        if (get_bool(root, "logprobs", &j->logprobs, e)) return e->status;
+    j->req.tok = a->tok;
+    if (j->req.kind == SRV_CHAT) { /* logprobs: bool, top_logprobs: 0..20 */
+        if (get_bool(root, "logprobs", &j->req.logprobs, e)) return e->status;
         long long top = 0;
         if (get_int(root, "top_logprobs", 0, SRV_MAX_TOP_LOGPROBS, &top, e)) return e->status;
-        if (top > 0 && !j->logprobs) return bad(e, "top_logprobs", "'top_logprobs' needs \"logprobs\": true");
-        j->top_logprobs = (int)top;
+        if (top > 0 && !j->req.logprobs) return bad(e, "top_logprobs", "'top_logprobs' needs \"logprobs\": true");
+        j->req.top_logprobs = (int)top;
     } else { /* legacy completions: logprobs is the number of alternatives */
         long long top = -1;
         if (get_int(root, "logprobs", 0, SRV_MAX_TOP_LOGPROBS, &top, e)) return e->status;
-        j->logprobs = top >= 0;
-        j->top_logprobs = top > 0 ? (int)top : 0;
+        j->req.logprobs = top >= 0;
+        j->req.top_logprobs = top > 0 ? (int)top : 0;
     }
     v = cJSON_GetObjectItemCaseSensitive(root, "logit_bias");
     if (v && !cJSON_IsNull(v) && !(cJSON_IsObject(v) && !v->child))
@@ -191,18 +157,18 @@ static int parse_common(const srv_api *a, const cJSON *root, srv_job *j, int thi
 /* The prompt fits with room for at least one token, and max_tokens fits after it. */
 static int check_length(const srv_api *a, srv_job *j, srv_err *e)
 {
-    if (j->n_prompt < 1) return bad(e, "messages", "the prompt is empty");
-    if (j->n_prompt >= a->n_ctx)
+    if (j->req.n_prompt < 1) return bad(e, "messages", "the prompt is empty");
+    if (j->req.n_prompt >= a->n_ctx)
         return srv_err_set(e, 400, "invalid_request_error", "context_length_exceeded", "messages",
                            "This model's maximum context length is %d tokens. However, your request has %d input "
-                           "tokens. Please reduce the length of the input messages.", a->n_ctx, j->n_prompt);
-    int room = a->n_ctx - j->n_prompt;
-    if (j->max_tokens == 0) j->max_tokens = room;
-    else if (j->max_tokens > room)
+                           "tokens. Please reduce the length of the input messages.", a->n_ctx, j->req.n_prompt);
+    int room = a->n_ctx - j->req.n_prompt;
+    if (j->req.max_tokens == 0) j->req.max_tokens = room;
+    else if (j->req.max_tokens > room)
         return srv_err_set(e, 400, "invalid_request_error", "context_length_exceeded", "max_tokens",
                            "This model's maximum context length is %d tokens. However, you requested %d tokens "
                            "(%d in the messages, %d in the completion). Please reduce the length of the messages "
-                           "or completion.", a->n_ctx, j->n_prompt + j->max_tokens, j->n_prompt, j->max_tokens);
+                           "or completion.", a->n_ctx, j->req.n_prompt + j->req.max_tokens, j->req.n_prompt, j->req.max_tokens);
     return 0;
 }
 
@@ -225,8 +191,8 @@ static void fill_ids(srv_job *j, const char *prefix)
 {
     static unsigned long long counter;
     unsigned long long c = __atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED);
-    j->created = (long long)time(NULL);
-    snprintf(j->id, sizeof j->id, "%s-%llx%08llx", prefix, (unsigned long long)j->created, c);
+    j->req.created = (long long)time(NULL);
+    snprintf(j->req.id, sizeof j->req.id, "%s-%llx%08llx", prefix, (unsigned long long)j->req.created, c);
 }
 
 /* ---- chat ------------------------------------------------------------------ */
@@ -302,8 +268,8 @@ static int render_chat(const srv_api *a, const cJSON *messages, const cJSON *too
         rc = bad(e, "messages", "%s", q3_last_error());
         goto done;
     }
-    j->prompt = toks.ids;
-    j->n_prompt = (int)toks.n;
+    j->req.prompt = toks.ids;
+    j->req.n_prompt = (int)toks.n;
     toks.ids = NULL;
 done:
     q3_tokens_free(&toks);
@@ -321,8 +287,8 @@ int srv_parse_chat(const srv_api *a, const char *body, size_t len, srv_job *j, s
     cJSON *root = parse_body(body, len, e);
     if (!root) return e->status;
     int rc = check_fields(root, known, e);
-    j->kind = SRV_CHAT;
-    j->parse_reasoning = 1;
+    j->req.kind = SRV_CHAT;
+    j->req.parse_reasoning = 1;
     int thinking = -1;
     const cJSON *kw = cJSON_GetObjectItemCaseSensitive(root, "chat_template_kwargs");
     if (!rc && kw && !cJSON_IsNull(kw)) {
@@ -359,7 +325,7 @@ int srv_parse_chat(const srv_api *a, const char *body, size_t len, srv_job *j, s
         else if (!(cJSON_IsString(tc) && !strcmp(tc->valuestring, "auto")))
             rc = bad(e, "tool_choice", "tool_choice must be \"auto\" or \"none\" (q3 serve does not force tool calls)");
     }
-    j->parse_tools = tools != NULL;
+    j->req.parse_tools = tools != NULL;
     if (!rc) rc = parse_common(a, root, j, thinking != 0, e);
     if (!rc) {
         const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(root, "messages");
@@ -380,7 +346,7 @@ int srv_parse_completion(const srv_api *a, const char *body, size_t len, srv_job
         "logprobs", "echo", "best_of", "suffix", "logit_bias", NULL};
     cJSON *root = parse_body(body, len, e);
     if (!root) return e->status;
-    j->kind = SRV_COMPLETION;
+    j->req.kind = SRV_COMPLETION;
     int rc = check_fields(root, known, e);
     if (!rc) rc = parse_common(a, root, j, 0, e);
     int echo = 0;
@@ -396,19 +362,19 @@ int srv_parse_completion(const srv_api *a, const char *body, size_t len, srv_job
             int32_t *ids = NULL;
             size_t n = 0;
             if (q3_tokenizer_encode(a->tok, p->valuestring, strlen(p->valuestring), Q3_ENCODE_DEFAULT, &ids, &n)) rc = bad(e, "prompt", "%s", q3_last_error());
-            j->prompt = ids;
-            j->n_prompt = (int)n;
+            j->req.prompt = ids;
+            j->req.n_prompt = (int)n;
         } else if (cJSON_IsArray(p) && cJSON_GetArraySize(p) > 0 && cJSON_IsNumber(p->child)) {
             int n = cJSON_GetArraySize(p), k = 0;
             if (n > a->n_ctx) n = a->n_ctx; /* longer is refused below anyway */
-            j->prompt = malloc((size_t)n * sizeof *j->prompt);
-            if (!j->prompt) rc = srv_err_set(e, 500, "server_error", NULL, NULL, "out of memory");
+            j->req.prompt = malloc((size_t)n * sizeof *j->req.prompt);
+            if (!j->req.prompt) rc = srv_err_set(e, 500, "server_error", NULL, NULL, "out of memory");
             for (const cJSON *t = p->child; !rc && t; t = t->next, k++) {
                 if (!cJSON_IsNumber(t) || t->valuedouble != floor(t->valuedouble) || t->valuedouble < 0 || t->valuedouble >= a->vocab)
                     rc = bad(e, "prompt", "prompt[%d] is not a token id in [0, %d)", k, a->vocab);
-                else if (k < n) j->prompt[k] = (int32_t)t->valuedouble;
+                else if (k < n) j->req.prompt[k] = (int32_t)t->valuedouble;
             }
-            j->n_prompt = cJSON_GetArraySize(p);
+            j->req.n_prompt = cJSON_GetArraySize(p);
         } else {
             rc = bad(e, "prompt", "'prompt' must be a string or a non-empty list of token ids");
         }
@@ -436,8 +402,8 @@ int srv_tokenize(const srv_api *a, const char *body, size_t len, q3_strbuf *out,
             int32_t *ids = NULL;
             size_t n = 0;
             if (q3_tokenizer_encode(a->tok, p->valuestring, strlen(p->valuestring), Q3_ENCODE_DEFAULT, &ids, &n)) rc = bad(e, "prompt", "%s", q3_last_error());
-            j->prompt = ids;
-            j->n_prompt = (int)n;
+            j->req.prompt = ids;
+            j->req.n_prompt = (int)n;
         } else if (m) {
             int thinking = -1;
             const cJSON *kw = cJSON_GetObjectItemCaseSensitive(root, "chat_template_kwargs");
@@ -451,10 +417,10 @@ int srv_tokenize(const srv_api *a, const char *body, size_t len, q3_strbuf *out,
     }
     if (!rc) {
         cJSON *r = cJSON_CreateObject(), *arr = cJSON_AddArrayToObject(r, "tokens");
-        for (int i = 0; i < j->n_prompt; i++) cJSON_AddItemToArray(arr, cJSON_CreateNumber(j->prompt[i]));
-        cJSON_AddNumberToObject(r, "count", j->n_prompt);
+        for (int i = 0; i < j->req.n_prompt; i++) cJSON_AddItemToArray(arr, cJSON_CreateNumber(j->req.prompt[i]));
+        cJSON_AddNumberToObject(r, "count", j->req.n_prompt);
         cJSON_AddNumberToObject(r, "max_model_len", a->n_ctx);
-        put_json(out, r);
+        srv_put_json(out, r);
         cJSON_Delete(r);
     }
     if (j) srv_job_unref(j);
@@ -497,7 +463,7 @@ int srv_detokenize(const srv_api *a, const char *body, size_t len, q3_strbuf *ou
             q3_detok_free(&d);
             cJSON *r = cJSON_CreateObject();
             cJSON_AddStringToObject(r, "prompt", s.data ? s.data : "");
-            put_json(out, r);
+            srv_put_json(out, r);
             cJSON_Delete(r);
             free(s.data);
             free(text);
@@ -519,409 +485,6 @@ void srv_models_json(const srv_api *a, long long created, q3_strbuf *out)
     cJSON_AddNumberToObject(m, "created", (double)created);
     cJSON_AddStringToObject(m, "owned_by", "q3");
     cJSON_AddNumberToObject(m, "max_model_len", a->n_ctx);
-    put_json(out, r);
-    cJSON_Delete(r);
-}
-
-/* ---- answers ------------------------------------------------------------------ */
-
-static cJSON *usage_json(const srv_job *j)
-{
-    cJSON *u = cJSON_CreateObject();
-    cJSON_AddNumberToObject(u, "prompt_tokens", j->n_prompt);
-    cJSON_AddNumberToObject(u, "completion_tokens", j->n_completion);
-    cJSON_AddNumberToObject(u, "total_tokens", j->n_prompt + j->n_completion);
-    cJSON *d = cJSON_AddObjectToObject(u, "prompt_tokens_details");
-    cJSON_AddNumberToObject(d, "cached_tokens", j->n_cached);
-    return u;
-}
-
-static cJSON *chunk_head(const srv_job *j)
-{
-    cJSON *c = cJSON_CreateObject();
-    cJSON_AddStringToObject(c, "id", j->id);
-    cJSON_AddStringToObject(c, "object", j->kind == SRV_CHAT ? "chat.completion.chunk" : "text_completion");
-    cJSON_AddNumberToObject(c, "created", (double)j->created);
-    cJSON_AddStringToObject(c, "model", j->model_name);
-    return c;
-}
-
-static void sse_put(srv_job *j, cJSON *chunk)
-{
-    q3_strbuf_puts(&j->sse, "data: ");
-    put_json(&j->sse, chunk);
-    q3_strbuf_puts(&j->sse, "\n\n");
-    cJSON_Delete(chunk);
-}
-
-/* A chunk with one choice; delta (chat) or text (completion) given by the caller. */
-static cJSON *chunk_choice(const srv_job *j, cJSON **choice, const char *finish)
-{
-    cJSON *c = chunk_head(j), *arr = cJSON_AddArrayToObject(c, "choices");
-    *choice = cJSON_CreateObject();
-    cJSON_AddItemToArray(arr, *choice);
-    cJSON_AddNumberToObject(*choice, "index", 0);
-    return c;
-}
-
-/* A token's text as valid UTF-8 (a byte that is not part of a whole character
- * becomes U+FFFD), and its raw bytes. */
-static void token_text(const q3_tokenizer *tok, int32_t id, q3_strbuf *text, cJSON **bytes)
-{
-    size_t n = 0;
-    const char *b = tok ? q3_tokenizer_token_bytes(tok, id, &n) : NULL;
-    if (bytes) *bytes = cJSON_CreateArray();
-    for (size_t i = 0; i < n;) {
-        uint32_t cp;
-        int k = q3_utf8_next((const unsigned char *)b + i, n - i, &cp);
-        if (k > 0) {
-            q3_strbuf_put(text, b + i, (size_t)k);
-            i += (size_t)k;
-        } else {
-            q3_strbuf_puts(text, Q3_UTF8_REPLACEMENT);
-            i += k < 0 ? (size_t)-k : n - i;
-        }
-    }
-    for (size_t i = 0; bytes && i < n; i++) cJSON_AddItemToArray(*bytes, cJSON_CreateNumber((unsigned char)b[i]));
-}
-
-static cJSON *lp_item(const q3_tokenizer *tok, int32_t id, float lp)
-{
-    cJSON *o = cJSON_CreateObject(), *bytes;
-    q3_strbuf t = {0};
-    token_text(tok, id, &t, &bytes);
-    cJSON_AddStringToObject(o, "token", t.data ? t.data : "");
-    cJSON_AddNumberToObject(o, "logprob", lp);
-    cJSON_AddItemToObject(o, "bytes", bytes);
-    free(t.data);
-    return o;
-}
-
-/* The logprobs object for entries [from, to): chat {"content": [...]}, or the
- * completions form {"tokens", "token_logprobs", "top_logprobs", "text_offset"}. */
-static cJSON *logprobs_json(const srv_job *j, int from, int to)
-{
-    cJSON *o = cJSON_CreateObject();
-    if (j->kind == SRV_CHAT) {
-        cJSON *arr = cJSON_AddArrayToObject(o, "content");
-        for (int i = from; i < to; i++) {
-            const srv_logprob *l = &j->lp[i];
-            cJSON *it = lp_item(j->tok, l->id, l->logprob), *top = cJSON_AddArrayToObject(it, "top_logprobs");
-            for (int k = 0; k < l->n_top; k++) cJSON_AddItemToArray(top, lp_item(j->tok, l->top_id[k], l->top_lp[k]));
-            cJSON_AddItemToArray(arr, it);
-        }
-        return o;
-    }
-    cJSON *toks = cJSON_AddArrayToObject(o, "tokens"), *lps = cJSON_AddArrayToObject(o, "token_logprobs");
-    cJSON *tops = cJSON_AddArrayToObject(o, "top_logprobs"), *offs = cJSON_AddArrayToObject(o, "text_offset");
-    size_t off = 0;
-    for (int i = 0; i < from; i++) {
-        size_t n = 0;
-        if (j->tok) q3_tokenizer_token_bytes(j->tok, j->lp[i].id, &n);
-        off += n;
-    }
-    for (int i = from; i < to; i++) {
-        const srv_logprob *l = &j->lp[i];
-        q3_strbuf t = {0};
-        token_text(j->tok, l->id, &t, NULL);
-        cJSON_AddItemToArray(toks, cJSON_CreateString(t.data ? t.data : ""));
-        cJSON_AddItemToArray(lps, cJSON_CreateNumber(l->logprob));
-        cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)off));
-        size_t n = 0;
-        if (j->tok) q3_tokenizer_token_bytes(j->tok, l->id, &n);
-        off += n;
-        free(t.data);
-        cJSON *top = cJSON_CreateObject();
-        for (int k = 0; k < l->n_top; k++) {
-            q3_strbuf tt = {0};
-            token_text(j->tok, l->top_id[k], &tt, NULL);
-            if (!cJSON_GetObjectItemCaseSensitive(top, tt.data ? tt.data : ""))
-                cJSON_AddNumberToObject(top, tt.data ? tt.data : "", l->top_lp[k]);
-            free(tt.data);
-        }
-        cJSON_AddItemToArray(tops, top);
-    }
-    return o;
-}
-
-/* Stream chunks carry the entries not yet sent (j->mu held by the caller). */
-static void choice_logprobs(srv_job *j, cJSON *choice)
-{
-    if (!j->logprobs) {
-        cJSON_AddNullToObject(choice, "logprobs");
-        return;
-    }
-    cJSON_AddItemToObject(choice, "logprobs", logprobs_json(j, j->lp_sent, j->n_lp));
-    j->lp_sent = j->n_lp;
-}
-
-static void choice_tail(cJSON *choice, const char *finish)
-{
-    if (finish) cJSON_AddStringToObject(choice, "finish_reason", finish);
-    else cJSON_AddNullToObject(choice, "finish_reason");
-}
-
-void srv_stream_begin(srv_job *j)
-{
-    if (j->kind != SRV_CHAT) return;
-    cJSON *choice, *c = chunk_choice(j, &choice, NULL);
-    cJSON *d = cJSON_AddObjectToObject(choice, "delta");
-    cJSON_AddStringToObject(d, "role", "assistant");
-    cJSON_AddStringToObject(d, "content", "");
-    cJSON_AddNullToObject(choice, "logprobs");
-    choice_tail(choice, NULL);
-    sse_put(j, c);
-}
-
-/* One piece of text of a kind (0 content, 1 reasoning). */
-static void emit(srv_out *o, srv_job *j, int kind, const char *s, size_t n)
-{
-    if (!n) return;
-    if (!j->stream) {
-        q3_strbuf_put(kind ? &j->reasoning : &j->content, s, n);
-        return;
-    }
-    char *t = strndup(s, n);
-    if (!t) { j->sse.oom = 1; return; }
-    cJSON *choice, *c = chunk_choice(j, &choice, NULL);
-    if (j->kind == SRV_CHAT) {
-        cJSON *d = cJSON_AddObjectToObject(choice, "delta");
-        cJSON_AddStringToObject(d, kind ? "reasoning_content" : "content", t);
-    } else {
-        cJSON_AddStringToObject(choice, "text", t);
-    }
-    choice_logprobs(j, choice);
-    choice_tail(choice, NULL);
-    sse_put(j, c);
-    free(t);
-}
-
-static void emit_content(srv_out *o, srv_job *j, const char *s, size_t n)
-{
-    if (!o->content_any) { /* the blank lines after a think block */
-        while (n && (*s == '\n')) { s++; n--; }
-        if (!n) return;
-        o->content_any = 1;
-    }
-    emit(o, j, 0, s, n);
-}
-
-static void emit_reasoning(srv_out *o, srv_job *j, const char *s, size_t n, int final)
-{
-    if (!o->reasoning_any) {
-        while (n && *s == '\n') { s++; n--; }
-        if (!n) return;
-    }
-    /* newlines at the end are held until more reasoning follows */
-    size_t body = n;
-    while (body && s[body - 1] == '\n') body--;
-    if (body) {
-        static const char nl[] = "\n\n\n\n\n\n\n\n";
-        while (o->held_nl > 0) {
-            int k = o->held_nl > 8 ? 8 : o->held_nl;
-            emit(o, j, 1, nl, (size_t)k);
-            o->held_nl -= k;
-        }
-        emit(o, j, 1, s, body);
-        o->reasoning_any = 1;
-    }
-    o->held_nl += (int)(n - body);
-    if (final) o->held_nl = 0;
-}
-
-int srv_parse_tool_call(const char *text, size_t len, char **name, char **arguments)
-{
-    *name = *arguments = NULL;
-    cJSON *v = cJSON_ParseWithLength(text, len);
-    const cJSON *nm = cJSON_GetObjectItemCaseSensitive(v, "name");
-    const cJSON *args = cJSON_GetObjectItemCaseSensitive(v, "arguments");
-    if (!cJSON_IsObject(v) || !cJSON_IsString(nm)) {
-        cJSON_Delete(v);
-        return -1;
-    }
-    *name = strdup(nm->valuestring);
-    if (cJSON_IsString(args)) *arguments = strdup(args->valuestring);
-    else if (args) *arguments = cJSON_PrintUnformatted(args);
-    else *arguments = strdup("{}");
-    cJSON_Delete(v);
-    if (!*name || !*arguments) {
-        free(*name);
-        free(*arguments);
-        *name = *arguments = NULL;
-        return -1;
-    }
-    return 0;
-}
-
-static void tool_call_done(srv_out *o, srv_job *j)
-{
-    char *name, *args;
-    const char *t = o->tool.data ? o->tool.data : "";
-    if (j->n_tool_calls >= SRV_MAX_TOOL_CALLS || srv_parse_tool_call(t, o->tool.len, &name, &args)) {
-        /* not a tool call after all: it stays text */
-        emit_content(o, j, "<tool_call>", 11);
-        emit_content(o, j, t, o->tool.len);
-        emit_content(o, j, "</tool_call>", 12);
-    } else {
-        int k = j->n_tool_calls++;
-        j->tool_calls[k].name = name;
-        j->tool_calls[k].arguments = args;
-        if (j->stream) {
-            cJSON *choice, *c = chunk_choice(j, &choice, NULL);
-            cJSON *d = cJSON_AddObjectToObject(choice, "delta"), *arr = cJSON_AddArrayToObject(d, "tool_calls");
-            cJSON *tc = cJSON_CreateObject();
-            cJSON_AddItemToArray(arr, tc);
-            char id[96];
-            snprintf(id, sizeof id, "call_%s_%d", j->id, k);
-            cJSON_AddNumberToObject(tc, "index", k);
-            cJSON_AddStringToObject(tc, "id", id);
-            cJSON_AddStringToObject(tc, "type", "function");
-            cJSON *f = cJSON_AddObjectToObject(tc, "function");
-            cJSON_AddStringToObject(f, "name", name);
-            cJSON_AddStringToObject(f, "arguments", args);
-            choice_logprobs(j, choice);
-            choice_tail(choice, NULL);
-            sse_put(j, c);
-        }
-    }
-    o->tool.len = 0;
-}
-
-/* Markers the text is split at, by mode. */
-static const char *const MARK_THINK = "<think>", *const MARK_THINK_END = "</think>";
-static const char *const MARK_TOOL = "<tool_call>", *const MARK_TOOL_END = "</tool_call>";
-
-/* Length of the longest suffix of s[0..n) that is a proper prefix of mark. */
-static size_t partial_mark(const char *s, size_t n, const char *mark)
-{
-    size_t ml = strlen(mark);
-    for (size_t k = ml - 1; k > 0; k--)
-        if (k <= n && !memcmp(s + n - k, mark, k)) return k;
-    return 0;
-}
-
-static void process(srv_out *o, srv_job *j, int final)
-{
-    for (;;) {
-        const char *s = o->pend.data ? o->pend.data : "";
-        size_t n = o->pend.len;
-        const char *m1 = NULL, *m2 = NULL;
-        if (o->mode == 0) {
-            m1 = j->parse_reasoning ? MARK_THINK : NULL;
-            m2 = j->parse_tools ? MARK_TOOL : NULL;
-        } else {
-            m1 = o->mode == 1 ? MARK_THINK_END : MARK_TOOL_END;
-        }
-        const char *h1 = m1 ? memmem(s, n, m1, strlen(m1)) : NULL, *h2 = m2 ? memmem(s, n, m2, strlen(m2)) : NULL;
-        const char *hit = h1, *mark = m1;
-        if (h2 && (!hit || h2 < hit)) { hit = h2; mark = m2; }
-        size_t upto = hit ? (size_t)(hit - s) : n;
-        if (!hit && !final) {
-            size_t k1 = m1 ? partial_mark(s, n, m1) : 0, k2 = m2 ? partial_mark(s, n, m2) : 0;
-            upto = n - (k1 > k2 ? k1 : k2);
-        }
-        if (o->mode == 0) emit_content(o, j, s, upto);
-        else if (o->mode == 1) emit_reasoning(o, j, s, upto, hit != NULL || final);
-        else q3_strbuf_put(&o->tool, s, upto);
-        size_t consumed = upto;
-        if (hit) {
-            consumed += strlen(mark);
-            if (o->mode == 0) o->mode = mark == MARK_THINK ? 1 : 2;
-            else {
-                if (o->mode == 1) o->content_any = 0; /* strip the blank lines after </think> */
-                if (o->mode == 2) tool_call_done(o, j);
-                o->mode = 0;
-            }
-        }
-        memmove(o->pend.data, s + consumed, n - consumed);
-        o->pend.len = n - consumed;
-        if (o->pend.data) o->pend.data[o->pend.len] = 0;
-        if (!hit) break;
-    }
-    if (final && o->mode == 2) { /* an unfinished tool call is text */
-        emit_content(o, j, MARK_TOOL, strlen(MARK_TOOL));
-        emit_content(o, j, o->tool.data ? o->tool.data : "", o->tool.len);
-        o->tool.len = 0;
-        o->mode = 0;
-    }
-}
-
-void srv_out_text(srv_out *o, srv_job *j, const char *text, size_t len)
-{
-    if (j->kind == SRV_COMPLETION) { /* raw text: no markers */
-        emit(o, j, 0, text, len);
-        return;
-    }
-    q3_strbuf_put(&o->pend, text, len);
-    process(o, j, 0);
-}
-
-void srv_out_finish(srv_out *o, srv_job *j, const char *finish_reason)
-{
-    if (j->kind == SRV_CHAT) process(o, j, 1);
-    if (j->n_tool_calls && !strcmp(finish_reason, "stop")) finish_reason = "tool_calls";
-    j->finish_reason = finish_reason;
-    if (!j->stream) return;
-    cJSON *choice, *c = chunk_choice(j, &choice, NULL);
-    if (j->kind == SRV_CHAT) cJSON_AddObjectToObject(choice, "delta");
-    else cJSON_AddStringToObject(choice, "text", "");
-    choice_logprobs(j, choice);
-    choice_tail(choice, finish_reason);
-    sse_put(j, c);
-    if (j->include_usage) {
-        c = chunk_head(j);
-        cJSON_AddArrayToObject(c, "choices");
-        cJSON_AddItemToObject(c, "usage", usage_json(j));
-        sse_put(j, c);
-    }
-    q3_strbuf_puts(&j->sse, "data: [DONE]\n\n");
-}
-
-void srv_out_free(srv_out *o)
-{
-    free(o->pend.data);
-    free(o->tool.data);
-    memset(o, 0, sizeof *o);
-}
-
-void srv_response_json(const srv_job *j, q3_strbuf *out)
-{
-    cJSON *r = cJSON_CreateObject();
-    cJSON_AddStringToObject(r, "id", j->id);
-    cJSON_AddStringToObject(r, "object", j->kind == SRV_CHAT ? "chat.completion" : "text_completion");
-    cJSON_AddNumberToObject(r, "created", (double)j->created);
-    cJSON_AddStringToObject(r, "model", j->model_name);
-    cJSON *arr = cJSON_AddArrayToObject(r, "choices"), *choice = cJSON_CreateObject();
-    cJSON_AddItemToArray(arr, choice);
-    cJSON_AddNumberToObject(choice, "index", 0);
-    const char *content = j->content.data ? j->content.data : "";
-    if (j->kind == SRV_CHAT) {
-        cJSON *m = cJSON_AddObjectToObject(choice, "message");
-        cJSON_AddStringToObject(m, "role", "assistant");
-        if (j->n_tool_calls && !j->content.len) cJSON_AddNullToObject(m, "content");
-        else cJSON_AddStringToObject(m, "content", content);
-        if (j->reasoning.len) cJSON_AddStringToObject(m, "reasoning_content", j->reasoning.data);
-        if (j->n_tool_calls) {
-            cJSON *tcs = cJSON_AddArrayToObject(m, "tool_calls");
-            for (int k = 0; k < j->n_tool_calls; k++) {
-                cJSON *tc = cJSON_CreateObject();
-                cJSON_AddItemToArray(tcs, tc);
-                char id[96];
-                snprintf(id, sizeof id, "call_%s_%d", j->id, k);
-                cJSON_AddStringToObject(tc, "id", id);
-                cJSON_AddStringToObject(tc, "type", "function");
-                cJSON *f = cJSON_AddObjectToObject(tc, "function");
-                cJSON_AddStringToObject(f, "name", j->tool_calls[k].name);
-                cJSON_AddStringToObject(f, "arguments", j->tool_calls[k].arguments);
-            }
-        }
-    } else {
-        cJSON_AddStringToObject(choice, "text", content);
-    }
-    if (j->logprobs) cJSON_AddItemToObject(choice, "logprobs", logprobs_json(j, 0, j->n_lp));
-    else cJSON_AddNullToObject(choice, "logprobs");
-    choice_tail(choice, j->finish_reason ? j->finish_reason : "stop");
-    cJSON_AddItemToObject(r, "usage", usage_json(j));
-    put_json(out, r);
+    srv_put_json(out, r);
     cJSON_Delete(r);
 }
