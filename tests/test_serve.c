@@ -232,71 +232,36 @@ static double metric(const char *text, const char *name)
     return -1;
 }
 
-/* ---- the output splitter alone ------------------------------------------------------ */
+/* ---- the output policy alone ------------------------------------------------------- */
+
+/* Feeds pieces as the generation loop's channel split hands them over. */
+typedef struct piece_spec {
+    q3_channel ch;
+    q3_edge edge;
+    const char *text;
+} piece_spec;
+
+static void feed(srv_out *o, srv_job *j, const piece_spec *ps, int n)
+{
+    for (int i = 0; i < n; i++) {
+        q3_text_piece p = {.text = ps[i].text ? ps[i].text : "", .len = ps[i].text ? strlen(ps[i].text) : 0,
+                           .id = 1, .channel = ps[i].ch, .edge = ps[i].edge};
+        srv_out_piece(o, j, &p);
+    }
+}
+
+#define T_ Q3_CHANNEL_THINKING
+#define X_ Q3_CHANNEL_TOOL_CALL
+#define C_ Q3_CHANNEL_CONTENT
 
 static void test_splitter(void)
 {
-    const char *text = "<think>\nLet me see.\n\nYes.\n</think>\n\nSure: <tool_call>\n{\"name\": \"get_weather\", "
-                       "\"arguments\": {\"city\": \"Paris\", \"days\": 2}}\n</tool_call>";
-    for (int step = 1; step <= 7; step += 3) { /* fed in pieces of 1, 4, 7 bytes */
-        for (int stream = 0; stream < 2; stream++) {
-            srv_job *j = srv_job_new();
-            j->req.kind = SRV_CHAT;
-            j->req.stream = stream;
-            j->req.parse_reasoning = j->req.parse_tools = 1;
-            j->req.model_name = "m";
-            snprintf(j->req.id, sizeof j->req.id, "chatcmpl-x");
-            srv_out o = {0};
-            size_t n = strlen(text);
-            for (size_t i = 0; i < n; i += (size_t)step) srv_out_text(&o, j, text + i, n - i < (size_t)step ? n - i : (size_t)step);
-            srv_out_finish(&o, j, SRV_FINISH_STOP);
-            CHECK(j->res.finish == SRV_FINISH_TOOL_CALLS, "finish %s", srv_finish_wire(j->res.finish));
-            CHECK(j->res.n_tool_calls == 1 && !strcmp(j->res.tool_calls[0].name, "get_weather") &&
-                  !strcmp(j->res.tool_calls[0].arguments, "{\"city\":\"Paris\",\"days\":2}"), "tool call parsed (step %d)", step);
-            if (!stream) {
-                CHECK(j->res.reasoning.data && !strcmp(j->res.reasoning.data, "Let me see.\n\nYes."), "reasoning '%s'", j->res.reasoning.data);
-                CHECK(j->res.content.data && !strcmp(j->res.content.data, "Sure: "), "content '%s'", j->res.content.data);
-                q3_strbuf b = {0};
-                srv_response_json(j, &b);
-                cJSON *r = cJSON_Parse(b.data);
-                CHECK(jstr(r, "choices.0.message.tool_calls.0.function.name") &&
-                      !strcmp(jstr(r, "choices.0.message.tool_calls.0.type"), "function") &&
-                      !strcmp(jstr(r, "choices.0.finish_reason"), "tool_calls") &&
-                      !strcmp(jstr(r, "choices.0.message.reasoning_content"), "Let me see.\n\nYes."), "response json %s", b.data);
-                cJSON_Delete(r);
-                free(b.data);
-            } else {
-                stream_result *s = calloc(1, sizeof *s);
-                parse_sse(j->st.sse.data, s);
-                CHECK(s->ok_framing && s->done_last && !strcmp(s->content, "Sure: ") && !strcmp(s->reasoning, "Let me see.\n\nYes.") &&
-                      !strcmp(s->finish, "tool_calls") && strstr(j->st.sse.data, "\"tool_calls\":[{\"index\":0"),
-                      "stream split (step %d): content '%s' reasoning '%s'", step, s->content, s->reasoning);
-                free(s);
-            }
-            srv_out_free(&o);
-            srv_job_unref(j);
-        }
-    }
-    char *name, *args;
-    CHECK(srv_parse_tool_call("{\"name\": 3}", 11, &name, &args) == -1, "a tool call needs a string name");
-    CHECK(srv_parse_tool_call("nope", 4, &name, &args) == -1, "a tool call is JSON");
-    /* a broken tool call stays text */
-    srv_job *j = srv_job_new();
-    j->req.kind = SRV_CHAT;
-    j->req.parse_tools = 1;
-    srv_out o = {0};
-    srv_out_text(&o, j, "a<tool_call>{oops</tool_call>b", 30);
-    srv_out_finish(&o, j, SRV_FINISH_STOP);
-    CHECK(j->res.n_tool_calls == 0 && !strcmp(j->res.content.data, "a<tool_call>{oops</tool_call>b") && j->res.finish == SRV_FINISH_STOP,
-          "broken tool call as text: '%s'", j->res.content.data);
-    srv_out_free(&o);
-    srv_job_unref(j);
-}
-
-/* The splitter's policy layer fed by channel (as a splitter by token ids will
- * feed it) gives what the marker text gives; a job's ends render as before. */
-static void test_channels_and_ends(void)
-{
+    static const piece_spec answer[] = {
+        {T_, Q3_EDGE_OPEN, NULL}, {T_, Q3_EDGE_NONE, "Let me see."}, {T_, Q3_EDGE_NONE, "\n\nYes."},
+        {T_, Q3_EDGE_CLOSE, NULL}, {C_, Q3_EDGE_NONE, "Sure: "}, {X_, Q3_EDGE_OPEN, NULL},
+        {X_, Q3_EDGE_NONE, "\n{\"name\": \"get_weather\", "},
+        {X_, Q3_EDGE_NONE, "\"arguments\": {\"city\": \"Paris\", \"days\": 2}}\n"}, {X_, Q3_EDGE_CLOSE, NULL},
+    };
     for (int stream = 0; stream < 2; stream++) {
         srv_job *j = srv_job_new();
         j->req.kind = SRV_CHAT;
@@ -305,16 +270,87 @@ static void test_channels_and_ends(void)
         j->req.model_name = "m";
         snprintf(j->req.id, sizeof j->req.id, "chatcmpl-x");
         srv_out o = {0};
-#define PUT(ch, text) srv_out_put(&o, j, ch, text, strlen(text))
-        PUT(SRV_CHANNEL_REASONING, "\nLet me see.\n\n");
-        PUT(SRV_CHANNEL_REASONING, "Yes.\n");
-        srv_out_close(&o, j);
-        PUT(SRV_CHANNEL_CONTENT, "\n\nSure: ");
-        PUT(SRV_CHANNEL_TOOL_CALL, "{\"name\": \"f\", \"arguments\": {}}");
-        srv_out_close(&o, j);
-        PUT(SRV_CHANNEL_TOOL_CALL, "{not json");
+        feed(&o, j, answer, (int)(sizeof answer / sizeof *answer));
+        srv_out_finish(&o, j, SRV_FINISH_STOP);
+        CHECK(j->res.finish == SRV_FINISH_TOOL_CALLS, "finish %s", srv_finish_wire(j->res.finish));
+        CHECK(j->res.n_tool_calls == 1 && !strcmp(j->res.tool_calls[0].name, "get_weather") &&
+              !strcmp(j->res.tool_calls[0].arguments, "{\"city\":\"Paris\",\"days\":2}"), "tool call parsed");
+        if (!stream) {
+            CHECK(j->res.reasoning.data && !strcmp(j->res.reasoning.data, "Let me see.\n\nYes."), "reasoning '%s'", j->res.reasoning.data);
+            CHECK(j->res.content.data && !strcmp(j->res.content.data, "Sure: "), "content '%s'", j->res.content.data);
+            q3_strbuf b = {0};
+            srv_response_json(j, &b);
+            cJSON *r = cJSON_Parse(b.data);
+            CHECK(jstr(r, "choices.0.message.tool_calls.0.function.name") &&
+                  !strcmp(jstr(r, "choices.0.message.tool_calls.0.type"), "function") &&
+                  !strcmp(jstr(r, "choices.0.finish_reason"), "tool_calls") &&
+                  !strcmp(jstr(r, "choices.0.message.reasoning_content"), "Let me see.\n\nYes."), "response json %s", b.data);
+            cJSON_Delete(r);
+            free(b.data);
+        } else {
+            stream_result *s = calloc(1, sizeof *s);
+            parse_sse(j->st.sse.data, s);
+            CHECK(s->ok_framing && s->done_last && !strcmp(s->content, "Sure: ") && !strcmp(s->reasoning, "Let me see.\n\nYes.") &&
+                  !strcmp(s->finish, "tool_calls") && strstr(j->st.sse.data, "\"tool_calls\":[{\"index\":0"),
+                  "stream split: content '%s' reasoning '%s'", s->content, s->reasoning);
+            free(s);
+        }
+        srv_out_free(&o);
+        srv_job_unref(j);
+    }
+    char *name, *args;
+    CHECK(srv_parse_tool_call("{\"name\": 3}", 11, &name, &args) == -1, "a tool call needs a string name");
+    CHECK(srv_parse_tool_call("nope", 4, &name, &args) == -1, "a tool call is JSON");
+    /* a broken tool call stays text, markup included */
+    static const piece_spec broken[] = {
+        {C_, Q3_EDGE_NONE, "a"}, {X_, Q3_EDGE_OPEN, NULL}, {X_, Q3_EDGE_NONE, "{oops"}, {X_, Q3_EDGE_CLOSE, NULL},
+        {C_, Q3_EDGE_NONE, "b"},
+    };
+    srv_job *j = srv_job_new();
+    j->req.kind = SRV_CHAT;
+    j->req.parse_tools = 1;
+    srv_out o = {0};
+    feed(&o, j, broken, 5);
+    srv_out_finish(&o, j, SRV_FINISH_STOP);
+    CHECK(j->res.n_tool_calls == 0 && !strcmp(j->res.content.data, "a<tool_call>{oops</tool_call>b") && j->res.finish == SRV_FINISH_STOP,
+          "broken tool call as text: '%s'", j->res.content.data);
+    srv_out_free(&o);
+    srv_job_unref(j);
+    /* without tools in the request, a tool call's span is text */
+    static const piece_spec untooled[] = {
+        {X_, Q3_EDGE_OPEN, NULL}, {X_, Q3_EDGE_NONE, "{\"name\": \"f\"}"}, {X_, Q3_EDGE_CLOSE, NULL},
+    };
+    j = srv_job_new();
+    j->req.kind = SRV_CHAT;
+    j->req.parse_reasoning = 1;
+    o = (srv_out){0};
+    feed(&o, j, untooled, 3);
+    srv_out_finish(&o, j, SRV_FINISH_STOP);
+    CHECK(j->res.n_tool_calls == 0 && !strcmp(j->res.content.data, "<tool_call>{\"name\": \"f\"}</tool_call>"),
+          "no tools asked: the span as text: '%s'", j->res.content.data);
+    srv_out_free(&o);
+    srv_job_unref(j);
+}
+
+/* A closed tool call, then one cut off by the end: one call, the rest text; a
+ * job's ends render as before. */
+static void test_channels_and_ends(void)
+{
+    static const piece_spec ps[] = {
+        {T_, Q3_EDGE_OPEN, NULL}, {T_, Q3_EDGE_NONE, "Let me see.\n\nYes."}, {T_, Q3_EDGE_CLOSE, NULL},
+        {C_, Q3_EDGE_NONE, "Sure: "}, {X_, Q3_EDGE_OPEN, NULL}, {X_, Q3_EDGE_NONE, "{\"name\": \"f\", \"arguments\": {}}"},
+        {X_, Q3_EDGE_CLOSE, NULL}, {X_, Q3_EDGE_OPEN, NULL}, {X_, Q3_EDGE_NONE, "{not json"}, {X_, Q3_EDGE_CUT, NULL},
+    };
+    for (int stream = 0; stream < 2; stream++) {
+        srv_job *j = srv_job_new();
+        j->req.kind = SRV_CHAT;
+        j->req.stream = stream;
+        j->req.parse_reasoning = j->req.parse_tools = 1;
+        j->req.model_name = "m";
+        snprintf(j->req.id, sizeof j->req.id, "chatcmpl-x");
+        srv_out o = {0};
+        feed(&o, j, ps, (int)(sizeof ps / sizeof *ps));
         srv_out_finish(&o, j, SRV_FINISH_STOP_STRING);
-#undef PUT
         CHECK(j->res.n_tool_calls == 1 && !strcmp(j->res.tool_calls[0].name, "f") && j->res.finish == SRV_FINISH_TOOL_CALLS,
               "channels: one tool call, finish %s", srv_finish_wire(j->res.finish));
         if (!stream)

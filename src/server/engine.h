@@ -24,6 +24,8 @@ typedef struct srv_engine_opts {
     int max_queue;             /* jobs waiting at most (0: 256) */
 } srv_engine_opts;
 
+/* Starts the engine thread: Q3_OK, or Q3_ERR_NOMEM (out of memory or threads;
+ * the caller still owns the context). */
 q3_status srv_engine_start(const srv_engine_opts *o, srv_engine **out);
 /* Queues j (taking a reference). 0, or -1 when the queue is full. */
 int srv_engine_submit(srv_engine *e, srv_job *j);

@@ -14,24 +14,14 @@
 #include <pthread.h>
 #include <stdint.h>
 
-#include "sample/sampler.h"
+#include "q3.h"
 #include "util/strbuf.h"
 
 struct MHD_Connection;
 
 #define SRV_MAX_STOP 8
 #define SRV_MAX_TOOL_CALLS 16
-#define SRV_MAX_TOP_LOGPROBS 20
-
-/* One generated token's log-probability (of the model's raw distribution,
- * before penalties and temperature) and the most likely alternatives. */
-typedef struct srv_logprob {
-    int32_t id;
-    float logprob;
-    int n_top;
-    int32_t top_id[SRV_MAX_TOP_LOGPROBS];
-    float top_lp[SRV_MAX_TOP_LOGPROBS];
-} srv_logprob;
+#define SRV_MAX_TOP_LOGPROBS Q3_MAX_TOP_LOGPROBS
 
 struct q3_tokenizer;
 
@@ -80,8 +70,8 @@ typedef struct srv_request {
     int32_t *prompt;                /* [n_prompt] token ids */
     int n_prompt;
     int max_tokens;                 /* > 0, prompt + max_tokens <= n_ctx */
-    q3_sampler_params sp;           /* presence penalty applied by the engine, not the sampler */
-    float presence_penalty, frequency_penalty;
+    q3_sampler_params sp;           /* every penalty in the sampler (presence, frequency: OpenAI's) */
+    int no_prompt_penalty;          /* the prompt stays out of the penalty window (no repetition_penalty) */
     char *stop[SRV_MAX_STOP];
     int n_stop;
     int parse_tools;                /* split <tool_call>{...}</tool_call> into tool_calls */
@@ -119,7 +109,7 @@ typedef struct srv_result {
     q3_strbuf content, reasoning;   /* non-stream: the whole answer */
     srv_tool_call tool_calls[SRV_MAX_TOOL_CALLS];
     int n_tool_calls;
-    srv_logprob *lp;                /* [n_lp] one per generated token (logprobs requests) */
+    q3_token_logprob *lp;           /* [n_lp] one per generated token (logprobs requests) */
     int n_lp, cap_lp;
     int err_status;                 /* != 0: the job fails with this HTTP status (state FAILED once it ends) */
     char err_msg[256];              /* its message; GONE_QUEUED: why it was dropped */

@@ -152,9 +152,9 @@ static cJSON *logprobs_json(const srv_job *j, int from, int to)
     if (j->req.kind == SRV_CHAT) {
         cJSON *arr = cJSON_AddArrayToObject(o, "content");
         for (int i = from; i < to; i++) {
-            const srv_logprob *l = &j->res.lp[i];
+            const q3_token_logprob *l = &j->res.lp[i];
             cJSON *it = lp_item(j->req.tok, l->id, l->logprob), *top = cJSON_AddArrayToObject(it, "top_logprobs");
-            for (int k = 0; k < l->n_top; k++) cJSON_AddItemToArray(top, lp_item(j->req.tok, l->top_id[k], l->top_lp[k]));
+            for (int k = 0; k < l->n_top; k++) cJSON_AddItemToArray(top, lp_item(j->req.tok, l->top_id[k], l->top_logprob[k]));
             cJSON_AddItemToArray(arr, it);
         }
         return o;
@@ -168,7 +168,7 @@ static cJSON *logprobs_json(const srv_job *j, int from, int to)
         off += n;
     }
     for (int i = from; i < to; i++) {
-        const srv_logprob *l = &j->res.lp[i];
+        const q3_token_logprob *l = &j->res.lp[i];
         q3_strbuf t = {0};
         token_text(j->req.tok, l->id, &t, NULL);
         cJSON_AddItemToArray(toks, cJSON_CreateString(t.data ? t.data : ""));
@@ -183,7 +183,7 @@ static cJSON *logprobs_json(const srv_job *j, int from, int to)
             q3_strbuf tt = {0};
             token_text(j->req.tok, l->top_id[k], &tt, NULL);
             if (!cJSON_GetObjectItemCaseSensitive(top, tt.data ? tt.data : ""))
-                cJSON_AddNumberToObject(top, tt.data ? tt.data : "", l->top_lp[k]);
+                cJSON_AddNumberToObject(top, tt.data ? tt.data : "", l->top_logprob[k]);
             free(tt.data);
         }
         cJSON_AddItemToArray(tops, top);

@@ -92,10 +92,12 @@ static int parse_common(const srv_api *a, const cJSON *root, srv_job *j, int thi
     n = sp.top_k; if (get_int(root, "top_k", -1, 1e9, &n, e)) return e->status; sp.top_k = n < 0 ? 0 : (int)n;
     x = sp.min_p; if (get_num(root, "min_p", 0, 1, &x, e)) return e->status; sp.min_p = (float)x;
     x = 1; if (get_num(root, "repetition_penalty", 1e-6, 10, &x, e)) return e->status; sp.repeat_penalty = (float)x;
-    if (sp.repeat_penalty != 1.0f) sp.penalty_last_n = a->n_ctx;
-    x = 0; if (get_num(root, "presence_penalty", -2, 2, &x, e)) return e->status; j->req.presence_penalty = (float)x;
-    x = 0; if (get_num(root, "frequency_penalty", -2, 2, &x, e)) return e->status; j->req.frequency_penalty = (float)x;
-    sp.presence_penalty = 0;
+    x = 0; if (get_num(root, "presence_penalty", -2, 2, &x, e)) return e->status; sp.presence_penalty = (float)x;
+    x = 0; if (get_num(root, "frequency_penalty", -2, 2, &x, e)) return e->status; sp.frequency_penalty = (float)x;
+    /* the penalties see the whole answer; the prompt too only with repetition_penalty (as llama.cpp's
+       does), so presence and frequency alone count the output, as OpenAI's do */
+    if (sp.repeat_penalty != 1.0f || sp.presence_penalty != 0 || sp.frequency_penalty != 0) sp.penalty_last_n = a->n_ctx;
+    j->req.no_prompt_penalty = sp.repeat_penalty == 1.0f;
     v = cJSON_GetObjectItemCaseSensitive(root, "seed");
     if (v && !cJSON_IsNull(v)) {
         if (get_int(root, "seed", -9.2e18, 9.2e18, &n, e)) return e->status;
