@@ -102,6 +102,12 @@ $(BUILD)/%_avx2.o: %_avx2.c Makefile
 	@mkdir -p $(@D)
 	$(CC) $(BASE) $(WARN) $(CFLAGS) $(AVX2_FLAGS) -c -o $@ $<
 
+# The server is a client of the library: it sees include/q3.h and its own
+# folder, nothing of src/ (no -Isrc), so a non-public header cannot creep in.
+$(BUILD)/src/server/%.o: src/server/%.c Makefile
+	@mkdir -p $(@D)
+	$(CC) $(subst -Isrc,,$(BASE)) $(WARN) $(CFLAGS) -c -o $@ $<
+
 # Objects depend on the Makefile too: a change of flags rebuilds them.
 $(BUILD)/%.o: %.c Makefile
 	@mkdir -p $(@D)

@@ -48,6 +48,15 @@ typedef enum q3_status {
 Q3_API const char *q3_last_error(void);
 Q3_API const char *q3_status_name(q3_status st);
 
+/* Sets this thread's q3_last_error() to the formatted message and returns st:
+ * for code built on q3 that reports through the same channel (a logits
+ * processor's reason for failing, an application's own errors). */
+Q3_API q3_status q3_fail(q3_status st, const char *fmt, ...)
+#if defined(__GNUC__) || defined(__clang__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+
 /* Seconds on a monotonic clock (CLOCK_MONOTONIC): for timing, not dates. */
 Q3_API double q3_now(void);
 

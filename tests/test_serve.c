@@ -278,7 +278,7 @@ static void test_splitter(void)
         if (!stream) {
             CHECK(j->res.reasoning.data && !strcmp(j->res.reasoning.data, "Let me see.\n\nYes."), "reasoning '%s'", j->res.reasoning.data);
             CHECK(j->res.content.data && !strcmp(j->res.content.data, "Sure: "), "content '%s'", j->res.content.data);
-            q3_strbuf b = {0};
+            srv_buf b = {0};
             srv_response_json(j, &b);
             cJSON *r = cJSON_Parse(b.data);
             CHECK(jstr(r, "choices.0.message.tool_calls.0.function.name") &&

@@ -4,13 +4,13 @@
  * split_channels: each q3_text_piece carries its channel and the span's
  * edges, thinking and content already shaped); this is the server's policy
  * for what each channel becomes on the wire, handed to render.h. */
-#include "server/channel.h"
+#include "channel.h"
 
 #include <cjson/cJSON.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "server/render.h"
+#include "render.h"
 
 /* The markup as the model writes it: the text of a span that is not parsed. */
 static const char *const OPEN_MARK[] = {"", "<think>", "<tool_call>"};
@@ -83,7 +83,7 @@ void srv_out_piece(srv_out *o, srv_job *j, const q3_text_piece *p)
     }
     switch (p->edge) { /* a tool call: held until it ends */
     case Q3_EDGE_OPEN: o->tool.len = 0; break;
-    case Q3_EDGE_NONE: q3_strbuf_put(&o->tool, p->text, p->len); break;
+    case Q3_EDGE_NONE: srv_buf_put(&o->tool, p->text, p->len); break;
     case Q3_EDGE_CLOSE: tool_call_end(o, j, 1); break;
     case Q3_EDGE_CUT: tool_call_end(o, j, 0); break;
     }

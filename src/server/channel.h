@@ -7,13 +7,13 @@
 
 #include <stddef.h>
 
-#include "server/job.h"
-#include "util/strbuf.h"
+#include "job.h"
+#include "buf.h"
 
 /* One answer's state: the tool call being read; zero-initialised, freed by
  * srv_out_free. */
 typedef struct srv_out {
-    q3_strbuf tool;        /* the current tool call's text */
+    srv_buf tool;        /* the current tool call's text */
 } srv_out;
 
 /* A piece of the generated text, as the generation loop hands it over

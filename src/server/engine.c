@@ -2,7 +2,7 @@
  * cancellation and the KV budget are the server's; every token goes through
  * the library's one generation loop (q3_gen_step), whose text pieces and
  * tokens come back through the callbacks below. */
-#include "server/engine.h"
+#include "engine.h"
 
 #include <poll.h>
 #include <stddef.h>
@@ -11,7 +11,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "server/channel.h"
+#include "channel.h"
 
 typedef struct slot {
     int busy;
@@ -245,7 +245,7 @@ static void ping(srv_job *j, double now)
 {
     pthread_mutex_lock(&j->mu);
     if (j->req.stream && now - j->st.t_last_write > 1.0) {
-        q3_strbuf_puts(&j->st.sse, ": ping\n\n");
+        srv_buf_puts(&j->st.sse, ": ping\n\n");
         j->st.t_last_write = now;
         srv_job_wake(j);
     }

@@ -10,9 +10,9 @@
 #define Q3_SERVER_ENGINE_H
 
 #include "q3.h"
-#include "server/job.h"
-#include "server/metrics.h"
-#include "text/tokenizer.h"
+#include "job.h"
+#include "metrics.h"
+#include "q3.h"
 
 typedef struct srv_engine srv_engine;
 

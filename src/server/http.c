@@ -1,7 +1,7 @@
 /* HTTP with GNU libmicrohttpd: the route table, limits, API keys, and the
  * suspend/resume plumbing between connections and the engine. The only file
  * of src/server that includes microhttpd.h. */
-#include "server/server.h"
+#include "server.h"
 
 #include <arpa/inet.h>
 #include <microhttpd.h>
@@ -12,11 +12,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "server/render.h"
-#include "server/request.h"
-#include "util/error.h"
+#include "render.h"
+#include "request.h"
 
-double q3_now(void);
 
 struct srv_server {
     struct MHD_Daemon *d;
@@ -32,7 +30,7 @@ struct srv_server {
 };
 
 typedef struct conn_ctx {
-    q3_strbuf body;
+    srv_buf body;
     int too_big;
     srv_job *job;
 } conn_ctx;
@@ -49,7 +47,7 @@ static enum MHD_Result respond(struct MHD_Connection *c, unsigned status, const 
     return ok;
 }
 
-static enum MHD_Result respond_json(struct MHD_Connection *c, unsigned status, q3_strbuf *b)
+static enum MHD_Result respond_json(struct MHD_Connection *c, unsigned status, srv_buf *b)
 {
     if (b->oom) {
         free(b->data);
@@ -63,7 +61,7 @@ static enum MHD_Result respond_json(struct MHD_Connection *c, unsigned status, q
 
 static enum MHD_Result respond_err(struct MHD_Connection *c, const srv_err *e)
 {
-    q3_strbuf b = {0};
+    srv_buf b = {0};
     srv_err_json(e, &b);
     return respond_json(c, (unsigned)e->status, &b);
 }
@@ -138,7 +136,7 @@ static enum MHD_Result answer_job(struct MHD_Connection *c, srv_job *j)
         srv_job_err(j, &e);
         return respond_err(c, &e);
     }
-    q3_strbuf b = {0};
+    srv_buf b = {0};
     srv_response_json(j, &b);
     return respond_json(c, 200, &b);
 }
@@ -147,7 +145,7 @@ static enum MHD_Result answer_job(struct MHD_Connection *c, srv_job *j)
  * the key and, where the route needs it, readiness and the body's limits ---- */
 
 typedef int (*parse_fn)(const srv_api *a, const char *body, size_t len, srv_job *j, srv_err *e);
-typedef int (*answer_fn)(const srv_api *a, const char *body, size_t len, q3_strbuf *out, srv_err *e);
+typedef int (*answer_fn)(const srv_api *a, const char *body, size_t len, srv_buf *out, srv_err *e);
 
 /* Parses the body into a job and submits it; a stream is answered as it comes,
  * otherwise the connection is suspended until the job ends. */
@@ -197,7 +195,7 @@ static enum MHD_Result start_job(srv_server *s, struct MHD_Connection *c, conn_c
 /* A body in, a JSON answer out, on the HTTP thread. */
 static enum MHD_Result answer_body(srv_server *s, struct MHD_Connection *c, conn_ctx *cc, answer_fn answer)
 {
-    q3_strbuf b = {0};
+    srv_buf b = {0};
     srv_err e = {0};
     const char *body = cc->body.data ? cc->body.data : "";
     if (answer(&s->api, body, cc->body.len, &b, &e)) {
@@ -231,7 +229,7 @@ static enum MHD_Result h_health(srv_server *s, struct MHD_Connection *c, conn_ct
 
 static enum MHD_Result h_metrics(srv_server *s, struct MHD_Connection *c, conn_ctx *cc)
 {
-    q3_strbuf b = {0};
+    srv_buf b = {0};
     srv_metrics_render(&s->metrics, s->api.model_name ? s->api.model_name : "", &b);
     if (b.oom) { free(b.data); return fail(c, 500, "server_error", NULL, "out of memory"); }
     enum MHD_Result ok = respond(c, 200, "text/plain; version=0.0.4; charset=utf-8", b.data ? b.data : "", b.len);
@@ -241,7 +239,7 @@ static enum MHD_Result h_metrics(srv_server *s, struct MHD_Connection *c, conn_c
 
 static enum MHD_Result h_models(srv_server *s, struct MHD_Connection *c, conn_ctx *cc)
 {
-    q3_strbuf b = {0};
+    srv_buf b = {0};
     srv_models_json(&s->api, s->started, &b);
     return respond_json(c, 200, &b);
 }
@@ -278,7 +276,7 @@ static enum MHD_Result not_allowed(struct MHD_Connection *c, const char *allow, 
 {
     srv_err e;
     srv_err_set(&e, 405, "invalid_request_error", NULL, NULL, "use %s %s", allow, path);
-    q3_strbuf b = {0};
+    srv_buf b = {0};
     srv_err_json(&e, &b);
     if (b.oom) return respond_json(c, 405, &b); /* answers 500 */
     struct MHD_Response *r = MHD_create_response_from_buffer(b.len, b.data, MHD_RESPMEM_MUST_COPY);
@@ -342,7 +340,7 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
     }
     if (*upload_size) {
         if (!cc->too_big && cc->body.len + *upload_size > s->max_body) cc->too_big = 1;
-        if (!cc->too_big) q3_strbuf_put(&cc->body, upload, *upload_size);
+        if (!cc->too_big) srv_buf_put(&cc->body, upload, *upload_size);
         *upload_size = 0;
         return MHD_YES;
     }

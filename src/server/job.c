@@ -1,5 +1,5 @@
 /* The job's life cycle (see job.h); no I/O, no libmicrohttpd. */
-#include "server/job.h"
+#include "job.h"
 
 #include <stdlib.h>
 

@@ -15,7 +15,7 @@
 #include <stdint.h>
 
 #include "q3.h"
-#include "util/strbuf.h"
+#include "buf.h"
 
 struct MHD_Connection;
 
@@ -92,7 +92,7 @@ typedef struct srv_stream {
     int fd;                         /* its socket, polled for hang-ups while suspended */
     int suspended;                  /* the connection waits for resume */
     int cancelled;                  /* the client went away: the engine drops the job */
-    q3_strbuf sse;                  /* stream: bytes not yet handed to MHD start at sse_sent */
+    srv_buf sse;                  /* stream: bytes not yet handed to MHD start at sse_sent */
     size_t sse_sent;
     srv_sse_state sse_state;
     int lp_sent;                    /* stream: result.lp[0, lp_sent) went out in a chunk */
@@ -106,7 +106,7 @@ typedef struct srv_result {
     srv_job_state state;
     int n_completion, n_cached;
     srv_finish finish;              /* set with the last output (srv_out_finish) */
-    q3_strbuf content, reasoning;   /* non-stream: the whole answer */
+    srv_buf content, reasoning;   /* non-stream: the whole answer */
     srv_tool_call tool_calls[SRV_MAX_TOOL_CALLS];
     int n_tool_calls;
     q3_token_logprob *lp;           /* [n_lp] one per generated token (logprobs requests) */

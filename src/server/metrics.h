@@ -8,8 +8,8 @@
 #include <pthread.h>
 #include <stdint.h>
 
-#include "server/job.h"
-#include "util/strbuf.h"
+#include "job.h"
+#include "buf.h"
 
 #define SRV_HIST_MAX 24
 
@@ -42,6 +42,6 @@ void srv_metrics_gauges(srv_metrics *m, int running, int waiting, double kv_usag
 void srv_metrics_request(srv_metrics *m, srv_finish finish, int prompt_tokens, int cached, int gen_tokens, double ttft,
                          double tpot, double e2e);
 /* Prometheus text exposition format 0.0.4 into b. */
-void srv_metrics_render(srv_metrics *m, const char *model_name, q3_strbuf *b);
+void srv_metrics_render(srv_metrics *m, const char *model_name, srv_buf *b);
 
 #endif

@@ -4,8 +4,8 @@
 #ifndef Q3_SERVER_OPENAI_H
 #define Q3_SERVER_OPENAI_H
 
-#include "server/channel.h"
-#include "server/render.h"
-#include "server/request.h"
+#include "channel.h"
+#include "render.h"
+#include "request.h"
 
 #endif

@@ -1,6 +1,6 @@
 /* OpenAI answers (see render.h): the error envelope, whole responses, SSE
  * chunks, usage and logprobs. */
-#include "server/render.h"
+#include "render.h"
 
 #include <cjson/cJSON.h>
 #include <stdarg.h>
@@ -8,8 +8,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "text/tokenizer.h"
-#include "text/utf8.h"
 
 /* ---- the error envelope ----------------------------------------------------------- */
 
@@ -27,15 +25,15 @@ int srv_err_set(srv_err *e, int status, const char *type, const char *code, cons
 }
 
 /* Appends item's unformatted JSON (cJSON escapes strings as JSON requires). */
-void srv_put_json(q3_strbuf *b, const cJSON *item)
+void srv_put_json(srv_buf *b, const cJSON *item)
 {
     char *s = cJSON_PrintUnformatted(item);
     if (!s) { b->oom = 1; return; }
-    q3_strbuf_puts(b, s);
+    srv_buf_puts(b, s);
     cJSON_free(s);
 }
 
-void srv_err_json(const srv_err *e, q3_strbuf *b)
+void srv_err_json(const srv_err *e, srv_buf *b)
 {
     cJSON *root = cJSON_CreateObject(), *err = cJSON_AddObjectToObject(root, "error");
     cJSON_AddStringToObject(err, "message", e->message);
@@ -64,9 +62,9 @@ void srv_render_failure(srv_job *j)
     if (j->st.sse_state == SRV_SSE_ERROR_SENT) return;
     srv_err e;
     srv_job_err(j, &e);
-    q3_strbuf_puts(&j->st.sse, "data: ");
+    srv_buf_puts(&j->st.sse, "data: ");
     srv_err_json(&e, &j->st.sse);
-    q3_strbuf_puts(&j->st.sse, "\n\ndata: [DONE]\n\n");
+    srv_buf_puts(&j->st.sse, "\n\ndata: [DONE]\n\n");
     j->st.sse_state = SRV_SSE_ERROR_SENT;
 }
 
@@ -95,9 +93,9 @@ static cJSON *chunk_head(const srv_job *j)
 
 static void sse_put(srv_job *j, cJSON *chunk)
 {
-    q3_strbuf_puts(&j->st.sse, "data: ");
+    srv_buf_puts(&j->st.sse, "data: ");
     srv_put_json(&j->st.sse, chunk);
-    q3_strbuf_puts(&j->st.sse, "\n\n");
+    srv_buf_puts(&j->st.sse, "\n\n");
     cJSON_Delete(chunk);
 }
 
@@ -111,31 +109,36 @@ static cJSON *chunk_choice(const srv_job *j, cJSON **choice)
     return c;
 }
 
-/* A token's text as valid UTF-8 (a byte that is not part of a whole character
- * becomes U+FFFD), and its raw bytes. */
-static void token_text(const q3_tokenizer *tok, int32_t id, q3_strbuf *text, cJSON **bytes)
+/* The bytes of a token (none for an unknown id or no tokenizer). */
+static const char *token_bytes(const q3_tokenizer *tok, int32_t id, size_t *n)
+{
+    const char *b = NULL;
+    *n = 0;
+    if (tok && q3_tokenizer_piece(tok, id, &b, n)) *n = 0;
+    return b;
+}
+
+/* A token's text as valid UTF-8 (bytes that are not part of a whole character
+ * become U+FFFD, as the library's detokenizer writes them), and its raw bytes. */
+static void token_text(const q3_tokenizer *tok, int32_t id, srv_buf *text, cJSON **bytes)
 {
     size_t n = 0;
-    const char *b = tok ? q3_tokenizer_token_bytes(tok, id, &n) : NULL;
+    const char *b = token_bytes(tok, id, &n);
     if (bytes) *bytes = cJSON_CreateArray();
-    for (size_t i = 0; i < n;) {
-        uint32_t cp;
-        int k = q3_utf8_next((const unsigned char *)b + i, n - i, &cp);
-        if (k > 0) {
-            q3_strbuf_put(text, b + i, (size_t)k);
-            i += (size_t)k;
-        } else {
-            q3_strbuf_puts(text, Q3_UTF8_REPLACEMENT);
-            i += k < 0 ? (size_t)-k : n - i;
-        }
-    }
+    q3_detokenizer *d = NULL;
+    const char *s;
+    size_t sl;
+    if (n && q3_detokenizer_new(tok, &d)) text->oom = 1;
+    if (d && !q3_detokenizer_push(d, id, &s, &sl)) srv_buf_put(text, s, sl);
+    if (d && !q3_detokenizer_flush(d, &s, &sl)) srv_buf_put(text, s, sl);
+    q3_detokenizer_free(d);
     for (size_t i = 0; bytes && i < n; i++) cJSON_AddItemToArray(*bytes, cJSON_CreateNumber((unsigned char)b[i]));
 }
 
 static cJSON *lp_item(const q3_tokenizer *tok, int32_t id, float lp)
 {
     cJSON *o = cJSON_CreateObject(), *bytes;
-    q3_strbuf t = {0};
+    srv_buf t = {0};
     token_text(tok, id, &t, &bytes);
     cJSON_AddStringToObject(o, "token", t.data ? t.data : "");
     cJSON_AddNumberToObject(o, "logprob", lp);
@@ -164,23 +167,23 @@ static cJSON *logprobs_json(const srv_job *j, int from, int to)
     size_t off = 0;
     for (int i = 0; i < from; i++) {
         size_t n = 0;
-        if (j->req.tok) q3_tokenizer_token_bytes(j->req.tok, j->res.lp[i].id, &n);
+        token_bytes(j->req.tok, j->res.lp[i].id, &n);
         off += n;
     }
     for (int i = from; i < to; i++) {
         const q3_token_logprob *l = &j->res.lp[i];
-        q3_strbuf t = {0};
+        srv_buf t = {0};
         token_text(j->req.tok, l->id, &t, NULL);
         cJSON_AddItemToArray(toks, cJSON_CreateString(t.data ? t.data : ""));
         cJSON_AddItemToArray(lps, cJSON_CreateNumber(l->logprob));
         cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)off));
         size_t n = 0;
-        if (j->req.tok) q3_tokenizer_token_bytes(j->req.tok, l->id, &n);
+        token_bytes(j->req.tok, l->id, &n);
         off += n;
         free(t.data);
         cJSON *top = cJSON_CreateObject();
         for (int k = 0; k < l->n_top; k++) {
-            q3_strbuf tt = {0};
+            srv_buf tt = {0};
             token_text(j->req.tok, l->top_id[k], &tt, NULL);
             if (!cJSON_GetObjectItemCaseSensitive(top, tt.data ? tt.data : ""))
                 cJSON_AddNumberToObject(top, tt.data ? tt.data : "", l->top_logprob[k]);
@@ -243,7 +246,7 @@ static void put_text(srv_job *j, int reasoning, const char *s, size_t n)
 {
     if (!n) return;
     if (!j->req.stream) {
-        q3_strbuf_put(reasoning ? &j->res.reasoning : &j->res.content, s, n);
+        srv_buf_put(reasoning ? &j->res.reasoning : &j->res.content, s, n);
         return;
     }
     char *t = strndup(s, n);
@@ -302,12 +305,12 @@ void srv_render_end(srv_job *j)
         cJSON_AddItemToObject(c, "usage", usage_json(j));
         sse_put(j, c);
     }
-    q3_strbuf_puts(&j->st.sse, "data: [DONE]\n\n");
+    srv_buf_puts(&j->st.sse, "data: [DONE]\n\n");
 }
 
 /* ---- a whole answer --------------------------------------------------------------- */
 
-void srv_response_json(const srv_job *j, q3_strbuf *out)
+void srv_response_json(const srv_job *j, srv_buf *out)
 {
     cJSON *r = cJSON_CreateObject();
     cJSON_AddStringToObject(r, "id", j->req.id);

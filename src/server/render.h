@@ -10,8 +10,8 @@
 
 #include <stddef.h>
 
-#include "server/job.h"
-#include "util/strbuf.h"
+#include "job.h"
+#include "buf.h"
 
 struct cJSON;
 
@@ -28,7 +28,7 @@ typedef struct srv_err {
 int srv_err_set(srv_err *e, int status, const char *type, const char *code, const char *param, const char *fmt, ...)
     __attribute__((format(printf, 6, 7)));
 /* {"error":{"message","type","param","code"}} into b (code: e->code, or the status as a number). */
-void srv_err_json(const srv_err *e, q3_strbuf *b);
+void srv_err_json(const srv_err *e, srv_buf *b);
 
 /* The error answer of a job that ended without an answer (FAILED, or
  * GONE_QUEUED: answered 500, though only a half-closed client still reads it). */
@@ -39,7 +39,7 @@ void srv_job_err(const srv_job *j, srv_err *e);
 const char *srv_finish_wire(srv_finish f);
 
 /* Appends item's unformatted JSON to b (b->oom when cJSON runs out of memory). */
-void srv_put_json(q3_strbuf *b, const struct cJSON *item);
+void srv_put_json(srv_buf *b, const struct cJSON *item);
 
 /* ---- the answer as it comes (caller holds j->mu) ---------------------------- */
 
@@ -60,6 +60,6 @@ void srv_render_end(srv_job *j);
 void srv_render_failure(srv_job *j);
 
 /* A whole non-stream answer. */
-void srv_response_json(const srv_job *j, q3_strbuf *out);
+void srv_response_json(const srv_job *j, srv_buf *out);
 
 #endif

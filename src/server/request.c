@@ -1,6 +1,6 @@
 /* OpenAI request bodies (chat, completions, tokenize, detokenize) into jobs
  * and answers, and the models list (see request.h). */
-#include "server/request.h"
+#include "request.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -10,7 +10,6 @@
 #include <string.h>
 #include <time.h>
 
-#include "text/chat_template.h"
 
 static int bad(srv_err *e, const char *param, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static int bad(srv_err *e, const char *param, const char *fmt, ...)
@@ -211,7 +210,7 @@ static int content_text(const cJSON *m, int idx, char **out, srv_err *e)
         return *out ? 0 : srv_err_set(e, 500, "server_error", NULL, NULL, "out of memory");
     }
     if (!cJSON_IsArray(c)) return bad(e, "messages", "messages[%d].content must be a string or a list of text parts", idx);
-    q3_strbuf b = {0};
+    srv_buf b = {0};
     int k = 0;
     for (const cJSON *p = c->child; p; p = p->next, k++) {
         const cJSON *type = cJSON_GetObjectItemCaseSensitive(p, "type"), *text = cJSON_GetObjectItemCaseSensitive(p, "text");
@@ -219,8 +218,8 @@ static int content_text(const cJSON *m, int idx, char **out, srv_err *e)
             free(b.data);
             return bad(e, "messages", "messages[%d].content[%d]: only {\"type\": \"text\", \"text\": ...} parts are supported", idx, k);
         }
-        if (k) q3_strbuf_puts(&b, "\n");
-        q3_strbuf_puts(&b, text->valuestring);
+        if (k) srv_buf_puts(&b, "\n");
+        srv_buf_puts(&b, text->valuestring);
     }
     if (b.oom) { free(b.data); return srv_err_set(e, 500, "server_error", NULL, NULL, "out of memory"); }
     *out = b.data ? b.data : strdup("");
@@ -228,15 +227,15 @@ static int content_text(const cJSON *m, int idx, char **out, srv_err *e)
 }
 
 /* Renders the conversation with Qwen3's template and tokenizes it with
- * q3_chat_encode: the markup's control tokens are tokens, the messages' text
+ * q3_chat_tokenize_json: the markup's control tokens are tokens, the messages' text
  * is always plain text ("<|im_end|>" typed in a message stays text), in one
  * pass, so text without control-token strings gets the reference's ids. */
 static int render_chat(const srv_api *a, const cJSON *messages, const cJSON *tools, int thinking, srv_job *j, srv_err *e)
 {
     if (!cJSON_IsArray(messages) || cJSON_GetArraySize(messages) < 1) return bad(e, "messages", "'messages' must be a non-empty list");
     cJSON *conv = cJSON_CreateObject(), *msgs = cJSON_AddArrayToObject(conv, "messages");
-    q3_tokens toks = {0};
     int rc = 0, idx = 0;
+    char *json = NULL;
     for (const cJSON *m = messages->child; m; m = m->next, idx++) {
         if (!cJSON_IsObject(m)) { rc = bad(e, "messages", "messages[%d] must be an object", idx); goto done; }
         const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
@@ -266,15 +265,20 @@ static int render_chat(const srv_api *a, const cJSON *messages, const cJSON *too
     if (tools) cJSON_AddItemToObject(conv, "tools", cJSON_Duplicate(tools, 1));
     if (thinking >= 0) cJSON_AddBoolToObject(conv, "enable_thinking", thinking);
     cJSON_AddBoolToObject(conv, "add_generation_prompt", 1);
-    if (q3_chat_encode(a->tok, conv, 0, &toks)) {
+    int32_t *ids = NULL;
+    size_t n = 0;
+    if (!(json = cJSON_PrintUnformatted(conv))) {
+        rc = srv_err_set(e, 500, "server_error", NULL, NULL, "out of memory");
+        goto done;
+    }
+    if (q3_chat_tokenize_json(a->tok, json, strlen(json), 0, &ids, &n)) {
         rc = bad(e, "messages", "%s", q3_last_error());
         goto done;
     }
-    j->req.prompt = toks.ids;
-    j->req.n_prompt = (int)toks.n;
-    toks.ids = NULL;
+    j->req.prompt = ids;
+    j->req.n_prompt = (int)n;
 done:
-    q3_tokens_free(&toks);
+    free(json);
     cJSON_Delete(conv);
     return rc;
 }
@@ -389,7 +393,7 @@ int srv_parse_completion(const srv_api *a, const char *body, size_t len, srv_job
 
 /* ---- tokenize / detokenize / models ----------------------------------------- */
 
-int srv_tokenize(const srv_api *a, const char *body, size_t len, q3_strbuf *out, srv_err *e)
+int srv_tokenize(const srv_api *a, const char *body, size_t len, srv_buf *out, srv_err *e)
 {
     static const char *const known[] = {"model", "prompt", "messages", "add_special_tokens", "add_generation_prompt",
                                         "chat_template_kwargs", "tools", NULL};
@@ -430,7 +434,7 @@ int srv_tokenize(const srv_api *a, const char *body, size_t len, q3_strbuf *out,
     return rc;
 }
 
-int srv_detokenize(const srv_api *a, const char *body, size_t len, q3_strbuf *out, srv_err *e)
+int srv_detokenize(const srv_api *a, const char *body, size_t len, srv_buf *out, srv_err *e)
 {
     static const char *const known[] = {"model", "tokens", NULL};
     cJSON *root = parse_body(body, len, e);
@@ -443,7 +447,7 @@ int srv_detokenize(const srv_api *a, const char *body, size_t len, q3_strbuf *ou
     if (!rc && !ids) rc = srv_err_set(e, 500, "server_error", NULL, NULL, "out of memory");
     for (const cJSON *x = rc ? NULL : t->child; x && !rc; x = x->next, k++) {
         if (!cJSON_IsNumber(x) || x->valuedouble != floor(x->valuedouble) || x->valuedouble < 0 || x->valuedouble >= a->vocab ||
-            !q3_tokenizer_token_bytes(a->tok, (int32_t)x->valuedouble, &(size_t){0}))
+            q3_tokenizer_piece(a->tok, (int32_t)x->valuedouble, &(const char *){NULL}, &(size_t){0}))
             rc = bad(e, "tokens", "tokens[%d] is not a token id of this tokenizer", k);
         else ids[k] = (int32_t)x->valuedouble;
     }
@@ -454,15 +458,15 @@ int srv_detokenize(const srv_api *a, const char *body, size_t len, q3_strbuf *ou
             rc = bad(e, "tokens", "%s", q3_last_error());
         } else {
             /* lossy, as Hugging Face decodes: bytes that are not UTF-8 become U+FFFD */
-            q3_detok d;
-            q3_detok_init(&d, a->tok);
-            q3_strbuf s = {0};
+            q3_detokenizer *d = NULL;
+            srv_buf s = {0};
             const char *piece;
             size_t pl;
-            for (int i = 0; i < n; i++)
-                if (!q3_detok_push(&d, ids[i], &piece, &pl)) q3_strbuf_put(&s, piece, pl);
-            if (!q3_detok_flush(&d, &piece, &pl)) q3_strbuf_put(&s, piece, pl);
-            q3_detok_free(&d);
+            if (q3_detokenizer_new(a->tok, &d)) s.oom = 1;
+            for (int i = 0; d && i < n; i++)
+                if (!q3_detokenizer_push(d, ids[i], &piece, &pl)) srv_buf_put(&s, piece, pl);
+            if (d && !q3_detokenizer_flush(d, &piece, &pl)) srv_buf_put(&s, piece, pl);
+            q3_detokenizer_free(d);
             cJSON *r = cJSON_CreateObject();
             cJSON_AddStringToObject(r, "prompt", s.data ? s.data : "");
             srv_put_json(out, r);
@@ -476,7 +480,7 @@ int srv_detokenize(const srv_api *a, const char *body, size_t len, q3_strbuf *ou
     return rc;
 }
 
-void srv_models_json(const srv_api *a, long long created, q3_strbuf *out)
+void srv_models_json(const srv_api *a, long long created, srv_buf *out)
 {
     cJSON *r = cJSON_CreateObject();
     cJSON_AddStringToObject(r, "object", "list");

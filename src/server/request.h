@@ -7,10 +7,10 @@
 
 #include <stddef.h>
 
-#include "server/job.h"
-#include "server/render.h"
-#include "text/tokenizer.h"
-#include "util/strbuf.h"
+#include "job.h"
+#include "render.h"
+#include "q3.h"
+#include "buf.h"
 
 /* What parsing needs to know about the server; outlives every call. */
 typedef struct srv_api {
@@ -27,10 +27,10 @@ int srv_parse_chat(const srv_api *a, const char *body, size_t len, srv_job *j, s
 int srv_parse_completion(const srv_api *a, const char *body, size_t len, srv_job *j, srv_err *e);
 
 /* POST /tokenize and /detokenize bodies -> answer JSON (0) or an error status. */
-int srv_tokenize(const srv_api *a, const char *body, size_t len, q3_strbuf *out, srv_err *e);
-int srv_detokenize(const srv_api *a, const char *body, size_t len, q3_strbuf *out, srv_err *e);
+int srv_tokenize(const srv_api *a, const char *body, size_t len, srv_buf *out, srv_err *e);
+int srv_detokenize(const srv_api *a, const char *body, size_t len, srv_buf *out, srv_err *e);
 
 /* GET /v1/models */
-void srv_models_json(const srv_api *a, long long created, q3_strbuf *out);
+void srv_models_json(const srv_api *a, long long created, srv_buf *out);
 
 #endif
