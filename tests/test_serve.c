@@ -556,6 +556,37 @@ int main(void)
     }
     cJSON_Delete(j);
 
+    /* logit_bias through the generation loop's logits processor: +100 forces a token, -100 forbids one */
+    j = post_json("/tokenize", "{\"prompt\":\"Hello\"}", &st);
+    int hello = st == 200 ? (int)jnum(j, "tokens.0") : -1;
+    cJSON_Delete(j);
+    char lb[256];
+    snprintf(lb, sizeof lb, "{\"prompt\":\"Once upon a time\",\"max_tokens\":3,\"temperature\":0,\"logit_bias\":{\"%d\":100}}", hello);
+    char *forced = answer_text(lb);
+    CHECK(hello >= 0 && forced && !strcmp(forced, "HelloHelloHello"), "logit_bias +100 forces the token: '%s'", forced ? forced : "?");
+    free(forced);
+    snprintf(lb, sizeof lb, "{\"prompt\":\"Once upon a time\",\"max_tokens\":1,\"temperature\":0,\"logprobs\":1}");
+    j = post_json("/v1/completions", lb, &st);
+    char greedy_text[128] = "";
+    const char *greedy = jstr(j, "choices.0.logprobs.tokens.0") ? greedy_text : NULL;
+    if (greedy) snprintf(greedy_text, sizeof greedy_text, "%s", jstr(j, "choices.0.logprobs.tokens.0"));
+    char tk[512];
+    snprintf(tk, sizeof tk, "{\"prompt\":\"%s\"}", greedy ? greedy : "");
+    cJSON_Delete(j);
+    j = post_json("/tokenize", tk, &st);
+    int top = (int)jnum(j, "tokens.0");
+    cJSON_Delete(j);
+    snprintf(lb, sizeof lb, "{\"prompt\":\"Once upon a time\",\"max_tokens\":1,\"temperature\":0,\"logprobs\":1,"
+             "\"logit_bias\":{\"%d\":-100}}", top);
+    j = post_json("/v1/completions", lb, &st);
+    const char *second = jstr(j, "choices.0.logprobs.tokens.0");
+    CHECK(st == 200 && greedy && second && strcmp(greedy, second), "logit_bias -100 on the greedy token '%s' gives another ('%s')",
+          greedy ? greedy : "?", second ? second : "?");
+    cJSON_Delete(j);
+    check_error("logit_bias key not a token id", "/v1/completions", "{\"prompt\":\"x\",\"logit_bias\":{\"abc\":1}}", 400);
+    check_error("logit_bias out of range", "/v1/completions", "{\"prompt\":\"x\",\"logit_bias\":{\"1\":101}}", 400);
+    check_error("logit_bias id past the vocabulary", "/v1/completions", "{\"prompt\":\"x\",\"logit_bias\":{\"99999999\":1}}", 400);
+
     /* errors: status and envelope */
     check_error("invalid JSON", "/v1/chat/completions", "{\"messages\": [", 400);
     check_error("not an object", "/v1/chat/completions", "[1,2]", 400);

@@ -65,6 +65,15 @@ static void on_token(void *user, q3_gen *g, int32_t id)
     pthread_mutex_unlock(&j->mu);
 }
 
+/* The logits processor: the request's logit_bias (a -100 forbids the token in
+ * practice, a +100 all but forces it, as OpenAI describes them). */
+static q3_status apply_bias(void *user, q3_gen *g, float *logits, int n_vocab)
+{
+    const srv_request *r = &((slot *)user)->job->req;
+    for (int i = 0; i < r->n_bias; i++) logits[r->bias[i].id] += r->bias[i].bias;
+    return Q3_OK;
+}
+
 /* Text as it comes: rendered into the job, its connection woken. */
 static void on_text(void *user, const q3_text_piece *p)
 {
@@ -197,6 +206,7 @@ static int admit(srv_engine *e, slot *s, srv_job *j)
     o.logprobs = j->req.logprobs;
     o.top_logprobs = j->req.top_logprobs;
     o.no_prompt_penalty = j->req.no_prompt_penalty;
+    if (j->req.n_bias) o.on_logits = apply_bias;
     int n_done = q3_seq_reuse_prefix(e->ctx, s->seq, j->req.prompt, (size_t)j->req.n_prompt);
     if (q3_sampler_new(&j->req.sp, e->vocab, &s->smp) || q3_gen_new(e->ctx, s->seq, s->smp, e->tok, &o, &s->gen) ||
         q3_gen_prompt_from(s->gen, j->req.prompt, (size_t)j->req.n_prompt, (size_t)n_done)) {

@@ -28,6 +28,7 @@ void srv_job_unref(srv_job *j)
     pthread_mutex_unlock(&j->mu);
     if (left) return;
     free(j->req.prompt);
+    free(j->req.bias);
     for (int i = 0; i < j->req.n_stop; i++) free(j->req.stop[i]);
     for (int i = 0; i < j->res.n_tool_calls; i++) {
         free(j->res.tool_calls[i].name);

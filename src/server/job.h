@@ -22,6 +22,13 @@ struct MHD_Connection;
 #define SRV_MAX_STOP 8
 #define SRV_MAX_TOOL_CALLS 16
 #define SRV_MAX_TOP_LOGPROBS Q3_MAX_TOP_LOGPROBS
+#define SRV_MAX_LOGIT_BIAS 1024
+
+/* One logit_bias entry: added to the token's logit before sampling. */
+typedef struct srv_bias {
+    int32_t id;
+    float bias;
+} srv_bias;
 
 struct q3_tokenizer;
 
@@ -72,6 +79,8 @@ typedef struct srv_request {
     int max_tokens;                 /* > 0, prompt + max_tokens <= n_ctx */
     q3_sampler_params sp;           /* every penalty in the sampler (presence, frequency: OpenAI's) */
     int no_prompt_penalty;          /* the prompt stays out of the penalty window (no repetition_penalty) */
+    srv_bias *bias;                 /* [n_bias] logit_bias, applied by the generation loop's logits processor */
+    int n_bias;
     char *stop[SRV_MAX_STOP];
     int n_stop;
     int parse_tools;                /* split <tool_call>{...}</tool_call> into tool_calls */

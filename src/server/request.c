@@ -148,8 +148,22 @@ static int parse_common(const srv_api *a, const cJSON *root, srv_job *j, int thi
         j->req.top_logprobs = top > 0 ? (int)top : 0;
     }
     v = cJSON_GetObjectItemCaseSensitive(root, "logit_bias");
-    if (v && !cJSON_IsNull(v) && !(cJSON_IsObject(v) && !v->child))
-        return bad(e, "logit_bias", "logit_bias is not supported by q3 serve");
+    if (v && !cJSON_IsNull(v)) { /* {"token id": bias in [-100, 100]}, as OpenAI's */
+        if (!cJSON_IsObject(v)) return bad(e, "logit_bias", "'logit_bias' must be an object of token ids to biases");
+        int n = cJSON_GetArraySize(v);
+        if (n > SRV_MAX_LOGIT_BIAS) return bad(e, "logit_bias", "at most %d entries in 'logit_bias'", SRV_MAX_LOGIT_BIAS);
+        if (n && !(j->req.bias = malloc((size_t)n * sizeof *j->req.bias)))
+            return srv_err_set(e, 500, "server_error", NULL, NULL, "out of memory");
+        for (const cJSON *b = v->child; b; b = b->next) {
+            char *end;
+            long id = strtol(b->string, &end, 10);
+            if (!b->string[0] || *end || id < 0 || id >= a->vocab)
+                return bad(e, "logit_bias", "logit_bias key '%.40s' is not a token id (0..%d)", b->string, a->vocab - 1);
+            if (!cJSON_IsNumber(b) || !(b->valuedouble >= -100 && b->valuedouble <= 100))
+                return bad(e, "logit_bias", "logit_bias[%.40s] must be a number in [-100, 100]", b->string);
+            j->req.bias[j->req.n_bias++] = (srv_bias){.id = (int32_t)id, .bias = (float)b->valuedouble};
+        }
+    }
     v = cJSON_GetObjectItemCaseSensitive(root, "user");
     if (v && !cJSON_IsNull(v) && !cJSON_IsString(v)) return bad(e, "user", "'user' must be a string");
     return 0;
