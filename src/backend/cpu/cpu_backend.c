@@ -43,17 +43,25 @@
 /* Work items a matmul is cut into, per thread (dynamic balance). */
 #define MM_ITEMS_PER_THREAD 8
 
+/* The matmul rows of an ISA (kernels.h): the plain types on its float
+ * kernels, the quantized ones on its int8-dot adaptor (which takes each to
+ * its own row of the ISA's q3_quant_kernels). A new quantized weight type
+ * joins here once its rows exist in quant_ref.c, quant_avx2.c, quant_avx512.c. */
+#define MM_ROWS(plain, quant)                                                                                        \
+    [Q3_F32] = plain, [Q3_F16] = plain, [Q3_BF16] = plain, [Q3_Q8_0] = quant, [Q3_Q4_0] = quant, [Q3_Q4_K] = quant, \
+    [Q3_Q5_K] = quant, [Q3_Q6_K] = quant
+
 static const q3_cpu_isa isa_amx = {
     .name = "avx512-amx", .bf16_activations = true,
-    .mm = &q3_cpu_mm_amx, .attn = &q3_cpu_attn_avx512, .ew = &q3_cpu_ew_avx512,
+    .mm = {MM_ROWS(&q3_cpu_mm_amx, &q3_cpu_mm_quant_avx512)}, .attn = &q3_cpu_attn_avx512, .ew = &q3_cpu_ew_avx512,
 };
 static const q3_cpu_isa isa_avx512 = {
     .name = "avx512-bf16", .bf16_activations = true,
-    .mm = &q3_cpu_mm_avx512, .attn = &q3_cpu_attn_avx512, .ew = &q3_cpu_ew_avx512,
+    .mm = {MM_ROWS(&q3_cpu_mm_avx512, &q3_cpu_mm_quant_avx512)}, .attn = &q3_cpu_attn_avx512, .ew = &q3_cpu_ew_avx512,
 };
 static const q3_cpu_isa isa_avx2 = {
     .name = "avx2", .bf16_activations = false,
-    .mm = &q3_cpu_mm_avx2, .attn = &q3_cpu_attn_avx2, .ew = &q3_cpu_ew_avx2,
+    .mm = {MM_ROWS(&q3_cpu_mm_avx2, &q3_cpu_mm_quant_avx2)}, .attn = &q3_cpu_attn_avx2, .ew = &q3_cpu_ew_avx2,
 };
 
 /* ---- state ---------------------------------------------------------------------- */
@@ -392,11 +400,10 @@ static q3_status run_matmul(cpu_unit *u, const q3_exec *e, const q3_op *op)
                     .n = (int)w->shape[0],
                     .k = (int)w->shape[1],
                 }};
-    const q3_cpu_mm_kernels *k = u->isa->mm;
-    /* quantized weights: int8 dot products on activations quantized per 32-block
-       (each thread quantizes all rows into its own scratch: no barrier) */
-    if (q3_quant_kernels_admit(w->dtype, w->shape[1]))
-        k = u->isa == &isa_avx2 ? &q3_cpu_mm_quant_avx2 : &q3_cpu_mm_quant_avx512;
+    /* the weight type's row (quantized weights: int8 dot products on activations
+       quantized per 32-block, each thread quantizing all rows into its own
+       scratch: no barrier) */
+    const q3_cpu_mm_kernels *k = u->isa->mm[w->dtype];
     j.k = k;
     const void *packed;
     q3_status st = packed_weight(u, op, k, &packed);
@@ -622,7 +629,7 @@ static void run_embed(cpu_unit *u, const q3_exec *e, const q3_op *op)
 {
     const q3_tensor *w = op->weight;
     size_t cols = (size_t)w->shape[1], rb = q3_dtype_row_bytes(w->dtype, cols);
-    bool simd = w->dtype == Q3_F32 || w->dtype == Q3_F16 || w->dtype == Q3_BF16;
+    bool simd = q3_dtype_is_plain(w->dtype);
     for (int r = 0; r < e->n_real; r++) {
         const void *src = (const char *)w->data + (size_t)e->tokens[r] * rb;
         if (simd) u->isa->ew->to_f32(w->dtype, src, row_of(e, op->out, r), cols);
@@ -648,30 +655,16 @@ static bool cpu_present(const q3_backend *b) { return q3_cpu_has_avx2_path(q3_cp
 
 static const char *cpu_refuses(const q3_backend *b, const q3_graph *g, const q3_op *op)
 {
-    static const char *const no_matmul[Q3_DTYPE_COUNT] = {
-        [Q3_Q8_0] = "no kernel for Q8_0 weights",
-        [Q3_Q4_0] = "no kernel for Q4_0 weights",
-        [Q3_Q4_K] = "no kernel for Q4_K weights",
-        [Q3_Q5_K] = "no kernel for Q5_K weights",
-        [Q3_Q6_K] = "no kernel for Q6_K weights",
-    };
-    static const char *const no_norm[Q3_DTYPE_COUNT] = {
-        [Q3_Q8_0] = "no Q8_0 norm weights",
-        [Q3_Q4_0] = "no Q4_0 norm weights",
-        [Q3_Q4_K] = "no Q4_K norm weights",
-        [Q3_Q5_K] = "no Q5_K norm weights",
-        [Q3_Q6_K] = "no Q6_K norm weights",
-    };
     if (op->weight) {
         q3_dtype t = op->weight->dtype;
         if ((unsigned)t >= Q3_DTYPE_COUNT) return "unknown weight dtype";
-        bool plain = t == Q3_F32 || t == Q3_F16 || t == Q3_BF16;
-        bool quant_mm = op->kind == Q3_OP_MATMUL && q3_quant_kernels_admit(t, op->weight->shape[1]);
-        if (quant_mm) return NULL;
-        /* a dtype missing from the tables (K-quants) is refused too, never admitted by default */
-        if (!plain && op->kind == Q3_OP_MATMUL) return no_matmul[t] ? no_matmul[t] : "no kernel for this weight dtype";
-        if (!plain && op->kind != Q3_OP_EMBED) return no_norm[t] ? no_norm[t] : "no norm kernel for this weight dtype";
-        /* embedding rows of every quantized type: q3_row_to_f32 */
+        const q3_type_traits *tt = q3_traits(t);
+        if (op->kind == Q3_OP_MATMUL) {
+            /* every ISA has the same rows: the default one's say what the unit admits */
+            if (!default_isa()->mm[t] || op->weight->shape[1] % (int64_t)tt->block_values) return tt->no_matmul;
+        } else if (!q3_dtype_is_plain(t) && op->kind != Q3_OP_EMBED) {
+            return tt->no_norm; /* embedding rows of every type: q3_row_to_f32 */
+        }
     }
     if (op->kind == Q3_OP_ROPE && g->cfg->head_dim % 2) return "RoPE needs an even head_dim";
     return NULL;
