@@ -80,6 +80,7 @@ typedef struct cpu_unit {
     grow_buf attn_parts;    /* decode: super-block softmax states of every row */
     grow_buf attn_rows;     /* decode: per-row attention descriptors */
     grow_buf norm_w;        /* a norm weight converted to F32 */
+    grow_buf mmid;          /* MATMUL_ID: ids, the rows grouped by matrix, their inputs and outputs */
     /* RoPE table: row p = cos[hd/2], sin[hd/2] of position p, for p < rope_done */
     grow_buf rope;
     int rope_done, rope_hd;
@@ -140,6 +141,7 @@ static void cpu_close(void *impl)
     free(u->attn_parts.p);
     free(u->attn_rows.p);
     free(u->norm_w.p);
+    free(u->mmid.p);
     free(u->rope.p);
     free(u);
 }
@@ -337,38 +339,52 @@ static void mm_item(void *ctx, int item, int ith)
     j->k->range(&j->mm, j->u->scratch[ith].p, o0, o1);
 }
 
-/* Packing a weight: panels of outputs over the pool's threads. */
+/* Packing a weight: panels of outputs over the pool's threads; a stacked
+ * weight (MATMUL_ID) matrix by matrix, each packed as a weight of its own. */
 typedef struct pack_job {
     const q3_cpu_mm_kernels *k;
-    const q3_tensor *w;
-    void *dst;
-    int item; /* outputs per work item */
+    q3_dtype t;
+    const char *src;
+    char *dst;
+    int n, kk;                /* outputs and inputs of one matrix */
+    size_t src_stride, dst_stride; /* bytes from one matrix to the next */
+    int item;                 /* outputs per work item */
+    int items_per_mat;
 } pack_job;
 
 static void pack_item(void *ctx, int item, int ith)
 {
     const pack_job *j = ctx;
-    int n = (int)j->w->shape[0], o0 = item * j->item, o1 = o0 + j->item < n ? o0 + j->item : n;
-    j->k->pack(j->w->dtype, j->w->data, q3_dtype_row_bytes(j->w->dtype, (size_t)j->w->shape[1]), n, (int)j->w->shape[1],
-               j->dst, o0, o1);
+    int m = item / j->items_per_mat, o0 = item % j->items_per_mat * j->item, o1 = o0 + j->item < j->n ? o0 + j->item : j->n;
+    j->k->pack(j->t, j->src + (size_t)m * j->src_stride, q3_dtype_row_bytes(j->t, (size_t)j->kk), j->n, j->kk,
+               j->dst + (size_t)m * j->dst_stride, o0, o1);
 }
 
-/* The kernels' packed copy of w, made now if no unit has made it yet (*out =
- * NULL: these kernels read w in place). Racing contexts each pack; one copy is
- * published, the others freed. */
-static q3_status packed_weight(cpu_unit *u, const q3_op *op, const q3_cpu_mm_kernels *k, const void **out)
+/* The kernels' packed copy of w (a 2-D weight, or each matrix of a stacked
+ * 3-D one, *stride bytes apart), made now if no unit has made it yet (*out =
+ * NULL: these kernels read w in place). Racing contexts each pack; one copy
+ * is published, the others freed. */
+static q3_status packed_weight(cpu_unit *u, const q3_op *op, const q3_cpu_mm_kernels *k, const void **out,
+                               size_t *stride)
 {
     const q3_tensor *w = op->weight;
+    const int stacked = w->ndim == 3, n_mat = stacked ? (int)w->shape[0] : 1;
+    const int n = (int)w->shape[stacked], kk = (int)w->shape[stacked + 1];
     *out = NULL;
-    size_t bytes = k->packed_bytes ? k->packed_bytes(w->dtype, (int)w->shape[0], (int)w->shape[1]) : 0;
-    if (!bytes) return Q3_OK;
+    size_t per = k->packed_bytes ? k->packed_bytes(w->dtype, n, kk) : 0;
+    if (!per) return Q3_OK;
+    *stride = n_mat == 1 ? per : (per + 63) & ~(size_t)63;
+    size_t bytes = (size_t)n_mat * *stride;
     void *p = atomic_load_explicit(&((q3_tensor *)w)->packed, memory_order_acquire);
     if (!p) {
         if (!(p = aligned_alloc(64, (bytes + 63) & ~(size_t)63)))
             return q3_fail(Q3_ERR_NOMEM, "cpu unit: cannot allocate %zu bytes for the packed weight of %s", bytes,
                            op->name);
-        pack_job j = {.k = k, .w = w, .dst = p, .item = 16 * 64};
-        q3_pool_job job = {.item = pack_item, .ctx = &j, .n_items = (int)((w->shape[0] + j.item - 1) / j.item)};
+        pack_job j = {.k = k, .t = w->dtype, .src = w->data, .dst = p, .n = n, .kk = kk,
+                      .src_stride = (size_t)n * q3_dtype_row_bytes(w->dtype, (size_t)kk), .dst_stride = *stride,
+                      .item = 16 * 64};
+        j.items_per_mat = (n + j.item - 1) / j.item;
+        q3_pool_job job = {.item = pack_item, .ctx = &j, .n_items = n_mat * j.items_per_mat};
         q3_pool_run(u->pool, &job);
         void *none = NULL;
         if (!atomic_compare_exchange_strong(&((q3_tensor *)w)->packed, &none, p)) {
@@ -406,7 +422,8 @@ static q3_status run_matmul(cpu_unit *u, const q3_exec *e, const q3_op *op)
     const q3_cpu_mm_kernels *k = u->isa->mm[w->dtype];
     j.k = k;
     const void *packed;
-    q3_status st = packed_weight(u, op, k, &packed);
+    size_t stride;
+    q3_status st = packed_weight(u, op, k, &packed, &stride);
     if (st) return st;
     if (packed) j.mm.w = packed;
     st = ensure_scratch(u, op, k->scratch(&j.mm));
@@ -422,6 +439,151 @@ static q3_status run_matmul(cpu_unit *u, const q3_exec *e, const q3_op *op)
         for (int i = 0; i < job.n_items; i++) mm_item(&j, i, 0);
     } else {
         q3_pool_run(u->pool, &job);
+    }
+    return Q3_OK;
+}
+
+/* ---- matmul_id ---------------------------------------------------------------------------- */
+
+/* The (row, slot) pairs that chose one matrix, gathered: a plain matmul of
+ * their inputs (rows of x) by that matrix into rows of y, run by the same
+ * kernels as MATMUL (whose outputs do not depend on the rows beside them). */
+typedef struct mmid_group {
+    q3_cpu_matmul mm;
+    int item, item0, n_items; /* outputs per work item; the group's items are [item0, item0 + n_items) */
+} mmid_group;
+
+typedef struct mmid_job {
+    cpu_unit *u;
+    const q3_cpu_mm_kernels *k;
+    mmid_group *g;
+    int n_groups;
+    int *prepared; /* [nth] the group whose activations each thread's scratch holds (-1: none) */
+} mmid_job;
+
+static void mmid_begin(void *ctx, int ith) { ((mmid_job *)ctx)->prepared[ith] = -1; }
+
+/* Items are claimed in increasing order, so a thread meets each group at
+ * most once in a row and prepares it (packs its rows) once. */
+static void mmid_item(void *ctx, int item, int ith)
+{
+    mmid_job *j = ctx;
+    int lo = 0, hi = j->n_groups - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (j->g[mid].item0 <= item) lo = mid;
+        else hi = mid - 1;
+    }
+    const mmid_group *g = &j->g[lo];
+    void *scratch = j->u->scratch[ith].p;
+    if (j->prepared[ith] != lo) {
+        j->k->prepare(&g->mm, scratch);
+        j->prepared[ith] = lo;
+    }
+    int o0 = (item - g->item0) * g->item, o1 = o0 + g->item < g->mm.n ? o0 + g->item : g->mm.n;
+    j->k->range(&g->mm, scratch, o0, o1);
+}
+
+static size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
+
+/* Rows grouped by the matrix they chose (a counting sort, stable in (row,
+ * slot) order), each chosen matrix's weights read once for all its rows in
+ * one pool job over every group's output ranges; then each result goes back
+ * to its row and slot (times the slot weight, if any). */
+static q3_status run_matmul_id(cpu_unit *u, const q3_exec *e, const q3_op *op)
+{
+    q3_matmul_id_shape s;
+    const char *why = q3_matmul_id_check(e->g, op, &s);
+    if (why) return q3_fail(Q3_ERR_INVALID, "op %s: %s", op->name, why);
+    const q3_tensor *w = op->weight;
+    const q3_cpu_mm_kernels *k = u->isa->mm[w->dtype];
+    if (!k) return q3_fail(Q3_ERR_UNSUPPORTED, "op %s: %s", op->name, q3_traits(w->dtype)->no_matmul);
+    const int rows = live_rows(e, op->out);
+    const size_t pairs = (size_t)rows * (size_t)s.k, max_groups = pairs < (size_t)s.n_mat ? pairs : (size_t)s.n_mat;
+    const size_t o_cnt = pairs * sizeof(int32_t), o_order = o_cnt + ((size_t)s.n_mat + 1) * sizeof(int32_t),
+                 o_prep = o_order + pairs * sizeof(int32_t), o_groups = align64(o_prep + (size_t)u->nth * sizeof(int)),
+                 o_x = align64(o_groups + max_groups * sizeof(mmid_group)),
+                 o_y = align64(o_x + pairs * (size_t)s.n_in * sizeof(float)),
+                 total = o_y + pairs * (size_t)s.n_out * sizeof(float);
+    if (grow(&u->mmid, total)) return no_scratch(op, total);
+    char *base = u->mmid.p;
+    int32_t *ids = (int32_t *)base, *cnt = (int32_t *)(base + o_cnt), *order = (int32_t *)(base + o_order);
+    mmid_group *groups = (mmid_group *)(base + o_groups);
+    float *X = (float *)(base + o_x), *Y = (float *)(base + o_y);
+    q3_status st = q3_matmul_id_ids(e, op, &s, rows, ids);
+    if (st) return st;
+
+    /* cnt[m + 1] = pairs that chose m, then offsets; order = pairs by matrix */
+    memset(cnt, 0, ((size_t)s.n_mat + 1) * sizeof *cnt);
+    for (size_t p = 0; p < pairs; p++) cnt[ids[p] + 1]++;
+    for (int m = 0; m < s.n_mat; m++) cnt[m + 1] += cnt[m];
+    for (size_t p = 0; p < pairs; p++) order[cnt[ids[p]]++] = (int32_t)p;
+    for (int m = s.n_mat; m > 0; m--) cnt[m] = cnt[m - 1]; /* back to starts: cnt[m] = first pair of m */
+    cnt[0] = 0;
+
+    const void *packed;
+    size_t stride = 0;
+    if ((st = packed_weight(u, op, k, &packed, &stride))) return st;
+    const size_t w_row_bytes = q3_dtype_row_bytes(w->dtype, (size_t)s.n_in);
+    int n_groups = 0;
+    size_t scratch = 0;
+    for (int m = 0; m < s.n_mat; m++) {
+        int first = cnt[m], n = (m + 1 < s.n_mat ? cnt[m + 1] : (int32_t)pairs) - first;
+        if (!n) continue; /* a matrix no row chose is never read */
+        mmid_group *g = &groups[n_groups++];
+        g->mm = (q3_cpu_matmul){
+            .w = packed ? (const char *)packed + (size_t)m * stride : (const char *)w->data + (size_t)m * s.mat_bytes,
+            .wtype = w->dtype,
+            .w_row_bytes = w_row_bytes,
+            .x = X + (size_t)first * s.n_in,
+            .ldx = (size_t)s.n_in,
+            .y = Y + (size_t)first * s.n_out,
+            .ldy = (size_t)s.n_out,
+            .m = n,
+            .n = s.n_out,
+            .k = s.n_in,
+        };
+        size_t sc = k->scratch(&g->mm);
+        if (sc > scratch) scratch = sc;
+    }
+    for (size_t q = 0; q < pairs; q++) {
+        int r = order[q] / s.k, j = order[q] % s.k;
+        memcpy(X + q * (size_t)s.n_in, row_of(e, op->in[0], r) + (s.x_per_slot ? (size_t)j * s.n_in : 0),
+               (size_t)s.n_in * sizeof(float));
+    }
+    if ((st = ensure_scratch(u, op, scratch))) return st;
+
+    bool inline_run = u->nth == 1 || (double)pairs * s.n_out * s.n_in < PARALLEL_MIN_MACS;
+    int want = inline_run ? 1 : (u->nth * MM_ITEMS_PER_THREAD + n_groups - 1) / n_groups;
+    int items = 0;
+    for (int i = 0; i < n_groups; i++) {
+        mmid_group *g = &groups[i];
+        int gr = k->granule(&g->mm);
+        g->item = (s.n_out + want - 1) / want;
+        g->item = (g->item + gr - 1) / gr * gr;
+        g->n_items = (s.n_out + g->item - 1) / g->item;
+        g->item0 = items;
+        items += g->n_items;
+    }
+    mmid_job j = {.u = u, .k = k, .g = groups, .n_groups = n_groups, .prepared = (int *)(base + o_prep)};
+    if (inline_run) {
+        mmid_begin(&j, 0);
+        for (int i = 0; i < items; i++) mmid_item(&j, i, 0);
+    } else {
+        q3_pool_job job = {.begin = mmid_begin, .item = mmid_item, .ctx = &j, .n_items = items};
+        q3_pool_run(u->pool, &job);
+    }
+
+    for (size_t q = 0; q < pairs; q++) {
+        int r = order[q] / s.k, jj = order[q] % s.k;
+        float *dst = row_of(e, op->out, r) + (size_t)jj * s.n_out;
+        const float *src = Y + q * (size_t)s.n_out;
+        if (op->in[2] < 0) {
+            memcpy(dst, src, (size_t)s.n_out * sizeof(float));
+        } else {
+            const float sw = row_of(e, op->in[2], r)[jj];
+            for (int o = 0; o < s.n_out; o++) dst[o] = src[o] * sw;
+        }
     }
     return Q3_OK;
 }
@@ -655,13 +817,17 @@ static bool cpu_present(const q3_backend *b) { return q3_cpu_has_avx2_path(q3_cp
 
 static const char *cpu_refuses(const q3_backend *b, const q3_graph *g, const q3_op *op)
 {
+    const char *why;
+    if (op->kind == Q3_OP_MATMUL_ID && !op->weight) return q3_matmul_id_check(g, op, NULL);
     if (op->weight) {
         q3_dtype t = op->weight->dtype;
         if ((unsigned)t >= Q3_DTYPE_COUNT) return "unknown weight dtype";
         const q3_type_traits *tt = q3_traits(t);
-        if (op->kind == Q3_OP_MATMUL) {
+        if (op->kind == Q3_OP_MATMUL || op->kind == Q3_OP_MATMUL_ID) {
+            if (op->kind == Q3_OP_MATMUL_ID && (why = q3_matmul_id_check(g, op, NULL))) return why;
             /* every ISA has the same rows: the default one's say what the unit admits */
-            if (!default_isa()->mm[t] || op->weight->shape[1] % (int64_t)tt->block_values) return tt->no_matmul;
+            if (!default_isa()->mm[t] || op->weight->shape[op->weight->ndim - 1] % (int64_t)tt->block_values)
+                return tt->no_matmul;
         } else if (!q3_dtype_is_plain(t) && op->kind != Q3_OP_EMBED) {
             return tt->no_norm; /* embedding rows of every type: q3_row_to_f32 */
         }
@@ -694,6 +860,7 @@ static q3_status cpu_run(void *impl, const q3_exec *e, const q3_op *op)
         return Q3_OK;
     }
     case Q3_OP_MATMUL: return run_matmul(u, e, op);
+    case Q3_OP_MATMUL_ID: return run_matmul_id(u, e, op);
     case Q3_OP_KV_APPEND: run_kv_append(u, e, op); return Q3_OK;
     case Q3_OP_ATTENTION: return run_attention(u, e, op);
     case Q3_OP_ADD:
