@@ -61,33 +61,38 @@ typedef enum q3_dtype {
  *
  * One row per q3_dtype: everything about a weight (or cache) type that does
  * not depend on a compute unit. What a unit does with a type is the unit's own
- * table, indexed by the same dtype: the cpu unit's q3_cpu_isa.mm[] (one row of
- * matmul kernels per type per ISA, kernels.h) and the per-type rows of its
- * integer-dot kernels (quant_ref.c, the oracle; quant_avx2.c; quant_avx512.c);
- * the ref unit needs nothing but to_f32.
+ * table, indexed by the same dtype: the cpu unit reaches, from its ISA table
+ * (q3_cpu_isa, kernels.h; q3_cpu_isa_mm), the float kernels for the plain
+ * types and, for each quantized type, that type's row of the ISA's
+ * q3_quant_kernels table (activation form, scratch, packed size, pack, GEMV
+ * and GEMM: quant_ref.c, the oracle; quant_avx2.c; quant_avx512.c); the ref
+ * unit needs nothing but to_f32.
  *
- * Adding a weight type (say Q5_0) is 8 places, all of them the type's own row
- * or its own kernels:
- *   1. dtype.h   its enum value, block-size define and layout comment (here);
- *   2. dtype.c   its traits row (names, block, GGUF id, to_f32, from_f32) and
- *                its dequantizer (to_f32);
- *   3. quantize.c/.h  its quantizer (from_f32), llama.cpp's reference;
- *   4. quant_kernels.h  its activation form (q3_qact_offset: how the
- *                activation blocks' c meets its blocks);
- *   5. quant_ref.c     its row of the scalar oracle (matmul);
- *   6. quant_avx2.c    its AVX2 row (matmul: GEMV and GEMM);
- *   7. quant_avx512.c  its AVX-512 row (scratch, packed size, pack, matmul);
- *   8. cpu_backend.c   the ISA rows (its dtype in QUANT_MM, so the unit
- *                admits its matmuls);
- * plus, where `q3 convert` should write it, its place in convert.c's type
- * mixes (a policy, not a property of the type). Before the table (issue 21)
- * the same type touched 14: the enum, dtype_info, row_to_f32's switch,
- * q3_quantize's switch, gguf.c's two switches, q3_quant_kernels_admit and
- * q3_is_kquant, the dispatch of each of the three kernel tables (plus the
- * activation offset in two quantizers), the cpu unit's two refusal tables,
- * convert.c's and cmd_convert.c's lists of writable types. Refusals, the GGUF
- * mapping, row conversion, quantizing and "which k a unit admits" are lookups
- * in this table now. */
+ * Adding a quantized weight type (say Q5_0) is 6 places, each the type's own
+ * row or its own kernels:
+ *   1. dtype.h         its enum value, block-size define and layout comment;
+ *   2. dtype.c         its traits row (names, block, GGUF id, to_f32,
+ *                      from_f32) and its dequantizer (to_f32);
+ *   3. quantize.c/.h   its quantizer (from_f32: llama.cpp's reference);
+ *   4. quant_ref.c     its row of the scalar oracle (act_offset, matmul), and
+ *                      the kernel (a file of its own, as kquant_ref.c, if big);
+ *   5. quant_avx2.c    its AVX2 row and kernels (GEMV, GEMM);
+ *   6. quant_avx512.c  its AVX-512 row and kernels (scratch, packed size,
+ *                      pack, GEMV, GEMM);
+ * then, where `q3 convert` should write it in a mix, its place in convert.c's
+ * type mixes (a policy, not a property of the type), and its entry in the
+ * tests' and bench_quant's lists of types to cover (test_matmul_id covers
+ * every row by itself). The unit then admits its matmuls and MATMUL_IDs,
+ * refuses it as a norm weight with the row's reason, embeds it through
+ * to_f32, loads and writes it in GGUF files, and converts to it.
+ * Before this table (issue 21) a type touched 15 places: the enum,
+ * dtype_info, row_to_f32's switch, q3_quantize's switch, gguf.c's two
+ * switches, q3_quant_kernels_admit (and q3_is_kquant), the activation offset
+ * in the shared SIMD quantizer, the ref table's quantizer and matmul
+ * dispatch, the AVX2 and AVX-512 tables' dispatch (four functions there), the
+ * cpu unit's two refusal tables, and convert.c's and cmd_convert.c's lists of
+ * writable types. (A KV-cache type is more: the cpu unit's row conversions
+ * and attention kernels read the cache.) */
 typedef struct q3_type_traits {
     const char *name;         /* "q4_k": how files and command lines spell it (any case) */
     const char *label;        /* "Q4_K": how messages spell it */

@@ -43,25 +43,20 @@
 /* Work items a matmul is cut into, per thread (dynamic balance). */
 #define MM_ITEMS_PER_THREAD 8
 
-/* The matmul rows of an ISA (kernels.h): the plain types on its float
- * kernels, the quantized ones on its int8-dot adaptor (which takes each to
- * its own row of the ISA's q3_quant_kernels). A new quantized weight type
- * joins here once its rows exist in quant_ref.c, quant_avx2.c, quant_avx512.c. */
-#define MM_ROWS(plain, quant)                                                                                        \
-    [Q3_F32] = plain, [Q3_F16] = plain, [Q3_BF16] = plain, [Q3_Q8_0] = quant, [Q3_Q4_0] = quant, [Q3_Q4_K] = quant, \
-    [Q3_Q5_K] = quant, [Q3_Q6_K] = quant
-
 static const q3_cpu_isa isa_amx = {
     .name = "avx512-amx", .bf16_activations = true,
-    .mm = {MM_ROWS(&q3_cpu_mm_amx, &q3_cpu_mm_quant_avx512)}, .attn = &q3_cpu_attn_avx512, .ew = &q3_cpu_ew_avx512,
+    .mm = &q3_cpu_mm_amx, .quant = &q3_quant_avx512, .mm_quant = &q3_cpu_mm_quant_avx512,
+    .attn = &q3_cpu_attn_avx512, .ew = &q3_cpu_ew_avx512,
 };
 static const q3_cpu_isa isa_avx512 = {
     .name = "avx512-bf16", .bf16_activations = true,
-    .mm = {MM_ROWS(&q3_cpu_mm_avx512, &q3_cpu_mm_quant_avx512)}, .attn = &q3_cpu_attn_avx512, .ew = &q3_cpu_ew_avx512,
+    .mm = &q3_cpu_mm_avx512, .quant = &q3_quant_avx512, .mm_quant = &q3_cpu_mm_quant_avx512,
+    .attn = &q3_cpu_attn_avx512, .ew = &q3_cpu_ew_avx512,
 };
 static const q3_cpu_isa isa_avx2 = {
     .name = "avx2", .bf16_activations = false,
-    .mm = {MM_ROWS(&q3_cpu_mm_avx2, &q3_cpu_mm_quant_avx2)}, .attn = &q3_cpu_attn_avx2, .ew = &q3_cpu_ew_avx2,
+    .mm = &q3_cpu_mm_avx2, .quant = &q3_quant_avx2, .mm_quant = &q3_cpu_mm_quant_avx2,
+    .attn = &q3_cpu_attn_avx2, .ew = &q3_cpu_ew_avx2,
 };
 
 /* ---- state ---------------------------------------------------------------------- */
@@ -419,7 +414,7 @@ static q3_status run_matmul(cpu_unit *u, const q3_exec *e, const q3_op *op)
     /* the weight type's row (quantized weights: int8 dot products on activations
        quantized per 32-block, each thread quantizing all rows into its own
        scratch: no barrier) */
-    const q3_cpu_mm_kernels *k = u->isa->mm[w->dtype];
+    const q3_cpu_mm_kernels *k = q3_cpu_isa_mm(u->isa, w->dtype);
     j.k = k;
     const void *packed;
     size_t stride;
@@ -496,7 +491,7 @@ static q3_status run_matmul_id(cpu_unit *u, const q3_exec *e, const q3_op *op)
     const char *why = q3_matmul_id_check(e->g, op, &s);
     if (why) return q3_fail(Q3_ERR_INVALID, "op %s: %s", op->name, why);
     const q3_tensor *w = op->weight;
-    const q3_cpu_mm_kernels *k = u->isa->mm[w->dtype];
+    const q3_cpu_mm_kernels *k = q3_cpu_isa_mm(u->isa, w->dtype);
     if (!k) return q3_fail(Q3_ERR_UNSUPPORTED, "op %s: %s", op->name, q3_traits(w->dtype)->no_matmul);
     const int rows = live_rows(e, op->out);
     const size_t pairs = (size_t)rows * (size_t)s.k, max_groups = pairs < (size_t)s.n_mat ? pairs : (size_t)s.n_mat;
@@ -826,7 +821,7 @@ static const char *cpu_refuses(const q3_backend *b, const q3_graph *g, const q3_
         if (op->kind == Q3_OP_MATMUL || op->kind == Q3_OP_MATMUL_ID) {
             if (op->kind == Q3_OP_MATMUL_ID && (why = q3_matmul_id_check(g, op, NULL))) return why;
             /* every ISA has the same rows: the default one's say what the unit admits */
-            if (!default_isa()->mm[t] || op->weight->shape[op->weight->ndim - 1] % (int64_t)tt->block_values)
+            if (!q3_cpu_isa_mm(default_isa(), t) || op->weight->shape[op->weight->ndim - 1] % (int64_t)tt->block_values)
                 return tt->no_matmul;
         } else if (!q3_dtype_is_plain(t) && op->kind != Q3_OP_EMBED) {
             return tt->no_norm; /* embedding rows of every type: q3_row_to_f32 */

@@ -57,7 +57,7 @@ Q3_INLINE void block_quant(const float *x, float id, int8_t *q, int s2[2])
 
 static void avx2_quantize(q3_dtype wt, const float *x, size_t ldx, const q3_qact *qa, int r0, int r1)
 {
-    q3_qact_quantize_with(wt, x, ldx, qa, r0, r1, block_amax, block_quant);
+    q3_qact_quantize_with(q3_quant_avx2.type[wt]->act_offset, x, ldx, qa, r0, r1, block_amax, block_quant);
 }
 
 /* ---- the dot products ---------------------------------------------------------------------- */
@@ -173,7 +173,8 @@ static void matmul_q4_0(const void *w, size_t ws, const q3_qact *qa, float *y, s
     matmul_kind(0, w, ws, qa, y, ldy, o0, o1);
 }
 
-static const q3_quant_type_kernels q8_0_row = {.matmul = matmul_q8_0}, q4_0_row = {.matmul = matmul_q4_0};
+static const q3_quant_type_kernels q8_0_row = {.act_offset = 128, .matmul = matmul_q8_0},
+                                    q4_0_row = {.act_offset = 8, .matmul = matmul_q4_0};
 
 /* This table's rows, by weight dtype. */
 static const q3_quant_type_kernels *const avx2_rows[Q3_DTYPE_COUNT] = {

@@ -61,7 +61,7 @@ Q3_INLINE void block_quant(const float *x, float id, int8_t *q, int s[2])
 
 static void avx512_quantize(q3_dtype wt, const float *x, size_t ldx, const q3_qact *qa, int r0, int r1)
 {
-    q3_qact_quantize_with(wt, x, ldx, qa, r0, r1, block_amax, block_quant);
+    q3_qact_quantize_with(q3_quant_avx512.type[wt]->act_offset, x, ldx, qa, r0, r1, block_amax, block_quant);
 }
 
 /* ---- a panel's weight block, transposed ---------------------------------------------------- */
@@ -287,7 +287,7 @@ static void gemm(const int q8, const char *packed, const q3_qact *qa, float *y, 
 static size_t q0_scratch(int rows, int k) { return rows > SMALL_ROWS ? (size_t)(k / Q3_QBLOCK) * PANEL_BLOCK_BYTES : 0; }
 
 /* w is the packed weight (ws unused). */
-#define ROW(name, q8)                                                                                                \
+#define ROW(name, q8, off)                                                                                            \
     static size_t name##_packed_bytes(int n, int k) { return packed_bytes(q8, n, k); }                               \
     static void name##_pack(const void *w, size_t ws, int n, int k, void *dst, int o0, int o1)                      \
     {                                                                                                                \
@@ -300,9 +300,9 @@ static size_t q0_scratch(int rows, int k) { return rows > SMALL_ROWS ? (size_t)(
         else gemv_rows(q8, w, qa, y, ldy, o0, o1);                                                                   \
     }                                                                                                                \
     static const q3_quant_type_kernels name##_row = {                                                                \
-        .scratch = q0_scratch, .packed_bytes = name##_packed_bytes, .pack = name##_pack, .matmul = name##_matmul};
-ROW(q8_0, 1)
-ROW(q4_0, 0)
+        .act_offset = off, .scratch = q0_scratch, .packed_bytes = name##_packed_bytes, .pack = name##_pack, .matmul = name##_matmul};
+ROW(q8_0, 1, 128)
+ROW(q4_0, 0, 8)
 #undef ROW
 
 /* This table's rows, by weight dtype. */

@@ -141,18 +141,6 @@ static inline float q3_ld_f32(const void *p)
     return v;
 }
 
-/* The activation form weights of type wt meet (numerics above): the offset
- * their unsigned quants carry (Q8_0 128, Q4_0 8), whose correction
- * c = -off * sum(q) the activation block holds; 0: the block's two half sums
- * instead (the K-quants, whose sub-blocks carry their own mins or offsets).
- * One table for every kernel, the oracle included: a new weight type gets its
- * entry here. */
-static inline int q3_qact_offset(q3_dtype wt)
-{
-    static const short off[Q3_DTYPE_COUNT] = {[Q3_Q8_0] = 128, [Q3_Q4_0] = 8};
-    return off[wt];
-}
-
 /* The K-quants (super-blocks of 256: Q4_K, Q5_K, Q6_K). */
 static inline bool q3_is_kquant(q3_dtype t) { return q3_dtype_block_values(t) == Q3_QK_K; }
 
@@ -162,6 +150,12 @@ static inline bool q3_is_kquant(q3_dtype t) { return q3_dtype_block_values(t) ==
  * q3_quant_kernels table, with the contracts of the table's functions below
  * (for weights of this type). */
 typedef struct q3_quant_type_kernels {
+    /* The activation form the type meets (numerics above): the offset its
+       unsigned quants carry (Q8_0 128, Q4_0 8), whose correction
+       c = -off * sum(q) the activation blocks hold; 0: the blocks' two half
+       sums instead (the K-quants, whose sub-blocks carry their own mins or
+       offsets). Every table's row of a type says the same (tests). */
+    int act_offset;
     size_t (*scratch)(int rows, int k);   /* NULL: no scratch */
     size_t (*packed_bytes)(int n, int k); /* NULL: weights read in place */
     void (*pack)(const void *w, size_t w_row_bytes, int n, int k, void *dst, int o0, int o1);
@@ -214,7 +208,7 @@ static inline size_t q3_quant_rows_packed_bytes(const q3_quant_type_kernels *con
 }
 
 /* Rows [r0, r1) of x (rows ldx floats apart) quantized into qa for weights
- * of type wt: the loop, the zero-block rule, q, c and d as defined above,
+ * whose row has act_offset off: the loop, the zero-block rule, q, c and d as defined above,
  * shared by the SIMD tables (the scalar reference keeps its own, as the
  * oracle), each giving its block primitives, inlined:
  *   amax(x)            max |x[i]| over the block's 32 values;
@@ -222,10 +216,10 @@ static inline size_t q3_quant_rows_packed_bytes(const q3_quant_type_kernels *con
  *                      the MXCSR default), s[0], s[1] = the sums of
  *                      q[0..16) and q[16..32). */
 static inline __attribute__((always_inline)) void q3_qact_quantize_with(
-    q3_dtype wt, const float *x, size_t ldx, const q3_qact *qa, int r0, int r1, float (*amax)(const float *x),
+    const int off, const float *x, size_t ldx, const q3_qact *qa, int r0, int r1, float (*amax)(const float *x),
     void (*quant)(const float *x, float id, int8_t *q, int s[2]))
 {
-    const int nb = qa->k / Q3_QBLOCK, off = q3_qact_offset(wt), kq = off == 0;
+    const int nb = qa->k / Q3_QBLOCK, kq = off == 0;
     for (int r = r0; r < r1; r++) {
         const float *xr = x + (size_t)r * ldx;
         const int th = q3_qact_tile_rows(qa, r), i = r % Q3_QACT_TILE;
@@ -269,5 +263,15 @@ extern const q3_quant_kernels q3_quant_avx512;  /* AVX-512 VNNI (vpdpbusd) GEMV 
  *  - granule(mm) = the table's granule;
  *  - packed_bytes/pack: the table's (NULL where it has none). */
 extern const q3_cpu_mm_kernels q3_cpu_mm_quant_avx2, q3_cpu_mm_quant_avx512;
+
+/* The matmul kernels of weight type t on an instruction set: its float
+ * kernels for the plain types, its int8-dot adaptor for a type its
+ * q3_quant_kernels table has a row for; NULL: none (the unit refuses). */
+static inline const q3_cpu_mm_kernels *q3_cpu_isa_mm(const q3_cpu_isa *isa, q3_dtype t)
+{
+    if ((unsigned)t >= Q3_DTYPE_COUNT) return NULL;
+    if (q3_dtype_is_plain(t)) return isa->mm;
+    return isa->quant->type[t] ? isa->mm_quant : NULL;
+}
 
 #endif

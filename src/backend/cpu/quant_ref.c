@@ -10,7 +10,7 @@
 
 static void ref_quantize(q3_dtype wt, const float *x, size_t ldx, const q3_qact *qa, int r0, int r1)
 {
-    const int k = qa->k, nb = k / Q3_QBLOCK, off = q3_qact_offset(wt);
+    const int k = qa->k, nb = k / Q3_QBLOCK, off = q3_quant_ref.type[wt]->act_offset;
     for (int r = r0; r < r1; r++) {
         const float *xr = x + (size_t)r * ldx;
         for (int b = 0; b < nb; b++) {
@@ -84,7 +84,8 @@ static void matmul_q4_0(const void *w, size_t ws, const q3_qact *qa, float *y, s
     matmul_q0(0, w, ws, qa, y, ldy, o0, o1);
 }
 
-static const q3_quant_type_kernels q8_0_row = {.matmul = matmul_q8_0}, q4_0_row = {.matmul = matmul_q4_0};
+static const q3_quant_type_kernels q8_0_row = {.act_offset = 128, .matmul = matmul_q8_0},
+                                    q4_0_row = {.act_offset = 8, .matmul = matmul_q4_0};
 
 /* The oracle's rows, by weight dtype. */
 static const q3_quant_type_kernels *const ref_rows[Q3_DTYPE_COUNT] = {
