@@ -80,7 +80,7 @@ typedef enum q3_dtype {
  *   6. quant_avx512.c  its AVX-512 row and kernels (scratch, packed size,
  *                      pack, GEMV, GEMM);
  * then, where `q3 convert` should write it in a mix, its place in convert.c's
- * type mixes (a policy, not a property of the type), and its entry in the
+ * type mixes and GGUF file type (a policy, not a property of the type), and its entry in the
  * tests' and bench_quant's lists of types to cover (test_matmul_id covers
  * every row by itself). The unit then admits its matmuls and MATMUL_IDs,
  * refuses it as a norm weight with the row's reason, embeds it through
