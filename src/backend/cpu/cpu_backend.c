@@ -317,7 +317,7 @@ static void run_rows(cpu_unit *u, const q3_exec *e, const q3_op *op, const float
 typedef struct mm_job {
     cpu_unit *u;
     q3_cpu_matmul mm;
-    const q3_cpu_mm_kernels *k; /* BF16/F32/F16 kernels of the ISA, or the Q8_0/Q4_0 ones */
+    const q3_cpu_mm_kernels *k; /* the weight type's kernels on this ISA (q3_cpu_isa_mm) */
     int item;   /* outputs per work item */
 } mm_job;
 
