@@ -91,9 +91,7 @@ int cmd_convert(int argc, char **argv)
     q3_model *m;
     if (q3_model_open(model, &m)) return cli_error("convert", "%s", q3_last_error());
     if (type_name) {
-        if (q3_convert_parse_type(type_name, &o.type, &o.kmix) ||
-            !(o.type == Q3_F32 || o.type == Q3_F16 || o.type == Q3_BF16 || o.type == Q3_Q8_0 || o.type == Q3_Q4_0 ||
-              o.type == Q3_Q4_K || o.type == Q3_Q5_K || o.type == Q3_Q6_K)) {
+        if (q3_convert_parse_type(type_name, &o.type, &o.kmix) || !q3_traits(o.type)->from_f32) {
             q3_model_close(m);
             return cli_usage_error("convert",
                                    "--type must be f32, f16, bf16, q8_0, q4_0, q4_k_m, q4_k_s, q5_k_m, q5_k_s or "

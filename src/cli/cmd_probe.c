@@ -39,7 +39,8 @@ static const char *first_reason(const q3_plan *p, int u)
 static int matmuls_on_ref(const q3_graph *g, const q3_plan *p)
 {
     for (int i = 0; i < g->n_ops; i++)
-        if (g->ops[i].kind == Q3_OP_MATMUL && p->units[p->unit_of[i]] == &q3_backend_ref) return 1;
+        if ((g->ops[i].kind == Q3_OP_MATMUL || g->ops[i].kind == Q3_OP_MATMUL_ID) && p->units[p->unit_of[i]] == &q3_backend_ref)
+            return 1;
     return 0;
 }
 

@@ -36,7 +36,7 @@ q3_status q3_model_bind_tensor(const char *source, const q3_tensor *t, const cha
         return q3_fail(Q3_ERR_FORMAT, "%s: tensor \"%s\" has shape %s, expected %s from the config", source, name,
                        got, want);
     }
-    if (ndim == 1 && t->dtype != Q3_F32 && t->dtype != Q3_F16 && t->dtype != Q3_BF16)
+    if (ndim == 1 && !q3_dtype_is_plain(t->dtype))
         return q3_fail(Q3_ERR_UNSUPPORTED, "%s: norm tensor \"%s\" has dtype %s (F32, F16 or BF16 expected)", source,
                        name, q3_dtype_name(t->dtype));
     if (ndim == 2 && shape[1] % (int64_t)q3_dtype_block_values(t->dtype))
