@@ -583,6 +583,12 @@ int main(void)
     CHECK(st == 200 && greedy && second && strcmp(greedy, second), "logit_bias -100 on the greedy token '%s' gives another ('%s')",
           greedy ? greedy : "?", second ? second : "?");
     cJSON_Delete(j);
+    check_error("a \\u0000 in a message", "/v1/chat/completions",
+                "{\"messages\":[{\"role\":\"user\",\"content\":\"abc\\u0000def\"}],\"max_tokens\":1}", 400);
+    check_error("a \\u0000 in a stop string", "/v1/completions", "{\"prompt\":\"x\",\"stop\":\"a\\u0000b\"}", 400);
+    j = post_json("/v1/completions", "{\"prompt\":\"a\\\\u0000b\",\"max_tokens\":1}", &st);
+    CHECK(st == 200, "an escaped backslash before u0000 is text, not a NUL: %d", st);
+    cJSON_Delete(j);
     check_error("logit_bias key not a token id", "/v1/completions", "{\"prompt\":\"x\",\"logit_bias\":{\"abc\":1}}", 400);
     check_error("logit_bias out of range", "/v1/completions", "{\"prompt\":\"x\",\"logit_bias\":{\"1\":101}}", 400);
     check_error("logit_bias id past the vocabulary", "/v1/completions", "{\"prompt\":\"x\",\"logit_bias\":{\"99999999\":1}}", 400);

@@ -187,8 +187,31 @@ static int check_length(const srv_api *a, srv_job *j, srv_err *e)
     return 0;
 }
 
+/* Whether a JSON string in body[0..len) holds \u0000: cJSON's strings end at a
+ * NUL, so such a string would be cut short without a word ("abc\u0000def" read
+ * as "abc"); q3 refuses text with NUL characters instead. */
+static int has_nul_escape(const char *body, size_t len)
+{
+    int in_string = 0;
+    for (size_t i = 0; i < len; i++) {
+        if (!in_string) {
+            in_string = body[i] == '"';
+        } else if (body[i] == '"') {
+            in_string = 0;
+        } else if (body[i] == '\\' && i + 1 < len) {
+            if (body[i + 1] == 'u' && len - i >= 6 && !memcmp(body + i + 2, "0000", 4)) return 1;
+            i++; /* the escaped character */
+        }
+    }
+    return 0;
+}
+
 static cJSON *parse_body(const char *body, size_t len, srv_err *e)
 {
+    if (memchr(body, 0, len) || has_nul_escape(body, len)) {
+        bad(e, NULL, "a string in the body holds \\u0000 (a NUL character): q3 takes text without NUL characters");
+        return NULL;
+    }
     cJSON *root = cJSON_ParseWithLength(body, len);
     if (!root) {
         bad(e, NULL, "the body is not valid JSON");
