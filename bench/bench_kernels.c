@@ -24,7 +24,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/cpu_features.h"
-#include "backend/cpu/limits.h"
+#include "tools/limits.h"
 #include "run/session.h"
 
 static double now(void)

@@ -10,7 +10,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/cpu_features.h"
-#include "backend/cpu/limits.h"
+#include "tools/limits.h"
 
 int main(int argc, char **argv)
 {

@@ -25,7 +25,7 @@
 #include <time.h>
 
 #include "backend/cpu/cpu_features.h"
-#include "backend/cpu/limits.h"
+#include "tools/limits.h"
 #include "backend/cpu/quant_kernels.h"
 #include "backend/cpu/threadpool.h"
 

@@ -9,14 +9,14 @@
 #include <unistd.h>
 
 #include "backend/cpu/cpu_backend.h"
-#include "backend/cpu/limits.h"
+#include "tools/limits.h"
 #include "backend/registry.h"
 #include "cli/args.h"
 #include "cli/cli.h"
 #include "cli/opts.h"
 #include "cli/defaults.h"
 #include "model/model.h"
-#include "run/bench.h"
+#include "tools/bench.h"
 #include "run/executor.h"
 #include "text/tokenizer.h"
 #include "util/file.h"

@@ -15,7 +15,7 @@
 
 #include "cli/cli.h"
 #include "cli/opts.h"
-#include "model/convert.h"
+#include "tools/convert.h"
 #include "util/file.h"
 
 #define DEFAULT_CASES "tests/data/golden/small/cases"

@@ -10,7 +10,7 @@
 
 #include "cli/cli.h"
 #include "cli/opts.h"
-#include "model/convert.h"
+#include "tools/convert.h"
 #include "util/outfile.h"
 
 static double now_s(void)

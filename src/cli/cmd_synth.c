@@ -10,7 +10,7 @@
 #include "cli/cli.h"
 #include "cli/defaults.h"
 #include "cli/opts.h"
-#include "model/synth.h"
+#include "tools/synth.h"
 #include "q3.h"
 
 static double seconds_now(void)

@@ -8,7 +8,7 @@
 #include <unistd.h>
 
 #include "cli/cli.h"
-#include "model/synth.h"
+#include "tools/synth.h"
 #include "run/executor.h"
 #include "util/error.h"
 #include "util/file.h"
