@@ -127,6 +127,13 @@ $(BUILD)/%.o: %.c Makefile
 test: all
 	@BUILD=$(BUILD) sh tests/run.sh
 
+# The layers: each #include and each call (nm on the objects) points to the
+# same or a lower layer; src/cli and src/server use the public API (and the
+# CLI tools/). See scripts/check-layers.sh.
+check-layers: all
+	@BUILD=$(BUILD) sh scripts/check-layers.sh
+.PHONY: check-layers
+
 # The parser, text and fuzz-regression tests under Valgrind's memcheck: leaks
 # (definite and indirect) on the error paths and reads of uninitialised memory.
 # Valgrind hides AVX-512 from the program, so these run the portable paths.
