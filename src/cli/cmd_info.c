@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "q3.h"
 #include "cli/opts.h"
 #include "model/model.h"
 #include "kv/kv_pool.h"

@@ -9,6 +9,7 @@
 #include "cli/args.h"
 #include "backend/cpu/cpu_backend.h"
 #include "cli/cli.h"
+#include "q3.h"
 #include "cli/opts.h"
 #include "cli/defaults.h"
 #include "plan/policy.h"
