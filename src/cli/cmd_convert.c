@@ -11,7 +11,7 @@
 #include "cli/cli.h"
 #include "cli/opts.h"
 #include "tools/convert.h"
-#include "util/outfile.h"
+#include "tools/files.h"
 
 static double now_s(void)
 {
@@ -87,7 +87,7 @@ int cmd_convert(int argc, char **argv)
     if (!model) return cli_usage_error("convert", "missing -m/--model PATH");
     if (o.no_tokenizer && o.tokenizer_dir) return cli_usage_error("convert", "--no-tokenizer and --tokenizer contradict");
 
-    if (q3_outfile_check(out)) return cli_error("convert", "-o: %s", q3_last_error());
+    if (q3_tool_output_check(out)) return cli_error("convert", "-o: %s", q3_last_error());
     q3_model *m;
     if (q3_model_open(model, &m)) return cli_error("convert", "%s", q3_last_error());
     if (type_name) {

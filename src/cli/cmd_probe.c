@@ -5,7 +5,7 @@
 #include <stdlib.h>
 
 #include "cli/cli.h"
-#include "cli/defaults.h"
+#include "tools/defaults.h"
 #include "cli/opts.h"
 #include "q3.h"
 #include "tools/probe.h"
@@ -42,7 +42,7 @@ int cmd_probe(int argc, char **argv)
     }
     if (po.policy && !q3_probe_policy_known(po.policy))
         return cli_usage_error("probe", "unknown policy '%.40s' (ref, cpu_only, cpu_and_gpu, all)", po.policy);
-    if (!po.model && !(po.model = cli_default_model("probe"))) return 1;
+    if (!po.model && q3_default_model("probe", &po.model)) return cli_error("probe", "%s", q3_last_error());
     if (q3_probe_run(&po)) return cli_error("probe", "%s", q3_last_error());
     return 0;
 }

@@ -8,7 +8,7 @@
 
 #include "cli/args.h"
 #include "cli/cli.h"
-#include "cli/defaults.h"
+#include "tools/defaults.h"
 #include "cli/opts.h"
 #include "tools/synth.h"
 #include "q3.h"
@@ -63,7 +63,7 @@ int cmd_synth(int argc, char **argv)
         dtype = Q3_F32;
     }
 
-    if (!tokenizer_dir && !no_tokenizer && (tokenizer_dir = cli_default_tokenizer_dir())) {
+    if (!tokenizer_dir && !no_tokenizer && (tokenizer_dir = q3_default_tokenizer_dir())) {
         /* the built-in tokenizer only where its ids fit the model's vocabulary */
         char p[PATH_MAX];
         snprintf(p, sizeof p, "%s/tokenizer.json", tokenizer_dir);

@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "cli/cli.h"
-#include "cli/defaults.h"
+#include "tools/defaults.h"
 #include "cli/gen_common.h"
 #include "cli/opts.h"
 #include "text/json_write.h"
@@ -62,7 +62,7 @@ static int parse_opts(const char *cmd, int argc, char **argv, int tokenize, tok_
     o->args = argv + 1;
     if (o->jsonl && o->n_args) return cli_usage_error(cmd, "--jsonl reads stdin; it takes no arguments");
     if (o->model && o->tokenizer) return cli_usage_error(cmd, "-m and --tokenizer exclude each other");
-    if (!o->model && !o->tokenizer && !(o->tokenizer = cli_default_tokenizer_dir()))
+    if (!o->model && !o->tokenizer && !(o->tokenizer = q3_default_tokenizer_dir()))
         return cli_usage_error(cmd, "no tokenizer: pass -m MODEL or --tokenizer PATH (or fetch the built-in one: make deps)");
     return 0;
 }
