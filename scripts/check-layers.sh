@@ -1,6 +1,7 @@
 #!/bin/sh
-# The layers q3 keeps (docs: /DESIGN "Layout"), checked on the sources and on
-# the built objects. An arrow never points up. Lowest first:
+# The layers q3 keeps (the design's "Layout"; README, "How it is built"),
+# checked on the sources and on the built objects. An arrow never points up.
+# Lowest first (the order the includes of today's code give):
 #
 #   rank 0  util      errors (util/status.h, not q3.h), files, strings
 #   rank 1  model     config, readers, dtypes, tensor names, quantizers
@@ -38,6 +39,7 @@
 # hold nothing else, and an entry nothing matches any more is reported so it
 # can go. Needs a build: BUILD=build by default (make check-layers builds it).
 set -u
+export LC_ALL=C # sort and join agree on one order
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
 ALLOW=scripts/check-layers.allow
