@@ -117,7 +117,7 @@ $(BUILD)/%_avx2.o: %_avx2.c Makefile
 # folder, nothing of src/ (no -Isrc), so a non-public header cannot creep in.
 $(BUILD)/src/server/%.o: src/server/%.c Makefile
 	@mkdir -p $(@D)
-	$(CC) $(subst -Isrc,,$(BASE)) $(WARN) $(CFLAGS) -c -o $@ $<
+	$(CC) $(filter-out -Isrc -I.,$(BASE)) $(WARN) $(CFLAGS) -c -o $@ $<
 
 # Objects depend on the Makefile too: a change of flags rebuilds them.
 $(BUILD)/%.o: %.c Makefile
