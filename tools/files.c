@@ -21,7 +21,3 @@ q3_status q3_tool_write_file(const char *path, const void *data, size_t n)
 {
     return q3_write_file_atomic(path, data, n);
 }
-
-int q3_tool_is_dir(const char *path) { return q3_is_dir(path); }
-
-int q3_tool_file_exists(const char *path) { return q3_file_exists(path); }

@@ -1,6 +1,5 @@
 /* The files of the q3 commands: whole inputs read with a size limit, output
- * files checked before any work and written complete or not at all, and the
- * file tests the commands make. The library keeps these internal
+ * files checked before any work and written complete or not at all. The library keeps these internal
  * (src/util/file.c, src/util/outfile.c); this is the narrow part of them the
  * CLI reaches, so that src/cli includes nothing below tools/. */
 #ifndef Q3_TOOLS_FILES_H
@@ -25,8 +24,5 @@ q3_status q3_tool_output_check(const char *path);
 /* Writes n bytes to path under a unique temporary name beside it, renamed
  * over path only when complete. */
 q3_status q3_tool_write_file(const char *path, const void *data, size_t n);
-
-int q3_tool_is_dir(const char *path);
-int q3_tool_file_exists(const char *path);
 
 #endif
