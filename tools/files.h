@@ -1,7 +1,8 @@
 /* The files of the q3 commands: whole inputs read with a size limit, output
- * files checked before any work and written complete or not at all. The library keeps these internal
- * (src/util/file.c, src/util/outfile.c); this is the narrow part of them the
- * CLI reaches, so that src/cli includes nothing below tools/. */
+ * files checked before any work and written complete or not at all. The
+ * library keeps these internal (src/util/file.c, src/util/outfile.c); this is
+ * the narrow part of them the CLI reaches, so that src/cli includes nothing
+ * below tools/. */
 #ifndef Q3_TOOLS_FILES_H
 #define Q3_TOOLS_FILES_H
 
