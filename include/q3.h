@@ -33,6 +33,9 @@ extern "C" {
  * program built against one header and run with another library. */
 Q3_API const char *q3_version(void);
 
+/* src/util/status.h defines the same enum for the library's internals. */
+#ifndef Q3_STATUS_DEFINED
+#define Q3_STATUS_DEFINED
 typedef enum q3_status {
     Q3_OK = 0,
     Q3_ERR_IO,          /* a file is missing, unreadable, or cannot be mapped */
@@ -43,6 +46,7 @@ typedef enum q3_status {
     Q3_ERR_CONTEXT,     /* the session's context length would be exceeded */
     Q3_ERR_KV_FULL,     /* the context's KV pool has no free block (others' sequences hold them) */
 } q3_status;
+#endif
 
 /* The message of the last failure on this thread ("" if none). */
 Q3_API const char *q3_last_error(void);

@@ -13,7 +13,7 @@
 #include <string.h>
 
 #include "golden.h"
-#include "model/convert.h"
+#include "tools/convert.h"
 #include "q3.h"
 #include "run/generate.h"
 #include "sample/sampler.h"

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "kv/kv_pool.h"
+#include "q3.h"
 #include "test.h"
 
 #define BT Q3_KV_BLOCK_TOKENS

@@ -16,6 +16,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/cpu_features.h"
 #include "plan/plan.h"
+#include "q3.h"
 #include "test.h"
 
 static uint64_t rng_state = 0x2545f4914f6cdd1dull;

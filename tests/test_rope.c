@@ -8,7 +8,7 @@
 
 #include "test.h"
 #include "model/config.h"
-#include "model/convert.h"
+#include "tools/convert.h"
 #include "model/model.h"
 #include "model/rope.h"
 #include "model/safetensors.h"

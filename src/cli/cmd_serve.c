@@ -11,9 +11,8 @@
 #include "cli/cli.h"
 #include "cli/gen_common.h"
 #include "cli/opts.h"
-#include "model/model.h"
+#include "q3.h"
 #include "server/server.h"
-#include "util/file.h"
 
 /* The model's own tokenizer, or --tokenizer (a tokenizer.json or its folder). */
 int cmd_serve(int argc, char **argv)

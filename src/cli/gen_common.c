@@ -11,7 +11,7 @@
 
 #include "cli/args.h"
 #include "cli/cli.h"
-#include "cli/defaults.h"
+#include "tools/defaults.h"
 
 double cli_now(void)
 {
@@ -67,7 +67,7 @@ int cli_open_tokenizer(const char *cmd, const char *path, q3_model *m, q3_tokeni
 {
     if (path) return q3_tokenizer_load(path, tok) ? cli_error(cmd, "%s", q3_last_error()) : 0;
     if (q3_tokenizer_for_model(m, tok)) {
-        const char *dflt = cli_default_tokenizer_dir();
+        const char *dflt = q3_default_tokenizer_dir();
         return cli_error(cmd, "%s: pass --tokenizer PATH (the built-in one is %s)", q3_last_error(),
                          dflt ? dflt : "not fetched: make deps");
     }

@@ -10,6 +10,7 @@
 
 #include "model/gguf.h"
 #include "model/layout.h"
+#include "q3.h" /* q3_model_open, q3_model_close, q3_model_vocab_size, q3_model_max_context: public */
 #include "util/error.h"
 #include "util/file.h"
 

@@ -1,5 +1,7 @@
 #include "util/error.h"
 
+#include "q3.h" /* q3_last_error, q3_status_name: public */
+
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>

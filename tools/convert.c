@@ -1,6 +1,6 @@
 /* Converting a model to GGUF (see convert.h for what is written), and the
  * accuracy of quantized weights against the model they came from. */
-#include "model/convert.h"
+#include "tools/convert.h"
 
 #include <cjson/cJSON.h>
 #include <limits.h>
