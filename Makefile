@@ -12,7 +12,7 @@ WARN    := -Wall -Wextra -Wno-unused-parameter -Wno-format-truncation $(if $(WER
 # hidden visibility, so libq3.so exports only what include/q3.h marks Q3_API.
 # -ffp-contract=off: no fused multiply-adds the source does not spell (GCC's default
 # under -std=c17, not clang's); the quantizers match llama.cpp's bytes only so.
-BASE    := -std=c17 -g $(OPT) -MMD -MP -Iinclude -Isrc -D_GNU_SOURCE -fno-math-errno -ffp-contract=off -fPIC -fvisibility=hidden
+BASE    := -std=c17 -g $(OPT) -MMD -MP -Iinclude -Isrc -I. -D_GNU_SOURCE -fno-math-errno -ffp-contract=off -fPIC -fvisibility=hidden
 LDLIBS  := -lcjson -lpcre2-8 -lutf8proc -lm -lpthread
 
 ifeq ($(SAN),1)
@@ -42,12 +42,18 @@ LIB_SRC  := $(shell find src -name '*.c' ! -path 'src/cli/*' ! -path 'src/server
 SERVER_SRC := $(sort $(wildcard src/server/*.c))
 SERVER_LIBS := -lmicrohttpd
 CLI_SRC  := $(sort $(wildcard src/cli/*.c))
+# tools/ (convert, compare, synth, the writers, bench, machine limits, and the
+# commands' work on internals) is offline work: libq3tools.a links into q3, the
+# tests and the benches, never into libq3.a or libq3.so.
+TOOLS_SRC := $(sort $(wildcard tools/*.c))
+TOOLS_LIB := $(BUILD)/libq3tools.a
 TEST_SRC := $(sort $(wildcard tests/test_*.c))
 BENCH_SRC:= $(sort $(wildcard bench/*.c))
 
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o)
 CLI_OBJ  := $(CLI_SRC:%.c=$(BUILD)/%.o)
 SERVER_OBJ := $(SERVER_SRC:%.c=$(BUILD)/%.o)
+TOOLS_OBJ := $(TOOLS_SRC:%.c=$(BUILD)/%.o)
 TEST_BIN := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 BENCH_BIN:= $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
 
@@ -62,6 +68,11 @@ PCDIR    ?= $(LIBDIR)/pkgconfig
 all: $(BUILD)/q3 $(BUILD)/libq3.so $(TEST_BIN) $(BENCH_BIN)
 
 $(BUILD)/libq3.a: $(LIB_OBJ)
+	@mkdir -p $(@D)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(TOOLS_LIB): $(TOOLS_OBJ)
 	@mkdir -p $(@D)
 	@rm -f $@
 	ar rcs $@ $^
@@ -94,16 +105,16 @@ uninstall:
 	  $(DESTDIR)$(LIBDIR)/libq3.so.$(SOMAJOR) $(DESTDIR)$(LIBDIR)/libq3.so.$(VERSION) \
 	  $(DESTDIR)$(INCDIR)/q3.h $(DESTDIR)$(PCDIR)/q3.pc
 
-$(BUILD)/q3: $(CLI_OBJ) $(SERVER_OBJ) $(BUILD)/libq3.a
-	$(CC) $(LDFLAGS) -o $@ $(CLI_OBJ) $(SERVER_OBJ) $(BUILD)/libq3.a $(SERVER_LIBS) $(LDLIBS)
+$(BUILD)/q3: $(CLI_OBJ) $(SERVER_OBJ) $(TOOLS_LIB) $(BUILD)/libq3.a
+	$(CC) $(LDFLAGS) -o $@ $(CLI_OBJ) $(SERVER_OBJ) $(TOOLS_LIB) $(BUILD)/libq3.a $(SERVER_LIBS) $(LDLIBS)
 
-$(BUILD)/tests/%: tests/%.c $(BUILD)/libq3.a $(SERVER_OBJ) tests/test.h
+$(BUILD)/tests/%: tests/%.c $(TOOLS_LIB) $(BUILD)/libq3.a $(SERVER_OBJ) tests/test.h
 	@mkdir -p $(@D)
-	$(CC) $(BASE) $(WARN) $(CFLAGS) $(LDFLAGS) -Itests -o $@ $< $(SERVER_OBJ) $(BUILD)/libq3.a $(SERVER_LIBS) $(LDLIBS)
+	$(CC) $(BASE) $(WARN) $(CFLAGS) $(LDFLAGS) -Itests -o $@ $< $(SERVER_OBJ) $(TOOLS_LIB) $(BUILD)/libq3.a $(SERVER_LIBS) $(LDLIBS)
 
-$(BUILD)/bench/%: bench/%.c $(BUILD)/libq3.a
+$(BUILD)/bench/%: bench/%.c $(TOOLS_LIB) $(BUILD)/libq3.a
 	@mkdir -p $(@D)
-	$(CC) $(BASE) $(WARN) $(CFLAGS) $(LDFLAGS) -o $@ $< $(BUILD)/libq3.a $(LDLIBS)
+	$(CC) $(BASE) $(WARN) $(CFLAGS) $(LDFLAGS) -o $@ $< $(TOOLS_LIB) $(BUILD)/libq3.a $(LDLIBS)
 
 $(BUILD)/%_avx512.o: %_avx512.c Makefile
 	@mkdir -p $(@D)
@@ -113,6 +124,12 @@ $(BUILD)/%_avx2.o: %_avx2.c Makefile
 	@mkdir -p $(@D)
 	$(CC) $(BASE) $(WARN) $(CFLAGS) $(AVX2_FLAGS) -c -o $@ $<
 
+# The server is a client of the library: it sees include/q3.h and its own
+# folder, nothing of src/ (no -Isrc), so a non-public header cannot creep in.
+$(BUILD)/src/server/%.o: src/server/%.c Makefile
+	@mkdir -p $(@D)
+	$(CC) $(filter-out -Isrc -I.,$(BASE)) $(WARN) $(CFLAGS) -c -o $@ $<
+
 # Objects depend on the Makefile too: a change of flags rebuilds them.
 $(BUILD)/%.o: %.c Makefile
 	@mkdir -p $(@D)
@@ -121,6 +138,13 @@ $(BUILD)/%.o: %.c Makefile
 # TESTS="test_a test_b": only those (and q3, which they may run).
 test: $(if $(TESTS),$(BUILD)/q3 $(TESTS:%=$(BUILD)/tests/%),all)
 	@BUILD=$(BUILD) TESTS="$(TESTS)" sh tests/run.sh
+
+# The layers: each #include and each call (nm on the objects) points to the
+# same or a lower layer; src/cli and src/server use the public API (and the
+# CLI tools/). See scripts/check-layers.sh.
+check-layers: all
+	@BUILD=$(BUILD) sh scripts/check-layers.sh
+.PHONY: check-layers
 
 # The parser, text and fuzz-regression tests under Valgrind's memcheck: leaks
 # (definite and indirect) on the error paths and reads of uninitialised memory.
@@ -155,14 +179,18 @@ clean:
 FUZZ_CC      ?= clang
 FUZZ_BUILD   := build-fuzz
 FUZZ_SECONDS ?= 60
-FUZZ_CFLAGS  := -std=c17 -g -O1 -MMD -MP -Iinclude -Isrc -D_GNU_SOURCE -fno-math-errno \
+FUZZ_CFLAGS  := -std=c17 -g -O1 -MMD -MP -Iinclude -Isrc -I. -D_GNU_SOURCE -fno-math-errno \
                 -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
-FUZZ_LIB_SRC := $(sort $(wildcard src/util/*.c src/model/*.c src/text/*.c)) \
+FUZZ_LIB_SRC := $(sort $(wildcard src/util/*.c src/model/*.c src/text/*.c src/sample/*.c tools/*_write.c)) \
                 $(filter-out src/server/http.c src/server/engine.c,$(sort $(wildcard src/server/*.c)))
 FUZZ_LIB_OBJ := $(FUZZ_LIB_SRC:%.c=$(FUZZ_BUILD)/%.o)
 FUZZ_BIN     := $(patsubst fuzz/%.c,$(FUZZ_BUILD)/%,$(sort $(wildcard fuzz/fuzz_*.c)))
 
 $(FUZZ_BUILD)/src/%.o: src/%.c
+	@mkdir -p $(@D)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link -c -o $@ $<
+
+$(FUZZ_BUILD)/tools/%.o: tools/%.c
 	@mkdir -p $(@D)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link -c -o $@ $<
 

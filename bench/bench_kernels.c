@@ -6,7 +6,7 @@
  * Also a whole decode token's worth of GEMVs over distinct weights (1.19 GB,
  * so they stream from memory as in a real decode) and the prefill matmuls of
  * a 128-token chunk. Numbers are reported against the machine's limits
- * (src/backend/cpu/limits.h), measured at start-up unless given.
+ * (tools/limits.h), measured at start-up unless given.
  *
  * With --model DIR (e.g. a `q3 synth` folder), also end to end through
  * q3_session_* on the "cpu" unit: prefill ms per 128-token chunk and decode
@@ -24,7 +24,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/cpu_features.h"
-#include "backend/cpu/limits.h"
+#include "tools/limits.h"
 #include "run/session.h"
 
 static double now(void)

@@ -1,6 +1,6 @@
 /* The machine's limits by q3's own microbenchmarks: memory read bandwidth
  * and peak F32 FMA / BF16 dot / INT8 dot / AMX BF16 throughput, on one thread and on
- * all of the cpu unit's threads (src/backend/cpu/limits.h).
+ * all of the cpu unit's threads (tools/limits.h).
  *
  *   build/bench/bench_limits [--mib N] [--seconds S] [--threads T]
  */
@@ -10,7 +10,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/cpu_features.h"
-#include "backend/cpu/limits.h"
+#include "tools/limits.h"
 
 int main(int argc, char **argv)
 {

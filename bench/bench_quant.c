@@ -1,6 +1,6 @@
 /* Benchmark of the Q8_0 / Q4_0 / Q4_K / Q5_K / Q6_K matmul kernels (backend/cpu/quant_kernels.h)
  * at Qwen3-0.6B's shapes, against the machine's limits measured in the same
- * run (backend/cpu/limits.h):
+ * run (tools/limits.h):
  *  - decode GEMV: GB/s of weight bytes streamed, per shape, over distinct
  *    copies of the weight (an arena far larger than the caches, so every
  *    call reads from memory as a real decode does), and a whole token (28
@@ -25,7 +25,7 @@
 #include <time.h>
 
 #include "backend/cpu/cpu_features.h"
-#include "backend/cpu/limits.h"
+#include "tools/limits.h"
 #include "backend/cpu/quant_kernels.h"
 #include "backend/cpu/threadpool.h"
 

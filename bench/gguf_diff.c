@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "model/gguf.h"
+#include "q3.h"
 
 int main(int argc, char **argv)
 {

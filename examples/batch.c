@@ -19,12 +19,12 @@ typedef struct answer {
     size_t len;
 } answer;
 
-static void collect(void *user, int32_t id, const char *text, size_t len)
+static void collect(void *user, const q3_text_piece *p)
 {
     answer *a = user;
-    if (a->len + len < sizeof a->text) {
-        memcpy(a->text + a->len, text, len);
-        a->len += len;
+    if (a->len + p->len < sizeof a->text) {
+        memcpy(a->text + a->len, p->text, p->len);
+        a->len += p->len;
     }
 }
 

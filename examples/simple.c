@@ -11,9 +11,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-static void print_text(void *user, int32_t id, const char *text, size_t len)
+static void print_text(void *user, const q3_text_piece *p)
 {
-    fwrite(text, 1, len, stdout);
+    fwrite(p->text, 1, p->len, stdout);
     fflush(stdout);
 }
 

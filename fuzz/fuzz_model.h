@@ -7,7 +7,7 @@
 #include "model/config.h"
 #include "model/dtype.h"
 #include "model/model.h"
-#include "model/safetensors_write.h"
+#include "tools/safetensors_write.h"
 
 /* Reads every byte of t (so that a view outside its mapping faults here) and
  * checks dtype, shape against the config, and nbytes against dtype x shape. */

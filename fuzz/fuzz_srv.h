@@ -13,6 +13,8 @@
  *     n_ctx - n_prompt, sampling parameters inside the documented ranges, stop
  *     strings non-empty (at most SRV_MAX_STOP), include_usage only with stream,
  *     top_logprobs in 0..20, an id with the endpoint's prefix;
+ *   - a body with a NUL byte, or a JSON string holding \u0000, is refused
+ *     (cJSON's strings end at a NUL: accepted, it would cut the text short);
  *   - parsing is a function of the body: a second parse of the same bytes
  *     gives the same status and message, or the same prompt ids, max_tokens,
  *     stops and sampling (the seed too, when the body gives one);
@@ -24,23 +26,9 @@
 #include <math.h>
 
 #include "fuzz_common.h"
-#include "server/openai.h"
-#include "text/tokenizer.h"
+#include "server/request.h"
 
 #define FUZZ_SRV_N_CTX 256
-
-#ifndef FUZZ_NO_MAIN
-/* src/server/job.c's srv_job_wake resumes a libmicrohttpd connection; the
- * parsers never call it, and the fuzz build links no libmicrohttpd. Until that
- * call moves to the HTTP layer, this stands in for it (and would abort). */
-struct MHD_Connection;
-void MHD_resume_connection(struct MHD_Connection *c);
-void MHD_resume_connection(struct MHD_Connection *c)
-{
-    (void)c;
-    abort();
-}
-#endif
 
 static q3_tokenizer *srv_fuzz_tok;
 
@@ -70,7 +58,7 @@ static void srv_fuzz_check_error(const srv_err *e, int rc)
     FUZZ_CHECK(e->type && e->type[0], "an error without a type");
     FUZZ_CHECK(e->message[0], "an error without a message");
     FUZZ_CHECK(memchr(e->param, 0, sizeof e->param) && memchr(e->message, 0, sizeof e->message), "unterminated");
-    q3_strbuf b = {0};
+    srv_buf b = {0};
     srv_err_json(e, &b);
     FUZZ_CHECK(!b.oom && b.data, "srv_err_json gave nothing");
     cJSON *doc = b.data ? cJSON_ParseWithLength(b.data, b.len) : NULL;
@@ -85,14 +73,16 @@ static void srv_fuzz_check_error(const srv_err *e, int rc)
     free(b.data);
 }
 
-static void srv_fuzz_check_job(const srv_api *a, const srv_job *j, srv_kind kind)
+static void srv_fuzz_check_job(const srv_api *a, const srv_job *job, srv_kind kind)
 {
+    const srv_request *j = &job->req;
     FUZZ_CHECK(j->kind == kind, "kind %d, expected %d", (int)j->kind, (int)kind);
     FUZZ_CHECK(j->prompt && j->n_prompt >= 1 && j->n_prompt < a->n_ctx, "accepted a prompt of %d tokens (n_ctx %d)",
                j->n_prompt, a->n_ctx);
     for (int i = 0; j->prompt && i < j->n_prompt; i++) {
+        const char *tb;
         size_t tl;
-        FUZZ_CHECK(j->prompt[i] >= 0 && j->prompt[i] < a->vocab && q3_tokenizer_token_bytes(a->tok, j->prompt[i], &tl),
+        FUZZ_CHECK(j->prompt[i] >= 0 && j->prompt[i] < a->vocab && q3_tokenizer_piece(a->tok, j->prompt[i], &tb, &tl) == Q3_OK,
                    "prompt[%d] = %d is not a token", i, (int)j->prompt[i]);
     }
     FUZZ_CHECK(j->max_tokens >= 1 && j->max_tokens <= a->n_ctx - j->n_prompt, "max_tokens %d with %d prompt tokens",
@@ -106,8 +96,8 @@ static void srv_fuzz_check_job(const srv_api *a, const srv_job *j, srv_kind kind
     FUZZ_CHECK(sp->min_p >= 0 && sp->min_p <= 1, "min_p %g", sp->min_p);
     FUZZ_CHECK(sp->top_k >= 0, "top_k %d", sp->top_k);
     FUZZ_CHECK(sp->repeat_penalty > 0 && sp->repeat_penalty <= 10, "repetition_penalty %g", sp->repeat_penalty);
-    FUZZ_CHECK(fabsf(j->presence_penalty) <= 2 && fabsf(j->frequency_penalty) <= 2, "penalties %g %g",
-               j->presence_penalty, j->frequency_penalty);
+    FUZZ_CHECK(fabsf(sp->presence_penalty) <= 2 && fabsf(sp->frequency_penalty) <= 2, "penalties %g %g",
+               sp->presence_penalty, sp->frequency_penalty);
     FUZZ_CHECK((j->stream == 0 || j->stream == 1) && (!j->include_usage || j->stream), "stream %d include_usage %d",
                j->stream, j->include_usage);
     FUZZ_CHECK(j->top_logprobs >= 0 && j->top_logprobs <= SRV_MAX_TOP_LOGPROBS, "top_logprobs %d", j->top_logprobs);
@@ -118,8 +108,9 @@ static void srv_fuzz_check_job(const srv_api *a, const srv_job *j, srv_kind kind
 }
 
 /* The parts of two accepted jobs that the body alone decides. */
-static void srv_fuzz_check_same(const srv_job *x, const srv_job *y, int seeded)
+static void srv_fuzz_check_same(const srv_job *jx, const srv_job *jy, int seeded)
 {
+    const srv_request *x = &jx->req, *y = &jy->req;
     FUZZ_CHECK(x->n_prompt == y->n_prompt && !memcmp(x->prompt, y->prompt, (size_t)x->n_prompt * sizeof *x->prompt),
                "two parses of one body give different prompts");
     FUZZ_CHECK(x->max_tokens == y->max_tokens && x->n_stop == y->n_stop && x->stream == y->stream &&
@@ -131,8 +122,28 @@ static void srv_fuzz_check_same(const srv_job *x, const srv_job *y, int seeded)
         FUZZ_CHECK(!strcmp(x->stop[i], y->stop[i]), "stop[%d] differs", i);
     FUZZ_CHECK(x->sp.temperature == y->sp.temperature && x->sp.top_p == y->sp.top_p && x->sp.top_k == y->sp.top_k &&
                    x->sp.min_p == y->sp.min_p && x->sp.repeat_penalty == y->sp.repeat_penalty &&
+                   x->sp.presence_penalty == y->sp.presence_penalty && x->sp.frequency_penalty == y->sp.frequency_penalty &&
                    x->sp.penalty_last_n == y->sp.penalty_last_n && (!seeded || x->sp.seed == y->sp.seed),
                "two parses of one body give different sampling");
+}
+
+/* Whether body[0..len) holds a NUL byte, or (read as JSON) a string with a
+ * \u0000 escape; an escaped backslash before "u0000" is text. */
+static int srv_fuzz_has_nul(const char *body, size_t len)
+{
+    if (memchr(body, 0, len)) return 1;
+    int in_str = 0;
+    for (size_t i = 0; i < len; i++) {
+        if (!in_str) {
+            in_str = body[i] == '"';
+        } else if (body[i] == '"') {
+            in_str = 0;
+        } else if (body[i] == '\\' && i + 1 < len) {
+            if (body[i + 1] == 'u' && i + 5 < len && !memcmp(body + i + 2, "0000", 4)) return 1;
+            i++; /* the escaped character */
+        }
+    }
+    return 0;
 }
 
 /* Whether the body is a JSON object with a non-null "seed" (else the seed is random). */
@@ -170,6 +181,7 @@ static int srv_fuzz_run(srv_fuzz_parse_fn fn, srv_kind kind, const uint8_t *data
         }
     }
     FUZZ_CHECK(rc[0] == rc[1], "two parses of one body: status %d, then %d", rc[0], rc[1]);
+    if (!rc[0]) FUZZ_CHECK(!srv_fuzz_has_nul(body, size), "accepted a body with a NUL character");
     if (rc[0] && rc[1])
         FUZZ_CHECK(!strcmp(e[0].message, e[1].message) && !strcmp(e[0].param, e[1].param),
                    "two parses of one body: \"%s\", then \"%s\"", e[0].message, e[1].message);

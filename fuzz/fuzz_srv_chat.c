@@ -11,7 +11,7 @@ static int fuzz_srv_chat(const uint8_t *data, size_t size)
     if (srv_fuzz_run(srv_parse_chat, SRV_CHAT, data, size, &j) || !j) return 0;
     char *text = NULL;
     size_t len = 0;
-    q3_status st = q3_tokenizer_decode(j->tok, j->prompt, (size_t)j->n_prompt, &text, &len);
+    q3_status st = q3_tokenizer_decode(j->req.tok, j->req.prompt, (size_t)j->req.n_prompt, &text, &len);
     FUZZ_CHECK(st == Q3_OK && text, "the prompt does not decode: %s", q3_last_error());
     if (text) {
         static const char *const ends[] = {"<|im_start|>assistant\n", "<|im_start|>assistant\n<think>\n\n</think>\n\n"};

@@ -11,8 +11,8 @@ static int fuzz_srv_completion(const uint8_t *data, size_t size)
     cJSON *root = cJSON_ParseWithLength((const char *)data, size);
     const cJSON *p = cJSON_GetObjectItemCaseSensitive(root, "prompt");
     if (cJSON_IsArray(p) && cJSON_IsNumber(p->child)) {
-        int k = 0, same = cJSON_GetArraySize(p) == j->n_prompt;
-        for (const cJSON *t = p->child; t && same; t = t->next, k++) same = t->valuedouble == (double)j->prompt[k];
+        int k = 0, same = cJSON_GetArraySize(p) == j->req.n_prompt;
+        for (const cJSON *t = p->child; t && same; t = t->next, k++) same = t->valuedouble == (double)j->req.prompt[k];
         FUZZ_CHECK(same, "the job's prompt is not the request's ids");
     }
     cJSON_Delete(root);

@@ -12,9 +12,9 @@
 #include "fuzz_common.h"
 #include "fuzz_model.h"
 #include "model/gguf.h"
-#include "model/gguf_write.h"
+#include "tools/gguf_write.h"
 #include "model/quantize.h"
-#include "model/safetensors_write.h"
+#include "tools/safetensors_write.h"
 #include "text/tokenizer_gguf.h"
 
 static const char *root;

@@ -17,9 +17,9 @@ extern "C" {
 /* ---- version and symbols ------------------------------------------------ */
 
 #define Q3_VERSION_MAJOR 0
-#define Q3_VERSION_MINOR 3
+#define Q3_VERSION_MINOR 4
 #define Q3_VERSION_PATCH 0
-#define Q3_VERSION_STRING "0.3.0"
+#define Q3_VERSION_STRING "0.4.0"
 
 /* Only what this header declares leaves libq3.so (the library is built with
  * hidden visibility; Q3_API marks the exceptions). */
@@ -29,10 +29,13 @@ extern "C" {
 #define Q3_API
 #endif
 
-/* The library's version ("0.3.0"): compare with Q3_VERSION_STRING to catch a
+/* The library's version ("0.4.0"): compare with Q3_VERSION_STRING to catch a
  * program built against one header and run with another library. */
 Q3_API const char *q3_version(void);
 
+/* src/util/status.h defines the same enum for the library's internals. */
+#ifndef Q3_STATUS_DEFINED
+#define Q3_STATUS_DEFINED
 typedef enum q3_status {
     Q3_OK = 0,
     Q3_ERR_IO,          /* a file is missing, unreadable, or cannot be mapped */
@@ -41,11 +44,38 @@ typedef enum q3_status {
     Q3_ERR_UNSUPPORTED, /* well-formed, but not something q3 runs (arch, dtype) */
     Q3_ERR_NOMEM,       /* an allocation failed */
     Q3_ERR_CONTEXT,     /* the session's context length would be exceeded */
+    Q3_ERR_KV_FULL,     /* the context's KV pool has no free block (others' sequences hold them) */
 } q3_status;
+#endif
 
 /* The message of the last failure on this thread ("" if none). */
 Q3_API const char *q3_last_error(void);
 Q3_API const char *q3_status_name(q3_status st);
+
+/* Sets this thread's q3_last_error() to the formatted message and returns st:
+ * for code built on q3 that reports through the same channel (a logits
+ * processor's reason for failing, an application's own errors). */
+Q3_API q3_status q3_fail(q3_status st, const char *fmt, ...)
+#if defined(__GNUC__) || defined(__clang__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+
+/* Seconds on a monotonic clock (CLOCK_MONOTONIC): for timing, not dates. */
+Q3_API double q3_now(void);
+
+/* ---- option structs ----------------------------------------------------
+ *
+ * Every option struct starts with `size`, so that it can grow without
+ * breaking programs built against an older q3.h: fields are only ever
+ * appended, and the library reads the first `size` bytes, taking the
+ * defaults for fields a shorter struct does not have. Initialize with the
+ * struct's q3_*_default() (which sets size) and change the fields you need;
+ * a struct zero-initialized by hand (size 0) is also accepted and read
+ * with this header's layout (for q3_ctx_opts, q3_session_opts and
+ * q3_gen_opts zero is each field's default; not for q3_chat_opts and
+ * q3_sampler_params). A size larger than the library knows fails with
+ * Q3_ERR_INVALID (the program was built against a newer q3.h). */
 
 /* ---- model ------------------------------------------------------------ */
 
@@ -68,6 +98,7 @@ Q3_API int q3_model_max_context(const q3_model *m);
 typedef struct q3_ctx q3_ctx;
 
 typedef struct q3_ctx_opts {
+    size_t size;          /* sizeof(q3_ctx_opts), set by q3_ctx_opts_default() (0: this header's) */
     int n_ctx;            /* positions per sequence (0: min(model max, 4096)) */
     int chunk;            /* prefill chunk size S (0: 128) */
     int max_seqs;         /* sequences at once = rows of a decode step (0: 1; at most 256) */
@@ -79,6 +110,8 @@ typedef struct q3_ctx_opts {
     const char *kv_dtype; /* "f32", "f16", "bf16", "q8_0" (NULL: the decode unit's default) */
 } q3_ctx_opts;
 
+/* Every field at its default (0 / NULL), size set. */
+Q3_API q3_ctx_opts q3_ctx_opts_default(void);
 Q3_API q3_status q3_ctx_new(q3_model *m, const q3_ctx_opts *opts, q3_ctx **out);
 Q3_API void q3_ctx_free(q3_ctx *c);
 
@@ -137,6 +170,7 @@ Q3_API void q3_ctx_kv_usage(const q3_ctx *c, int *used, int *cached, int *total,
 typedef struct q3_session q3_session;
 
 typedef struct q3_session_opts {
+    size_t size;          /* sizeof(q3_session_opts), set by q3_session_opts_default() (0: this header's) */
     int n_ctx;            /* context length in tokens (0: min(model max, 4096)) */
     int chunk;            /* prefill chunk size S (0: 128) */
     int n_threads;        /* threads of the CPU unit (0: one per physical core) */
@@ -146,6 +180,7 @@ typedef struct q3_session_opts {
     const char *kv_dtype; /* "f32", "f16", "bf16", "q8_0" (NULL: the backend's default) */
 } q3_session_opts;
 
+Q3_API q3_session_opts q3_session_opts_default(void);
 Q3_API q3_status q3_session_new(q3_model *m, const q3_session_opts *opts, q3_session **out);
 Q3_API void q3_session_free(q3_session *s);
 
@@ -205,6 +240,11 @@ Q3_API int32_t q3_tokenizer_vocab_size(const q3_tokenizer *tok);
 /* The id of the token whose text is exactly text[0..len) (added tokens
  * first, then the vocabulary by its bytes: " the"); -1 if none. */
 Q3_API int32_t q3_tokenizer_token_id(const q3_tokenizer *tok, const char *text, size_t len);
+/* The bytes of one token (a special token's text, "<|im_end|>"; a byte-level
+ * token's raw bytes, which may be part of a UTF-8 character): *bytes points
+ * into the tokenizer (valid while it lives), not NUL-terminated.
+ * Q3_ERR_INVALID for an id out of range. Any thread. */
+Q3_API q3_status q3_tokenizer_piece(const q3_tokenizer *tok, int32_t id, const char **bytes, size_t *len);
 /* 1 if id is a control token (<|im_end|>, <|endoftext|>, ...), else 0. */
 Q3_API int q3_tokenizer_is_special(const q3_tokenizer *tok, int32_t id);
 /* The ids that end a turn (<|im_end|>) and the text (<|endoftext|>); -1 if
@@ -238,10 +278,14 @@ typedef struct q3_chat_message {
 } q3_chat_message;
 
 typedef struct q3_chat_opts {
+    size_t size;               /* sizeof(q3_chat_opts), set by q3_chat_opts_default() (0: this header's) */
     int add_generation_prompt; /* 1: end with the assistant's turn opened */
     int enable_thinking;       /* -1: not passed (Qwen3 thinks), 0: no thinking (an empty think block), 1: think */
     unsigned flags;            /* Q3_CHAT_PARSE_SPECIAL_IN_CONTENT */
 } q3_chat_opts;
+
+/* add_generation_prompt 1, enable_thinking -1, no flags; size set. */
+Q3_API q3_chat_opts q3_chat_opts_default(void);
 
 enum {
     /* special-token text inside messages becomes special tokens, as transformers'
@@ -276,25 +320,28 @@ Q3_API q3_status q3_chat_format_json(const char *json, size_t len, char **text, 
 /* ---- sampler ------------------------------------------------------------
  *
  * Turns a row of logits into the next token id: penalties (repetition,
- * presence, over the last penalty_last_n accepted tokens), temperature,
- * top-k, softmax, top-p, min-p, then a draw from the sampler's own seeded
- * generator (src/text/sampler.h has the details). A sampler is not
+ * presence, frequency, over the last penalty_last_n accepted tokens),
+ * temperature, top-k, softmax, top-p, min-p, then a draw from the sampler's
+ * own seeded generator (src/sample/sampler.h has the details). A sampler is not
  * thread-safe: one per generation stream; different samplers may run on
  * different threads at once. */
 
 typedef struct q3_sampler_params {
+    size_t size;            /* sizeof(q3_sampler_params), set by q3_sampler_defaults() (0: this header's) */
     float temperature;      /* <= 0: greedy argmax */
     int top_k;              /* 0: off; >= vocab behaves as off */
     float top_p;            /* in [0, 1]; 1: off */
     float min_p;            /* in [0, 1]; 0: off */
     float repeat_penalty;   /* > 0; 1: off */
     float presence_penalty; /* subtracted from seen tokens' logits; 0: off */
+    float frequency_penalty;/* times the token's count in the window, subtracted; 0: off */
     int penalty_last_n;     /* how many recent accepted tokens the penalties see; 0: none */
     uint64_t seed;          /* same seed + same inputs -> same draws */
 } q3_sampler_params;
 
 /* Qwen's recommended settings. thinking: T 0.6, top-p 0.95, top-k 20, min-p 0;
- * otherwise T 0.7, top-p 0.8, top-k 20, min-p 0. No penalties, seed 0. */
+ * otherwise T 0.7, top-p 0.8, top-k 20, min-p 0. No penalties, seed 0.
+ * Start from these (not from zero: repeat_penalty 0 is invalid). */
 Q3_API q3_sampler_params q3_sampler_defaults(int thinking);
 
 /* Checks every field's range; Q3_ERR_INVALID with a message naming the field. */
@@ -331,7 +378,14 @@ Q3_API size_t q3_sampler_candidates(q3_sampler *s, const float *logits,
                              const int32_t **ids, const float **probs);
 
 
-/* ---- generation ---------------------------------------------------------- */
+/* ---- generation ----------------------------------------------------------
+ *
+ * One generation loop for every application (q3 run, q3 chat, q3 serve and
+ * library users): prompt prefill, then per step a row of logits ->
+ * log-probabilities (optional) -> the caller's logits processor (optional:
+ * masks, biases) -> the sampler (penalties, temperature, ...) -> the token ->
+ * text, split into channels (optional), held back while it may begin a stop
+ * string -> on_text. */
 
 typedef enum q3_stop_reason {
     Q3_STOP_END_OF_TURN,  /* <|im_end|> or <|endoftext|> */
@@ -339,17 +393,82 @@ typedef enum q3_stop_reason {
     Q3_STOP_LENGTH,       /* max_tokens generated */
     Q3_STOP_INTERRUPT,    /* *interrupt became non-zero */
     Q3_STOP_CONTEXT,      /* the session's context is full */
+    Q3_STOP_CANCEL,       /* q3_gen_cancel: the caller ended it */
+    Q3_STOP_ERROR,        /* the logits processor failed (q3_gen_error says why) */
 } q3_stop_reason;
 
+/* What a piece of generated text is, when q3_gen_opts.split_channels asks
+ * for the split (Qwen3's markup, by token id: <think> ... </think> is
+ * thinking, <tool_call> ... </tool_call> a tool call; without the split, or
+ * for a tokenizer without those tokens, everything is content). */
+typedef enum q3_channel {
+    Q3_CHANNEL_CONTENT = 0, /* the answer */
+    Q3_CHANNEL_THINKING,    /* reasoning, between <think> and </think> */
+    Q3_CHANNEL_TOOL_CALL,   /* a tool call's JSON, between <tool_call> and </tool_call> */
+} q3_channel;
+
+/* Where a piece sits in its channel's span. */
+typedef enum q3_edge {
+    Q3_EDGE_NONE = 0,  /* text inside the span */
+    Q3_EDGE_OPEN,      /* the span opens (its opening token came); no text */
+    Q3_EDGE_CLOSE,     /* the span closed by its closing token; no text */
+    Q3_EDGE_CUT,       /* generation ended inside the span (no closing token); no text */
+} q3_edge;
+
+/* One piece of generated text, handed to on_text. text[0..len) is whole
+ * UTF-8, valid only during the call. With split_channels: the markup tokens
+ * are not text (they become OPEN/CLOSE edges); thinking loses its leading
+ * and trailing newlines and content its leading newlines (the blank lines
+ * the template puts around a think block); a markup token out of place
+ * (</think> in content, <think> in a tool call) stays text. */
+typedef struct q3_text_piece {
+    const char *text;
+    size_t len;
+    int32_t id;          /* the token that completed the piece (-1: none, at the end) */
+    q3_channel channel;
+    q3_edge edge;
+} q3_text_piece;
+
+/* A generated token's log-probability under the model's distribution
+ * (softmax of the raw logits: before the logits processor, penalties and
+ * temperature) and the most likely alternatives. */
+#define Q3_MAX_TOP_LOGPROBS 20
+typedef struct q3_token_logprob {
+    int32_t id;
+    float logprob;
+    int n_top;                           /* alternatives below (top_logprobs asked) */
+    int32_t top_id[Q3_MAX_TOP_LOGPROBS]; /* most likely first, lower id first on ties */
+    float top_logprob[Q3_MAX_TOP_LOGPROBS];
+} q3_token_logprob;
+
+typedef struct q3_gen q3_gen;
+
 typedef struct q3_gen_opts {
+    size_t size;                         /* sizeof(q3_gen_opts), set by q3_gen_opts_default() (0: this header's) */
     int max_tokens;                      /* 0: until the context is full */
     const char *const *stop;             /* user stop strings */
     int n_stop;
     volatile sig_atomic_t *interrupt;    /* NULL or a flag a signal handler sets */
-    /* text as it is made (id: the token that completed it; text is valid UTF-8) */
-    void (*on_text)(void *user, int32_t id, const char *text, size_t len);
-    void *user;
+    /* text as it is made (see q3_text_piece); runs inside q3_gen_step */
+    void (*on_text)(void *user, const q3_text_piece *piece);
+    void *user;                          /* passed to on_text, on_token and on_logits */
+    int split_channels;                  /* 1: thinking and tool calls apart from content (q3_channel) */
+    /* The logits processor: called for every sampled position with the row
+     * of n_vocab logits, which it may change in place (-INFINITY forbids a
+     * token; a grammar mask, a bias). q3_gen_result_get(g)->ids holds the
+     * tokens generated so far. A status other than Q3_OK ends this generator
+     * (Q3_STOP_ERROR, the message in q3_gen_error) and no other. NULL: none. */
+    q3_status (*on_logits)(void *user, q3_gen *g, float *logits, int n_vocab);
+    /* Each sampled token, after it is recorded and before its text (NULL: none). */
+    void (*on_token)(void *user, q3_gen *g, int32_t id);
+    int logprobs;                        /* 1: record each token's q3_token_logprob */
+    int top_logprobs;                    /* alternatives per token, 0..Q3_MAX_TOP_LOGPROBS */
+    int no_prompt_penalty;               /* 1: the prompt's tokens stay out of the sampler's penalty
+                                            window (OpenAI's presence/frequency count only output) */
 } q3_gen_opts;
+
+/* Every field 0 / NULL, size set. */
+Q3_API q3_gen_opts q3_gen_opts_default(void);
 
 typedef struct q3_gen_result {
     int32_t *ids;        /* generated ids, the end-of-turn token included if one ended it (q3_generate: caller frees) */
@@ -373,11 +492,12 @@ Q3_API q3_status q3_generate(q3_session *s, q3_sampler *smp, const q3_tokenizer 
  * its streaming detokenizer and stop strings. Generators of one context
  * advance together, one q3_ctx_step at a time (q3_gen_step): each step
  * carries the decode row of every generator that is generating and the
- * next prefill chunk of the first one still prefilling. */
-typedef struct q3_gen q3_gen;
+ * next prefill chunk of the first one (in the order given) still
+ * prefilling. */
 
 /* A generator for sequence seq of c (which may already hold earlier turns).
- * smp, tok and the strings of o are borrowed: they must outlive it. */
+ * smp, tok and the strings of o are borrowed: they must outlive it. tok may
+ * be NULL (ids only: no text, no stop strings, no channels). */
 Q3_API q3_status q3_gen_new(q3_ctx *c, int seq, q3_sampler *smp, const q3_tokenizer *tok, const q3_gen_opts *o,
                      q3_gen **out);
 Q3_API void q3_gen_free(q3_gen *g);
@@ -386,14 +506,19 @@ Q3_API void q3_gen_free(q3_gen *g);
  * starts. Q3_ERR_CONTEXT when it does not fit beside what the sequence
  * holds (at least one position must stay free to generate). */
 Q3_API q3_status q3_gen_prompt(q3_gen *g, const int32_t *prompt, size_t n);
+/* The same when the sequence already holds prompt[0..skip) as its last
+ * positions (a prefix q3_seq_reuse_prefix took): only prompt[skip..n) is
+ * prefilled, and all n tokens count as the prompt (penalties, n_prompt). */
+Q3_API q3_status q3_gen_prompt_from(q3_gen *g, const int32_t *prompt, size_t n, size_t skip);
 
 /* One step for the generators gens[0..n) (all of one context; finished ones
  * are skipped). on_text callbacks run before it returns. A failed step
- * (Q3_ERR_NOMEM: the KV pool is full) changes no sequence; the caller may
+ * (Q3_ERR_KV_FULL: the KV pool is full) changes no sequence; the caller may
  * finish a generator (q3_gen_cancel) and step again. */
 Q3_API q3_status q3_gen_step(q3_gen *const *gens, int n);
 
-/* Ends a generator now with the given reason (text not yet emitted is dropped). */
+/* Ends a generator now with the given reason (text held back for stop
+ * strings is dropped; an open channel span gets no CUT edge). */
 Q3_API void q3_gen_cancel(q3_gen *g, q3_stop_reason why);
 
 /* 1 once the generator has stopped (its result is final). */
@@ -402,6 +527,13 @@ Q3_API int q3_gen_done(const q3_gen *g);
 Q3_API int q3_gen_prefilling(const q3_gen *g);
 /* The result so far (ids: owned by the generator, valid until it is freed). */
 Q3_API const q3_gen_result *q3_gen_result_get(const q3_gen *g);
+/* The sequence the generator runs on. */
+Q3_API int q3_gen_seq(const q3_gen *g);
+/* With opts.logprobs: one entry per generated id (*n of them), owned by the
+ * generator, valid until its next step or its end; NULL and 0 otherwise. */
+Q3_API const q3_token_logprob *q3_gen_logprobs(const q3_gen *g, int *n);
+/* Why a generator ended with Q3_STOP_ERROR ("" otherwise); owned by it. */
+Q3_API const char *q3_gen_error(const q3_gen *g);
 
 Q3_API const char *q3_stop_reason_name(q3_stop_reason r);
 

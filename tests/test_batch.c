@@ -13,10 +13,10 @@
 #include <string.h>
 
 #include "golden.h"
-#include "model/convert.h"
+#include "tools/convert.h"
 #include "q3.h"
 #include "run/generate.h"
-#include "text/sampler.h"
+#include "sample/sampler.h"
 #include "text/tokenizer.h"
 #include "test.h"
 
@@ -357,7 +357,7 @@ static void bad_steps(void)
     CHECK(q3_ctx_step(ctx, &pre) == Q3_OK, "b to 16: %s", q3_last_error());
     q3_decode_row arow = {.seq = a, .token = toks[8], .logits = NULL};
     q3_step full = {.decode = &arow, .n_decode = 1, .prefill_seq = b, .prefill_tokens = toks + 16, .n_prefill = 8};
-    CHECK(q3_ctx_step(ctx, &full) == Q3_ERR_NOMEM, "a full pool refused: %s", q3_last_error());
+    CHECK(q3_ctx_step(ctx, &full) == Q3_ERR_KV_FULL, "a full pool refused: %s", q3_last_error());
     CHECK_CONTAINS(q3_last_error(), "KV pool is full");
     CHECK(q3_seq_pos(ctx, a) == 8 && q3_seq_pos(ctx, b) == 16, "positions after the full pool (%d, %d)",
           q3_seq_pos(ctx, a), q3_seq_pos(ctx, b));
@@ -402,9 +402,11 @@ typedef struct text_sink {
     size_t len;
 } text_sink;
 
-static void sink(void *user, int32_t id, const char *text, size_t len)
+static void sink(void *user, const q3_text_piece *p)
 {
     text_sink *t = user;
+    const char *text = p->text;
+    size_t len = p->len;
     if (t->len + len < sizeof t->buf) {
         memcpy(t->buf + t->len, text, len);
         t->len += len;

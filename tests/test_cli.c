@@ -240,7 +240,7 @@ static void test_docs(void)
     free(names);
     CHECK(n >= 12, "%d commands listed", n);
     /* every environment variable q3 reads is documented */
-    rc = sh_stdout(&out, "grep -rhoE 'getenv\\(\"[A-Z_0-9]+\"\\)' src | sed 's/getenv(\"\\(.*\\)\")/\\1/' | sort -u");
+    rc = sh_stdout(&out, "grep -rhoE 'getenv\\(\"[A-Z_0-9]+\"\\)' src tools | sed 's/getenv(\"\\(.*\\)\")/\\1/' | sort -u");
     int vars = 0;
     char *copy = strdup(out);
     for (char *save = NULL, *v = strtok_r(copy, "\n", &save); v; v = strtok_r(NULL, "\n", &save), vars++) {

@@ -24,12 +24,12 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "model/convert.h"
+#include "tools/convert.h"
 #include "model/gguf.h"
 #include "model/layout.h"
 #include "model/model.h"
 #include "model/quantize.h"
-#include "model/synth.h"
+#include "tools/synth.h"
 #include "q3.h"
 #include "temps.h"
 #include "test.h"

@@ -10,6 +10,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/cpu_features.h"
+#include "q3.h"
 #include "test.h"
 
 /* ---- random data ---------------------------------------------------------------- */

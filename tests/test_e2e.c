@@ -13,7 +13,7 @@
 #include "test.h"
 #include "text/chat_template.h"
 #include "text/json_write.h"
-#include "text/sampler.h"
+#include "sample/sampler.h"
 #include "text/tokenizer.h"
 #include "text/utf8.h"
 
@@ -44,9 +44,11 @@ typedef struct stream_check {
     size_t bytes;
 } stream_check;
 
-static void on_text(void *user, int32_t id, const char *text, size_t len)
+static void on_text(void *user, const q3_text_piece *p)
 {
     stream_check *c = user;
+    const char *text = p->text;
+    size_t len = p->len;
     c->chunks++;
     c->bytes += len;
     if (q3_utf8_validate(text, len) != len) c->invalid++;

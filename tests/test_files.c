@@ -17,9 +17,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "model/gguf_write.h"
+#include "tools/gguf_write.h"
 #include "model/model.h"
-#include "model/safetensors_write.h"
+#include "tools/safetensors_write.h"
 #include "q3.h"
 #include "temps.h"
 #include "test.h"

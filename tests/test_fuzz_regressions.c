@@ -179,8 +179,8 @@ int main(void)
     run_target("chat_template", fuzz_chat_template, 0);
     run_target("tokenizer_json", fuzz_tokenizer_json, 1);
     run_target("tokenize", fuzz_tokenize, 0);
-    run_target("srv_chat", fuzz_srv_chat, 0);
-    run_target("srv_completion", fuzz_srv_completion, 0);
+    run_target("srv_chat", fuzz_srv_chat, 2);
+    run_target("srv_completion", fuzz_srv_completion, 2);
     test_config_float_range();
     test_safetensors_offsets();
     test_tokenizer_no_added();

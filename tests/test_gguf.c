@@ -11,7 +11,7 @@
 #include <unistd.h>
 
 #include "model/gguf.h"
-#include "model/gguf_write.h"
+#include "tools/gguf_write.h"
 #include "model/quantize.h"
 #include "model/safetensors.h"
 #include "text/tokenizer_gguf.h"

@@ -13,9 +13,9 @@
 #include <unistd.h>
 
 #include "golden.h"
-#include "model/convert.h"
+#include "tools/convert.h"
 #include "model/gguf.h"
-#include "model/gguf_write.h"
+#include "tools/gguf_write.h"
 #include "model/model.h"
 #include "model/quantize.h"
 #include "q3.h"

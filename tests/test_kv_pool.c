@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "kv/kv_pool.h"
+#include "q3.h"
 #include "test.h"
 
 #define BT Q3_KV_BLOCK_TOKENS
@@ -135,7 +136,7 @@ int main(void)
     CHECK(used(&p) == 8 && cached(&p) == 0, "pool full: %d used, %d cached", used(&p), cached(&p));
     CHECK(q3_kv_seq_add(&p, &b) == Q3_OK, "b");
     CHECK(q3_kv_seq_reuse_prefix(&p, b, toks, 40, 40) == 0, "the evicted prefix is gone");
-    CHECK(append(&p, b, toks, 1) == Q3_ERR_NOMEM, "no block for b");
+    CHECK(append(&p, b, toks, 1) == Q3_ERR_KV_FULL, "no block for b");
     CHECK_CONTAINS(q3_last_error(), "KV pool is full");
     CHECK(q3_kv_seq_len(&p, b) == 0 && used(&p) == 8, "the refusal changed nothing");
     CHECK(q3_kv_seq_reserve(&p, a, 1) == Q3_ERR_CONTEXT, "past n_ctx refused");

@@ -9,7 +9,7 @@
 #include "temps.h"
 #include "test.h"
 #include "model/config.h"
-#include "model/convert.h"
+#include "tools/convert.h"
 #include "model/model.h"
 #include "model/rope.h"
 #include "model/safetensors.h"

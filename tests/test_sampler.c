@@ -1,7 +1,7 @@
 /* Sampler tests on crafted logits: kept sets of each filter, greedy ties,
  * seeding, penalties, empirical frequencies, invalid configurations. */
 #include "test.h"
-#include "text/sampler.h"
+#include "sample/sampler.h"
 
 #include <math.h>
 #include <stdlib.h>

@@ -5,12 +5,14 @@
  * control tokens in message text, 24 concurrent clients (some hanging up
  * early) whose answers equal the same requests made alone, /health under
  * load, the queue limit (429), API keys (401), and SIGTERM draining a stream
- * and exiting 0. Plus the output splitter (reasoning, tool calls) on its own. */
+ * and exiting 0. Plus the output splitter (reasoning, tool calls) on its own,
+ * fed as text and fed by channel, and how a failed or abandoned job answers. */
 #include <cjson/cJSON.h>
 #include <pthread.h>
 
 #include "serve_util.h"
-#include "server/openai.h"
+#include "server/channel.h"
+#include "server/render.h"
 #include "test.h"
 
 #define MODEL TEST_DATA "/golden/e2e"
@@ -230,70 +232,162 @@ static double metric(const char *text, const char *name)
     return -1;
 }
 
-/* ---- the output splitter alone ------------------------------------------------------ */
+/* ---- the output policy alone ------------------------------------------------------- */
+
+/* Feeds pieces as the generation loop's channel split hands them over. */
+typedef struct piece_spec {
+    q3_channel ch;
+    q3_edge edge;
+    const char *text;
+} piece_spec;
+
+static void feed(srv_out *o, srv_job *j, const piece_spec *ps, int n)
+{
+    for (int i = 0; i < n; i++) {
+        q3_text_piece p = {.text = ps[i].text ? ps[i].text : "", .len = ps[i].text ? strlen(ps[i].text) : 0,
+                           .id = 1, .channel = ps[i].ch, .edge = ps[i].edge};
+        srv_out_piece(o, j, &p);
+    }
+}
+
+#define T_ Q3_CHANNEL_THINKING
+#define X_ Q3_CHANNEL_TOOL_CALL
+#define C_ Q3_CHANNEL_CONTENT
 
 static void test_splitter(void)
 {
-    const char *text = "<think>\nLet me see.\n\nYes.\n</think>\n\nSure: <tool_call>\n{\"name\": \"get_weather\", "
-                       "\"arguments\": {\"city\": \"Paris\", \"days\": 2}}\n</tool_call>";
-    for (int step = 1; step <= 7; step += 3) { /* fed in pieces of 1, 4, 7 bytes */
-        for (int stream = 0; stream < 2; stream++) {
-            srv_job *j = srv_job_new();
-            j->kind = SRV_CHAT;
-            j->stream = stream;
-            j->parse_reasoning = j->parse_tools = 1;
-            j->model_name = "m";
-            snprintf(j->id, sizeof j->id, "chatcmpl-x");
-            srv_out o = {0};
-            size_t n = strlen(text);
-            for (size_t i = 0; i < n; i += (size_t)step) srv_out_text(&o, j, text + i, n - i < (size_t)step ? n - i : (size_t)step);
-            srv_out_finish(&o, j, "stop");
-            CHECK(!strcmp(j->finish_reason, "tool_calls"), "finish %s", j->finish_reason);
-            CHECK(j->n_tool_calls == 1 && !strcmp(j->tool_calls[0].name, "get_weather") &&
-                  !strcmp(j->tool_calls[0].arguments, "{\"city\":\"Paris\",\"days\":2}"), "tool call parsed (step %d)", step);
-            if (!stream) {
-                CHECK(j->reasoning.data && !strcmp(j->reasoning.data, "Let me see.\n\nYes."), "reasoning '%s'", j->reasoning.data);
-                CHECK(j->content.data && !strcmp(j->content.data, "Sure: "), "content '%s'", j->content.data);
-                q3_strbuf b = {0};
-                srv_response_json(j, &b);
-                cJSON *r = cJSON_Parse(b.data);
-                CHECK(jstr(r, "choices.0.message.tool_calls.0.function.name") &&
-                      !strcmp(jstr(r, "choices.0.message.tool_calls.0.type"), "function") &&
-                      !strcmp(jstr(r, "choices.0.finish_reason"), "tool_calls") &&
-                      !strcmp(jstr(r, "choices.0.message.reasoning_content"), "Let me see.\n\nYes."), "response json %s", b.data);
-                cJSON_Delete(r);
-                free(b.data);
-            } else {
-                stream_result *s = calloc(1, sizeof *s);
-                parse_sse(j->sse.data, s);
-                CHECK(s->ok_framing && s->done_last && !strcmp(s->content, "Sure: ") && !strcmp(s->reasoning, "Let me see.\n\nYes.") &&
-                      !strcmp(s->finish, "tool_calls") && strstr(j->sse.data, "\"tool_calls\":[{\"index\":0"),
-                      "stream split (step %d): content '%s' reasoning '%s'", step, s->content, s->reasoning);
-                free(s);
-            }
-            srv_out_free(&o);
-            srv_job_unref(j);
+    static const piece_spec answer[] = {
+        {T_, Q3_EDGE_OPEN, NULL}, {T_, Q3_EDGE_NONE, "Let me see."}, {T_, Q3_EDGE_NONE, "\n\nYes."},
+        {T_, Q3_EDGE_CLOSE, NULL}, {C_, Q3_EDGE_NONE, "Sure: "}, {X_, Q3_EDGE_OPEN, NULL},
+        {X_, Q3_EDGE_NONE, "\n{\"name\": \"get_weather\", "},
+        {X_, Q3_EDGE_NONE, "\"arguments\": {\"city\": \"Paris\", \"days\": 2}}\n"}, {X_, Q3_EDGE_CLOSE, NULL},
+    };
+    for (int stream = 0; stream < 2; stream++) {
+        srv_job *j = srv_job_new();
+        j->req.kind = SRV_CHAT;
+        j->req.stream = stream;
+        j->req.parse_reasoning = j->req.parse_tools = 1;
+        j->req.model_name = "m";
+        snprintf(j->req.id, sizeof j->req.id, "chatcmpl-x");
+        srv_out o = {0};
+        feed(&o, j, answer, (int)(sizeof answer / sizeof *answer));
+        srv_out_finish(&o, j, SRV_FINISH_STOP);
+        CHECK(j->res.finish == SRV_FINISH_TOOL_CALLS, "finish %s", srv_finish_wire(j->res.finish));
+        CHECK(j->res.n_tool_calls == 1 && !strcmp(j->res.tool_calls[0].name, "get_weather") &&
+              !strcmp(j->res.tool_calls[0].arguments, "{\"city\":\"Paris\",\"days\":2}"), "tool call parsed");
+        if (!stream) {
+            CHECK(j->res.reasoning.data && !strcmp(j->res.reasoning.data, "Let me see.\n\nYes."), "reasoning '%s'", j->res.reasoning.data);
+            CHECK(j->res.content.data && !strcmp(j->res.content.data, "Sure: "), "content '%s'", j->res.content.data);
+            srv_buf b = {0};
+            srv_response_json(j, &b);
+            cJSON *r = cJSON_Parse(b.data);
+            CHECK(jstr(r, "choices.0.message.tool_calls.0.function.name") &&
+                  !strcmp(jstr(r, "choices.0.message.tool_calls.0.type"), "function") &&
+                  !strcmp(jstr(r, "choices.0.finish_reason"), "tool_calls") &&
+                  !strcmp(jstr(r, "choices.0.message.reasoning_content"), "Let me see.\n\nYes."), "response json %s", b.data);
+            cJSON_Delete(r);
+            free(b.data);
+        } else {
+            stream_result *s = calloc(1, sizeof *s);
+            parse_sse(j->st.sse.data, s);
+            CHECK(s->ok_framing && s->done_last && !strcmp(s->content, "Sure: ") && !strcmp(s->reasoning, "Let me see.\n\nYes.") &&
+                  !strcmp(s->finish, "tool_calls") && strstr(j->st.sse.data, "\"tool_calls\":[{\"index\":0"),
+                  "stream split: content '%s' reasoning '%s'", s->content, s->reasoning);
+            free(s);
         }
+        srv_out_free(&o);
+        srv_job_unref(j);
     }
     char *name, *args;
     CHECK(srv_parse_tool_call("{\"name\": 3}", 11, &name, &args) == -1, "a tool call needs a string name");
     CHECK(srv_parse_tool_call("nope", 4, &name, &args) == -1, "a tool call is JSON");
-    /* a broken tool call stays text */
+    /* a broken tool call stays text, markup included */
+    static const piece_spec broken[] = {
+        {C_, Q3_EDGE_NONE, "a"}, {X_, Q3_EDGE_OPEN, NULL}, {X_, Q3_EDGE_NONE, "{oops"}, {X_, Q3_EDGE_CLOSE, NULL},
+        {C_, Q3_EDGE_NONE, "b"},
+    };
     srv_job *j = srv_job_new();
-    j->kind = SRV_CHAT;
-    j->parse_tools = 1;
+    j->req.kind = SRV_CHAT;
+    j->req.parse_tools = 1;
     srv_out o = {0};
-    srv_out_text(&o, j, "a<tool_call>{oops</tool_call>b", 30);
-    srv_out_finish(&o, j, "stop");
-    CHECK(j->n_tool_calls == 0 && !strcmp(j->content.data, "a<tool_call>{oops</tool_call>b") && !strcmp(j->finish_reason, "stop"),
-          "broken tool call as text: '%s'", j->content.data);
+    feed(&o, j, broken, 5);
+    srv_out_finish(&o, j, SRV_FINISH_STOP);
+    CHECK(j->res.n_tool_calls == 0 && !strcmp(j->res.content.data, "a<tool_call>{oops</tool_call>b") && j->res.finish == SRV_FINISH_STOP,
+          "broken tool call as text: '%s'", j->res.content.data);
     srv_out_free(&o);
     srv_job_unref(j);
+    /* without tools in the request, a tool call's span is text */
+    static const piece_spec untooled[] = {
+        {X_, Q3_EDGE_OPEN, NULL}, {X_, Q3_EDGE_NONE, "{\"name\": \"f\"}"}, {X_, Q3_EDGE_CLOSE, NULL},
+    };
+    j = srv_job_new();
+    j->req.kind = SRV_CHAT;
+    j->req.parse_reasoning = 1;
+    o = (srv_out){0};
+    feed(&o, j, untooled, 3);
+    srv_out_finish(&o, j, SRV_FINISH_STOP);
+    CHECK(j->res.n_tool_calls == 0 && !strcmp(j->res.content.data, "<tool_call>{\"name\": \"f\"}</tool_call>"),
+          "no tools asked: the span as text: '%s'", j->res.content.data);
+    srv_out_free(&o);
+    srv_job_unref(j);
+}
+
+/* A closed tool call, then one cut off by the end: one call, the rest text; a
+ * job's ends render as before. */
+static void test_channels_and_ends(void)
+{
+    static const piece_spec ps[] = {
+        {T_, Q3_EDGE_OPEN, NULL}, {T_, Q3_EDGE_NONE, "Let me see.\n\nYes."}, {T_, Q3_EDGE_CLOSE, NULL},
+        {C_, Q3_EDGE_NONE, "Sure: "}, {X_, Q3_EDGE_OPEN, NULL}, {X_, Q3_EDGE_NONE, "{\"name\": \"f\", \"arguments\": {}}"},
+        {X_, Q3_EDGE_CLOSE, NULL}, {X_, Q3_EDGE_OPEN, NULL}, {X_, Q3_EDGE_NONE, "{not json"}, {X_, Q3_EDGE_CUT, NULL},
+    };
+    for (int stream = 0; stream < 2; stream++) {
+        srv_job *j = srv_job_new();
+        j->req.kind = SRV_CHAT;
+        j->req.stream = stream;
+        j->req.parse_reasoning = j->req.parse_tools = 1;
+        j->req.model_name = "m";
+        snprintf(j->req.id, sizeof j->req.id, "chatcmpl-x");
+        srv_out o = {0};
+        feed(&o, j, ps, (int)(sizeof ps / sizeof *ps));
+        srv_out_finish(&o, j, SRV_FINISH_STOP_STRING);
+        CHECK(j->res.n_tool_calls == 1 && !strcmp(j->res.tool_calls[0].name, "f") && j->res.finish == SRV_FINISH_TOOL_CALLS,
+              "channels: one tool call, finish %s", srv_finish_wire(j->res.finish));
+        if (!stream)
+            CHECK(j->res.reasoning.data && !strcmp(j->res.reasoning.data, "Let me see.\n\nYes.") && j->res.content.data &&
+                  !strcmp(j->res.content.data, "Sure: <tool_call>{not json"),
+                  "channels: reasoning '%s', content '%s'", j->res.reasoning.data, j->res.content.data);
+        else
+            CHECK(j->st.sse.data && strstr(j->st.sse.data, "\"finish_reason\":\"tool_calls\"") &&
+                  strstr(j->st.sse.data, "data: [DONE]\n\n"), "channels: stream ends");
+        srv_out_free(&o);
+        srv_job_unref(j);
+    }
+    /* a failure: the stream's error event goes out once; a whole answer is the envelope */
+    srv_job *j = srv_job_new();
+    j->req.stream = 1;
+    j->res.state = SRV_JOB_FAILED;
+    j->res.err_status = 503;
+    snprintf(j->res.err_msg, sizeof j->res.err_msg, "the server is shutting down");
+    srv_render_failure(j);
+    srv_render_failure(j);
+    CHECK(j->st.sse.data && !strcmp(j->st.sse.data, "data: {\"error\":{\"message\":\"the server is shutting down\",\"type\":"
+                                                    "\"server_error\",\"param\":null,\"code\":503}}\n\ndata: [DONE]\n\n"),
+          "failure event once: %s", j->st.sse.data);
+    /* the client left before the job started: answered 500 should anyone still read */
+    j->res.state = SRV_JOB_GONE_QUEUED;
+    j->res.err_status = 0;
+    srv_err e;
+    srv_job_err(j, &e);
+    CHECK(e.status == 500 && !strcmp(e.message, "the server is shutting down"), "gone before start: %d", e.status);
+    srv_job_unref(j);
+    CHECK(!strcmp(srv_finish_wire(SRV_FINISH_STOP_STRING), "stop") && !srv_finish_wire(SRV_FINISH_NONE), "finish on the wire");
 }
 
 int main(void)
 {
     test_splitter();
+    test_channels_and_ends();
 
     test_server srv = {0};
     const char *args[] = {"-m", MODEL, "-t", "1", "--parallel", "4", "--ctx", "256", "--max-body", "65536", NULL};
@@ -462,6 +556,43 @@ int main(void)
     }
     cJSON_Delete(j);
 
+    /* logit_bias through the generation loop's logits processor: +100 forces a token, -100 forbids one */
+    j = post_json("/tokenize", "{\"prompt\":\"Hello\"}", &st);
+    int hello = st == 200 ? (int)jnum(j, "tokens.0") : -1;
+    cJSON_Delete(j);
+    char lb[256];
+    snprintf(lb, sizeof lb, "{\"prompt\":\"Once upon a time\",\"max_tokens\":3,\"temperature\":0,\"logit_bias\":{\"%d\":100}}", hello);
+    char *forced = answer_text(lb);
+    CHECK(hello >= 0 && forced && !strcmp(forced, "HelloHelloHello"), "logit_bias +100 forces the token: '%s'", forced ? forced : "?");
+    free(forced);
+    snprintf(lb, sizeof lb, "{\"prompt\":\"Once upon a time\",\"max_tokens\":1,\"temperature\":0,\"logprobs\":1}");
+    j = post_json("/v1/completions", lb, &st);
+    char greedy_text[128] = "";
+    const char *greedy = jstr(j, "choices.0.logprobs.tokens.0") ? greedy_text : NULL;
+    if (greedy) snprintf(greedy_text, sizeof greedy_text, "%s", jstr(j, "choices.0.logprobs.tokens.0"));
+    char tk[512];
+    snprintf(tk, sizeof tk, "{\"prompt\":\"%s\"}", greedy ? greedy : "");
+    cJSON_Delete(j);
+    j = post_json("/tokenize", tk, &st);
+    int top = (int)jnum(j, "tokens.0");
+    cJSON_Delete(j);
+    snprintf(lb, sizeof lb, "{\"prompt\":\"Once upon a time\",\"max_tokens\":1,\"temperature\":0,\"logprobs\":1,"
+             "\"logit_bias\":{\"%d\":-100}}", top);
+    j = post_json("/v1/completions", lb, &st);
+    const char *second = jstr(j, "choices.0.logprobs.tokens.0");
+    CHECK(st == 200 && greedy && second && strcmp(greedy, second), "logit_bias -100 on the greedy token '%s' gives another ('%s')",
+          greedy ? greedy : "?", second ? second : "?");
+    cJSON_Delete(j);
+    check_error("a \\u0000 in a message", "/v1/chat/completions",
+                "{\"messages\":[{\"role\":\"user\",\"content\":\"abc\\u0000def\"}],\"max_tokens\":1}", 400);
+    check_error("a \\u0000 in a stop string", "/v1/completions", "{\"prompt\":\"x\",\"stop\":\"a\\u0000b\"}", 400);
+    j = post_json("/v1/completions", "{\"prompt\":\"a\\\\u0000b\",\"max_tokens\":1}", &st);
+    CHECK(st == 200, "an escaped backslash before u0000 is text, not a NUL: %d", st);
+    cJSON_Delete(j);
+    check_error("logit_bias key not a token id", "/v1/completions", "{\"prompt\":\"x\",\"logit_bias\":{\"abc\":1}}", 400);
+    check_error("logit_bias out of range", "/v1/completions", "{\"prompt\":\"x\",\"logit_bias\":{\"1\":101}}", 400);
+    check_error("logit_bias id past the vocabulary", "/v1/completions", "{\"prompt\":\"x\",\"logit_bias\":{\"99999999\":1}}", 400);
+
     /* errors: status and envelope */
     check_error("invalid JSON", "/v1/chat/completions", "{\"messages\": [", 400);
     check_error("not an object", "/v1/chat/completions", "[1,2]", 400);
@@ -514,7 +645,11 @@ int main(void)
         ts_resp_free(&r);
     }
     ts_request(port, "GET", "/v1/chat/completions", NULL, NULL, &r);
-    CHECK(r.status == 405, "GET on a POST route: %d", r.status);
+    CHECK(r.status == 405 && r.head && strstr(r.head, "\r\nAllow: POST\r\n") && strstr(r.body, "\"error\""),
+          "GET on a POST route: %d, Allow: POST", r.status);
+    ts_resp_free(&r);
+    ts_request(port, "POST", "/health", NULL, "{}", &r);
+    CHECK(r.status == 405 && r.head && strstr(r.head, "\r\nAllow: GET\r\n"), "POST /health: %d, Allow: GET", r.status);
     ts_resp_free(&r);
     ts_request(port, "GET", "/nope", NULL, NULL, &r);
     CHECK(r.status == 404 && strstr(r.body, "\"error\""), "unknown path: %d", r.status);

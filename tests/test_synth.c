@@ -4,8 +4,8 @@
 #include "test.h"
 #include "temps.h"
 #include "model/safetensors.h"
-#include "model/safetensors_write.h"
-#include "model/synth.h"
+#include "tools/safetensors_write.h"
+#include "tools/synth.h"
 #include "util/file.h"
 
 #include <cjson/cJSON.h>

@@ -2,6 +2,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "q3.h"
 #include "test.h"
 #include "util/error.h"
 #include "util/file.h"

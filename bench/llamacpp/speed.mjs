@@ -1,6 +1,6 @@
 #!/usr/bin/env node
 // Speed of llama.cpp (node-llama-cpp's CPU prebuilt) next to `q3 bench`, on the same GGUFs, run
-// back to back in one process, with the protocol q3 bench uses (src/run/bench.c):
+// back to back in one process, with the protocol q3 bench uses (tools/bench.c):
 //   prefill: a 128-token prompt (one --chunk) from position 0 into an empty cache, logits of the last
 //            row only; one warm-up run, then --repeats timed runs; p50 (and min/max)
 //   decode:  after that prompt, one warm-up step, then --gen timed steps of one token each, the

@@ -69,6 +69,27 @@ typedef struct q3_unit {
 q3_status q3_unit_open(const q3_backend *b, const q3_unit_opts *o, q3_unit **out);
 void q3_unit_close(q3_unit *u);
 
+/* ---- MATMUL_ID (graph.h), the parts every unit shares ---- */
+
+/* The shapes of a MATMUL_ID op. */
+typedef struct q3_matmul_id_shape {
+    int n_mat, n_out, n_in;   /* the stacked weight [n_mat][n_out][n_in] */
+    int k;                    /* matrices (slots) a row chooses: in1's columns */
+    bool x_per_slot;          /* in0 is [rows][k * n_in]: slot j's own input */
+    size_t mat_bytes;         /* bytes of one matrix of the stack */
+} q3_matmul_id_shape;
+
+/* Why the op's weight and values do not fit together as MATMUL_ID (NULL:
+ * they do, and *s, if not NULL, holds the shapes). What a unit's refuses()
+ * says before its own limits. */
+const char *q3_matmul_id_check(const q3_graph *g, const q3_op *op, q3_matmul_id_shape *s);
+/* The ids of rows [0, rows) as ints, ids[r * k + j]. Q3_ERR_INVALID (with a
+ * message naming the op, row, slot and value) when one is not an integer in
+ * [0, n_mat): units call it before they read any weight. */
+q3_status q3_matmul_id_ids(const q3_exec *e, const q3_op *op, const q3_matmul_id_shape *s, int rows, int32_t *ids);
+/* Matrix m of the stacked weight w as a 2-D [n_out][n_in] view (no packed copy). */
+q3_tensor q3_matmul_id_matrix(const q3_tensor *w, int m);
+
 extern q3_backend q3_backend_ref;
 extern q3_backend q3_backend_cpu;
 extern q3_backend q3_backend_cuda;

@@ -3,6 +3,8 @@
 #ifndef Q3_CLI_H
 #define Q3_CLI_H
 
+#include <stddef.h>
+
 int cmd_info(int argc, char **argv);
 int cmd_logits(int argc, char **argv);
 int cmd_bench(int argc, char **argv);

@@ -267,7 +267,8 @@ int cmd_chat(int argc, char **argv)
         q3_session_rewind(g.session, (int)common);
         q3_sampler_reset(g.sampler);
         q3_gen_opts o = {.max_tokens = g.max_tokens, .stop = g.stops, .n_stop = g.n_stops,
-                         .interrupt = &interrupted, .on_text = cli_gen_print, .user = &g};
+                         .interrupt = &interrupted, .on_text = cli_gen_print, .user = &g,
+                         .split_channels = 1};
         g.in_think = 0;
         q3_gen_result res;
         st = q3_generate(g.session, g.sampler, g.tok, ids + common, n_ids - common, &o, &res);

@@ -17,9 +17,9 @@
 
 #include "cli/cli.h"
 #include "cli/opts.h"
-#include "text/chat_template.h"
-#include "text/json_write.h"
-#include "util/file.h"
+#include "q3.h"
+#include "tools/files.h"
+#include "tools/text.h"
 
 #define CMD "chat-template"
 
@@ -36,7 +36,7 @@ static char *read_input(const char *file, size_t *len)
         return cli_read_stdin(CMD, len);
     }
     char *text = NULL;
-    if (q3_read_file(file, CLI_MAX_INPUT_BYTES, &text, len) != Q3_OK) {
+    if (q3_tool_read_file(file, CLI_MAX_INPUT_BYTES, &text, len) != Q3_OK) {
         cli_error(CMD, "%s", q3_last_error());
         return NULL;
     }
@@ -91,14 +91,14 @@ static char *render_one(const char *text, const chat_cli_opts *o, const char *wh
                         cJSON **conv_out)
 {
     cJSON *root = NULL;
-    if (q3_json_parse(text, &root) != Q3_OK) {
+    if (q3_tool_json_parse(text, &root) != Q3_OK) {
         cli_error(CMD, "%s: %s", where, q3_last_error());
         return NULL;
     }
     cJSON *conv = as_conversation(root, o, where);
     if (!conv) return NULL;
     char *rendered = NULL;
-    if (q3_chat_render(conv, &rendered) != Q3_OK) cli_error(CMD, "%s: %s", where, q3_last_error());
+    if (q3_tool_chat_render(conv, &rendered) != Q3_OK) cli_error(CMD, "%s: %s", where, q3_last_error());
     if (conv_out && rendered) *conv_out = conv;
     else cJSON_Delete(conv);
     return rendered;
@@ -154,7 +154,7 @@ static int run_jsonl(char *text, const chat_cli_opts *o)
             cJSON *value = cJSON_CreateString(rendered);
             char *out = NULL;
             if (value) set_member(conv, "rendered", value);
-            if (!value || q3_json_dumps(conv, &out, NULL) != Q3_OK) {
+            if (!value || q3_tool_json_dumps(conv, &out, NULL) != Q3_OK) {
                 cJSON_Delete(conv);
                 free(rendered);
                 return cli_error(CMD, "%s: %s", where, value ? q3_last_error() : "out of memory");
@@ -203,9 +203,7 @@ int cmd_chat_template(int argc, char **argv)
     if (o.check && !o.jsonl) return cli_usage_error(CMD, "--check works with --jsonl");
 
     if (o.model) {
-        q3_chat_template_kind kind;
-        if (q3_chat_template_load(o.model, &kind) != Q3_OK)
-            return cli_error(CMD, "%s", q3_last_error());
+        if (q3_tool_chat_template_check(o.model) != Q3_OK) return cli_error(CMD, "%s", q3_last_error());
     }
 
     size_t len = 0;

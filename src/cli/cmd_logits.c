@@ -7,7 +7,7 @@
 #include "cli/cli.h"
 #include "cli/opts.h"
 #include "q3.h"
-#include "util/outfile.h"
+#include "tools/files.h"
 
 int cmd_logits(int argc, char **argv)
 {
@@ -57,7 +57,7 @@ int cmd_logits(int argc, char **argv)
         return cli_usage_error("logits", "--decode-from %d must be in 1..%ld", decode_from, n);
     }
     int to_stdout = !strcmp(out_path, "-");
-    if (!to_stdout && q3_outfile_check(out_path)) { free(ids); return cli_error("logits", "-o: %s", q3_last_error()); }
+    if (!to_stdout && q3_tool_output_check(out_path)) { free(ids); return cli_error("logits", "-o: %s", q3_last_error()); }
     q3_model *m;
     if (q3_model_open(model, &m)) { free(ids); return cli_error("logits", "%s", q3_last_error()); }
     rc = 1;
@@ -76,7 +76,7 @@ int cmd_logits(int argc, char **argv)
             cli_error("logits", "cannot write to standard output");
             goto done;
         }
-    } else if (q3_write_file_atomic(out_path, logits, (size_t)n * V * sizeof(float))) {
+    } else if (q3_tool_write_file(out_path, logits, (size_t)n * V * sizeof(float))) {
         cli_error("logits", "%s", q3_last_error());
         goto done;
     }

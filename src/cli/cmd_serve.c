@@ -11,9 +11,8 @@
 #include "cli/cli.h"
 #include "cli/gen_common.h"
 #include "cli/opts.h"
-#include "model/model.h"
+#include "q3.h"
 #include "server/server.h"
-#include "util/file.h"
 
 /* The model's own tokenizer, or --tokenizer (a tokenizer.json or its folder). */
 int cmd_serve(int argc, char **argv)
@@ -100,7 +99,7 @@ int cmd_serve(int argc, char **argv)
     q3_ctx_kv_usage(ctx, &used, &cached, &total, &bt);
     srv_engine_opts eo = {.ctx = ctx, .tok = tok, .vocab = q3_model_vocab_size(m), .metrics = srv_server_metrics(srv),
                           .max_queue = (int)max_queue};
-    if (srv_engine_start(&eo, &eng)) { cli_error("serve", "%s", q3_last_error()); goto done; }
+    if (srv_engine_start(&eo, &eng)) { cli_error("serve", "cannot start the engine thread (out of memory or threads)"); goto done; }
     ctx = NULL; /* the engine owns it */
     srv_server_ready(srv, tok, model_name, n_ctx, q3_model_vocab_size(m), eng);
     eng = NULL; /* the server owns it */

@@ -1,24 +1,11 @@
 /* q3 synth: writes a Qwen3 checkpoint folder with deterministic random
- * weights (Qwen3-0.6B's shapes by default). */
+ * weights (Qwen3-0.6B's shapes by default; tools/synth_run.c does the work). */
 #include <limits.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <time.h>
 
-#include "cli/args.h"
 #include "cli/cli.h"
-#include "cli/defaults.h"
 #include "cli/opts.h"
-#include "model/synth.h"
 #include "q3.h"
-
-static double seconds_now(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
+#include "tools/synth_run.h"
 
 int cmd_synth(int argc, char **argv)
 {
@@ -48,41 +35,9 @@ int cmd_synth(int argc, char **argv)
     int rc = cli_parse(&spec, argc, argv, NULL);
     if (rc) return rc == CLI_HELP_SHOWN ? 0 : rc;
     if (no_tokenizer && tokenizer_dir) return cli_usage_error("synth", "--no-tokenizer and --tokenizer contradict");
-
-    q3_config cfg;
-    q3_status st = config_path ? q3_config_load(config_path, &cfg) : q3_synth_preset(preset, &cfg);
-    if (st) return (!config_path ? cli_usage_error : cli_error)("synth", "%s", q3_last_error());
-
-    q3_dtype dtype = Q3_BF16;
-    if (dtype_name) {
-        int t = q3_dtype_from_name(dtype_name);
-        if (t != Q3_BF16 && t != Q3_F32)
-            return cli_usage_error("synth", "--dtype must be bf16 or f32, not \"%s\"", dtype_name);
-        dtype = (q3_dtype)t;
-    } else if (config_path && !strcmp(cfg.torch_dtype, "float32")) {
-        dtype = Q3_F32;
-    }
-
-    if (!tokenizer_dir && !no_tokenizer && (tokenizer_dir = cli_default_tokenizer_dir())) {
-        /* the built-in tokenizer only where its ids fit the model's vocabulary */
-        char p[PATH_MAX];
-        snprintf(p, sizeof p, "%s/tokenizer.json", tokenizer_dir);
-        q3_tokenizer *tok;
-        if (q3_tokenizer_load(p, &tok)) tokenizer_dir = NULL;
-        else {
-            if (q3_tokenizer_vocab_size(tok) > cfg.vocab_size) tokenizer_dir = NULL;
-            q3_tokenizer_free(tok);
-        }
-    }
-    double t0 = seconds_now();
-    st = q3_synth_write(out_dir, seed, dtype, &cfg, tokenizer_dir);
-    if (st) return cli_error("synth", "%s", q3_last_error());
-    double elapsed = seconds_now() - t0;
-
-    uint64_t params = q3_synth_param_count(&cfg);
-    double mb = (double)params * (double)q3_dtype_block_bytes(dtype) / 1e6;
-    printf("wrote %s: %d layers, hidden %d, vocab %d, %.2f M params, %s, %.1f MB in %.2f s (%.0f MB/s)\n",
-           out_dir, cfg.n_layers, cfg.dim, cfg.vocab_size, (double)params / 1e6,
-           q3_dtype_name(dtype), mb, elapsed, elapsed > 0 ? mb / elapsed : 0.0);
+    q3_synth_run_opts o = {.out_dir = out_dir, .seed = seed, .dtype_name = dtype_name, .preset = preset,
+                           .config_path = config_path, .tokenizer_dir = tokenizer_dir, .no_tokenizer = no_tokenizer};
+    int usage = 0;
+    if (q3_synth_run(&o, &usage)) return (usage ? cli_usage_error : cli_error)("synth", "%s", q3_last_error());
     return 0;
 }

@@ -7,13 +7,11 @@
 #include <string.h>
 
 #include "cli/cli.h"
-#include "cli/defaults.h"
 #include "cli/gen_common.h"
 #include "cli/opts.h"
-#include "text/json_write.h"
-#include "text/tokenizer.h"
-#include "text/tokenizer_gguf.h"
-#include "util/file.h"
+#include "q3.h"
+#include "tools/defaults.h"
+#include "tools/text.h"
 
 /* ==== shared: options, the tokenizer, stdin ===================================== */
 
@@ -62,7 +60,7 @@ static int parse_opts(const char *cmd, int argc, char **argv, int tokenize, tok_
     o->args = argv + 1;
     if (o->jsonl && o->n_args) return cli_usage_error(cmd, "--jsonl reads stdin; it takes no arguments");
     if (o->model && o->tokenizer) return cli_usage_error(cmd, "-m and --tokenizer exclude each other");
-    if (!o->model && !o->tokenizer && !(o->tokenizer = cli_default_tokenizer_dir()))
+    if (!o->model && !o->tokenizer && !(o->tokenizer = q3_default_tokenizer_dir()))
         return cli_usage_error(cmd, "no tokenizer: pass -m MODEL or --tokenizer PATH (or fetch the built-in one: make deps)");
     return 0;
 }
@@ -116,20 +114,21 @@ static int tokenize_jsonl(const char *cmd, const q3_tokenizer *tok, unsigned fla
         const char *p = line;
         while (p < line + n && (*p == ' ' || *p == '\t')) p++;
         if (p < line + n) { /* blank lines are skipped */
-            cJSON *obj = q3_json_find_nul(line, n) < n ? NULL : cJSON_ParseWithLength(line, n);
+            cJSON *obj = q3_tool_json_find_nul(line, n) < n ? NULL : cJSON_ParseWithLength(line, n);
             const cJSON *text = cJSON_GetObjectItemCaseSensitive(obj, "text");
-            if (obj == NULL && q3_json_find_nul(line, n) < n) {
+            if (obj == NULL && q3_tool_json_find_nul(line, n) < n) {
                 rc = cli_error(cmd, "stdin line %zu: a NUL character (\\u0000 or a raw NUL byte) in the JSON: q3 "
                                "takes text without NUL characters", line_no);
             } else if (!cJSON_IsObject(obj) || !cJSON_IsString(text)) {
                 rc = cli_error(cmd, "stdin line %zu: expected a JSON object with a \"text\" string", line_no);
             } else {
-                q3_tokens ids = {0};
-                if (q3_tokenizer_encode_append(tok, text->valuestring, strlen(text->valuestring), flags, &ids)) {
+                int32_t *ids = NULL;
+                size_t n_ids = 0;
+                if (q3_tokenizer_encode(tok, text->valuestring, strlen(text->valuestring), flags, &ids, &n_ids)) {
                     rc = cli_error(cmd, "stdin line %zu: %s", line_no, q3_last_error());
                 } else {
                     cJSON *arr = cJSON_CreateArray();
-                    for (size_t i = 0; arr && i < ids.n; i++) cJSON_AddItemToArray(arr, cJSON_CreateNumber(ids.ids[i]));
+                    for (size_t i = 0; arr && i < n_ids; i++) cJSON_AddItemToArray(arr, cJSON_CreateNumber(ids[i]));
                     cJSON_DeleteItemFromObjectCaseSensitive(obj, "ids");
                     cJSON_AddItemToObject(obj, "ids", arr);
                     char *out = cJSON_PrintUnformatted(obj);
@@ -137,7 +136,7 @@ static int tokenize_jsonl(const char *cmd, const q3_tokenizer *tok, unsigned fla
                     else rc = cli_error(cmd, "out of memory");
                     free(out);
                 }
-                q3_tokens_free(&ids);
+                free(ids);
             }
             cJSON_Delete(obj);
         }
@@ -161,11 +160,12 @@ int cmd_tokenize(int argc, char **argv)
     } else if (!rc) {
         size_t len;
         char *text = input_text(cmd, &o, &len);
-        q3_tokens ids = {0};
+        int32_t *ids = NULL;
+        size_t n_ids = 0;
         if (!text) rc = 1; /* said why */
-        else if (q3_tokenizer_encode_append(tok, text, len, flags, &ids)) rc = cli_error(cmd, "%s", q3_last_error());
-        else print_ids(stdout, ids.ids, ids.n);
-        q3_tokens_free(&ids);
+        else if (q3_tokenizer_encode(tok, text, len, flags, &ids, &n_ids)) rc = cli_error(cmd, "%s", q3_last_error());
+        else print_ids(stdout, ids, n_ids);
+        free(ids);
         free(text);
     }
     q3_tokenizer_free(tok);
@@ -190,7 +190,7 @@ static int detokenize_jsonl(const char *cmd, const q3_tokenizer *tok)
         size_t n = (size_t)(end - line);
         line_no++;
         if (strspn(line, " \t\r") < n) {
-            cJSON *v = q3_json_find_nul(line, n) < n ? NULL : cJSON_ParseWithLength(line, n);
+            cJSON *v = q3_tool_json_find_nul(line, n) < n ? NULL : cJSON_ParseWithLength(line, n);
             cJSON *obj = v;
             if (cJSON_IsArray(v)) {
                 obj = cJSON_CreateObject();

@@ -11,7 +11,7 @@
 
 #include "cli/args.h"
 #include "cli/cli.h"
-#include "cli/defaults.h"
+#include "tools/defaults.h"
 
 double cli_now(void)
 {
@@ -27,7 +27,6 @@ void cli_gen_init(cli_gen *g, const char *cmd)
     g->temp = g->top_p = g->min_p = g->repeat_penalty = g->presence_penalty = -1e30f;
     g->top_k = -1;
     g->seed = -1;
-    g->think_open = g->think_close = -2;
 }
 
 int cli_gen_add_opts(cli_gen *g, cli_opt *t)
@@ -68,7 +67,7 @@ int cli_open_tokenizer(const char *cmd, const char *path, q3_model *m, q3_tokeni
 {
     if (path) return q3_tokenizer_load(path, tok) ? cli_error(cmd, "%s", q3_last_error()) : 0;
     if (q3_tokenizer_for_model(m, tok)) {
-        const char *dflt = cli_default_tokenizer_dir();
+        const char *dflt = q3_default_tokenizer_dir();
         return cli_error(cmd, "%s: pass --tokenizer PATH (the built-in one is %s)", q3_last_error(),
                          dflt ? dflt : "not fetched: make deps");
     }
@@ -84,8 +83,6 @@ int cli_gen_open(cli_gen *g)
         return cli_error(g->cmd, "the tokenizer has %d tokens but the model's vocabulary is %d",
                          q3_tokenizer_vocab_size(g->tok), q3_model_vocab_size(g->model));
     if (q3_session_new(g->model, &g->so, &g->session)) return cli_error(g->cmd, "%s", q3_last_error());
-    g->think_open = q3_tokenizer_token_id(g->tok, "<think>", 7);
-    g->think_close = q3_tokenizer_token_id(g->tok, "</think>", 8);
     g->color = isatty(STDOUT_FILENO) && !getenv("NO_COLOR");
     g->load_s = cli_now() - t0;
     return 0;
@@ -193,27 +190,33 @@ void cli_gen_print_prompt(const cli_gen *g, const int32_t *ids, size_t n)
     }
 }
 
-void cli_gen_print(void *user, int32_t id, const char *text, size_t len)
+void cli_gen_print(void *user, const q3_text_piece *p)
 {
     cli_gen *g = user;
-    if (id == g->think_open) {
-        g->in_think = 1;
-        if (g->hide_think) return;
-        if (g->color) { fputs("\033[2m", stdout); }
-    }
-    if (g->in_think && g->hide_think) {
-        if (id == g->think_close) { g->in_think = 0; g->after_think = 1; }
-        return;
-    }
-    if (g->after_think && g->hide_think) { /* drop the blank lines after a hidden think block */
-        while (len && (*text == '\n')) { text++; len--; }
-        if (!len) return;
-        g->after_think = 0;
-    }
-    fwrite(text, 1, len, stdout);
-    if (id == g->think_close && g->in_think) {
-        g->in_think = 0;
-        if (g->color) fputs("\033[0m", stdout);
+    int thinking = p->channel == Q3_CHANNEL_THINKING;
+    if (thinking && g->hide_think) return;
+    switch (p->edge) {
+    case Q3_EDGE_OPEN:
+        if (thinking) {
+            g->in_think = 1;
+            fputs(g->color ? "\033[2m<think>\n" : "<think>\n", stdout);
+        } else if (p->channel == Q3_CHANNEL_TOOL_CALL) {
+            fputs("<tool_call>", stdout);
+        }
+        break;
+    case Q3_EDGE_CLOSE:
+    case Q3_EDGE_CUT:
+        if (thinking) {
+            g->in_think = 0;
+            fputs(p->edge == Q3_EDGE_CLOSE ? "\n</think>\n\n" : "\n", stdout);
+            if (g->color) fputs("\033[0m", stdout);
+        } else if (p->channel == Q3_CHANNEL_TOOL_CALL && p->edge == Q3_EDGE_CLOSE) {
+            fputs("</tool_call>", stdout);
+        }
+        break;
+    case Q3_EDGE_NONE:
+        fwrite(p->text, 1, p->len, stdout);
+        break;
     }
     fflush(stdout);
 }

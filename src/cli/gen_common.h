@@ -34,8 +34,7 @@ typedef struct cli_gen {
     uint64_t seed_used;
     double load_s; /* model + tokenizer + session */
     /* printing state */
-    int in_think, color, after_think;
-    int32_t think_open, think_close;
+    int in_think, color;
 } cli_gen;
 
 void cli_gen_init(cli_gen *g, const char *cmd);
@@ -64,8 +63,9 @@ int cli_gen_check_template(cli_gen *g);
 q3_status cli_gen_encode_chat(const cli_gen *g, const cJSON *conversation, int32_t **ids, size_t *n);
 /* With --verbose-prompt: the prompt's ids and their tokens, to stderr. */
 void cli_gen_print_prompt(const cli_gen *g, const int32_t *ids, size_t n);
-/* on_text callback for q3_generate: prints to stdout, thinking dimmed or hidden. */
-void cli_gen_print(void *user, int32_t id, const char *text, size_t len);
+/* on_text callback for q3_generate (split_channels): prints to stdout, the
+ * thinking between <think> and </think>, dimmed, or hidden (--hide-think). */
+void cli_gen_print(void *user, const q3_text_piece *p);
 /* Ends the streamed text and prints llama.cpp-style timings to stderr (not
  * with --no-perf): load (load_s >= 0), prompt eval, eval, total. */
 void cli_gen_print_stats(const cli_gen *g, const q3_gen_result *r, double load_s);

@@ -4,9 +4,9 @@
 #include <string.h>
 
 #include "cli/cli.h"
-#include "cli/process.h"
 #include "q3.h"
-#include "util/file.h"
+#include "tools/files.h"
+#include "tools/process.h"
 
 static const struct {
     const char *name;
@@ -43,7 +43,7 @@ char *cli_read_path(const char *cmd, const char *path, size_t *len)
 {
     if (!strcmp(path, "-")) return cli_read_stdin(cmd, len);
     char *text = NULL;
-    if (q3_read_file(path, CLI_MAX_INPUT_BYTES, &text, len) != Q3_OK) {
+    if (q3_tool_read_file(path, CLI_MAX_INPUT_BYTES, &text, len) != Q3_OK) {
         cli_error(cmd, "%s", q3_last_error());
         return NULL;
     }
@@ -53,7 +53,7 @@ char *cli_read_path(const char *cmd, const char *path, size_t *len)
 char *cli_read_stdin(const char *cmd, size_t *len)
 {
     char *text = NULL;
-    if (q3_read_stream(stdin, "stdin", CLI_MAX_INPUT_BYTES, &text, len) != Q3_OK) {
+    if (q3_tool_read_stdin(CLI_MAX_INPUT_BYTES, &text, len) != Q3_OK) {
         cli_error(cmd, "%s", q3_last_error());
         return NULL;
     }
@@ -73,18 +73,18 @@ static void usage(FILE *f)
 
 int main(int argc, char **argv)
 {
-    cli_process_init();
+    q3_process_init();
     if (argc < 2) {
         usage(stderr);
         return 2;
     }
     if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || (!strcmp(argv[1], "help") && argc == 2)) {
         usage(stdout);
-        return cli_finish_stdout(0);
+        return q3_process_finish_stdout(0);
     }
     if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "-V") || !strcmp(argv[1], "version")) {
         printf("q3 %s\n", q3_version());
-        return cli_finish_stdout(0);
+        return q3_process_finish_stdout(0);
     }
     if (!strcmp(argv[1], "help")) {
         if (argc > 3) {
@@ -94,13 +94,13 @@ int main(int argc, char **argv)
         for (size_t i = 0; i < N_COMMANDS; i++)
             if (!strcmp(argv[2], commands[i].name)) {
                 char *args[] = {argv[2], "--help", NULL};
-                return cli_finish_stdout(commands[i].fn(2, args));
+                return q3_process_finish_stdout(commands[i].fn(2, args));
             }
         fprintf(stderr, "q3 help: unknown command '%.60s' (see q3 --help)\n", argv[2]);
         return 2;
     }
     for (size_t i = 0; i < N_COMMANDS; i++)
-        if (!strcmp(argv[1], commands[i].name)) return cli_finish_stdout(commands[i].fn(argc - 1, argv + 1));
+        if (!strcmp(argv[1], commands[i].name)) return q3_process_finish_stdout(commands[i].fn(argc - 1, argv + 1));
     fprintf(stderr, "q3: unknown command '%.60s' (see q3 --help)\n", argv[1]);
     return 2;
 }

@@ -11,7 +11,7 @@ static const char *const kind_names[Q3_OP_KIND_COUNT] = {
     [Q3_OP_EMBED] = "embed",         [Q3_OP_RMSNORM] = "rmsnorm", [Q3_OP_HEAD_NORM] = "head_norm",
     [Q3_OP_ROPE] = "rope",           [Q3_OP_MATMUL] = "matmul",   [Q3_OP_KV_APPEND] = "kv_append",
     [Q3_OP_ATTENTION] = "attention", [Q3_OP_ADD] = "add",         [Q3_OP_SWIGLU] = "swiglu",
-    [Q3_OP_LAST_ROW] = "last_row",
+    [Q3_OP_LAST_ROW] = "last_row",   [Q3_OP_MATMUL_ID] = "matmul_id",
 };
 
 const char *q3_op_kind_name(q3_op_kind k) { return (unsigned)k < Q3_OP_KIND_COUNT ? kind_names[k] : "?"; }
@@ -178,6 +178,9 @@ double q3_graph_flops(const q3_graph *g, int n_real, int pos)
         if (o->kind == Q3_OP_MATMUL) {
             int r = out->rows == 1 ? 1 : n_real;
             f += 2.0 * r * (double)o->weight->shape[0] * (double)o->weight->shape[1];
+        } else if (o->kind == Q3_OP_MATMUL_ID) { /* k chosen matrices a row */
+            int r = out->rows == 1 ? 1 : n_real;
+            f += 2.0 * r * g->values[o->in[1]].cols * (double)o->weight->shape[1] * (double)o->weight->shape[2];
         } else if (o->kind == Q3_OP_ATTENTION) {
             /* QK^T and PV: each row r attends to pos + r + 1 keys */
             double keys = (double)n_real * pos + (double)n_real * (n_real + 1) / 2.0;

@@ -21,6 +21,18 @@ typedef enum q3_op_kind {
     Q3_OP_ADD,       /* out = in0 + in1 (out may be in0: the residual stream)        */
     Q3_OP_SWIGLU,    /* out = silu(in0) * in1 (out may be in0)                        */
     Q3_OP_LAST_ROW,  /* out[0] = in0[n_real - 1]: only the last row needs logits      */
+    Q3_OP_MATMUL_ID, /* the indexed matmul (mixture-of-experts layers): weight stacks
+                        n_mat matrices [n_mat][n_out][n_in]; in1 = ids [rows][k] (each
+                        an integer in [0, n_mat), held exactly as a float); in0 = x,
+                        [rows][n_in] (one input for every slot) or [rows][k * n_in]
+                        (slot j's input at column j * n_in); in2 = optional slot
+                        weights [rows][k] (-1: none); out [rows][k * n_out]:
+                          out[r][j*n_out + o] = (w[r][j] *) sum_i x_rj[i] * weight[ids[r][j]][o][i]
+                        each value by the plain MATMUL's own operation sequence on
+                        matrix ids[r][j] (times w[r][j], one float multiply), so a row's
+                        outputs are bit for bit what MATMUL on that matrix gives it,
+                        whatever the batch; an id out of range fails the run
+                        (Q3_ERR_INVALID), never reads outside the weight          */
     Q3_OP_KIND_COUNT
 } q3_op_kind;
 

@@ -132,7 +132,7 @@ void q3_kv_block_copy(q3_kv_pool *p, int32_t dst, int32_t src)
 
 static q3_status pool_full(const q3_kv_pool *p)
 {
-    return q3_fail(Q3_ERR_NOMEM, "the KV pool is full: all %d blocks of %d tokens are held by sequences", p->n_blocks,
+    return q3_fail(Q3_ERR_KV_FULL, "the KV pool is full: all %d blocks of %d tokens are held by sequences", p->n_blocks,
                    BT);
 }
 

@@ -3,7 +3,7 @@
 #define Q3_MODEL_CONFIG_H
 
 #include <stdbool.h>
-#include "q3.h"
+#include "util/status.h"
 
 typedef enum q3_rope_type { Q3_ROPE_NONE = 0, Q3_ROPE_YARN = 1 } q3_rope_type;
 

@@ -3,41 +3,8 @@
 #include <math.h>
 #include <strings.h>
 
+#include "model/gguf.h"
 #include "model/quantize.h"
-
-static const struct {
-    const char *name;
-    size_t block_values, block_bytes;
-} dtype_info[Q3_DTYPE_COUNT] = {
-    [Q3_F32] = {"f32", 1, 4},
-    [Q3_F16] = {"f16", 1, 2},
-    [Q3_BF16] = {"bf16", 1, 2},
-    [Q3_Q8_0] = {"q8_0", 32, 34},
-    [Q3_Q4_0] = {"q4_0", 32, 18},
-    [Q3_Q4_K] = {"q4_k", 256, 144},
-    [Q3_Q6_K] = {"q6_k", 256, 210},
-    [Q3_Q5_K] = {"q5_k", 256, 176},
-};
-
-const char *q3_dtype_name(q3_dtype t)
-{
-    return (unsigned)t < Q3_DTYPE_COUNT ? dtype_info[t].name : "?";
-}
-
-int q3_dtype_from_name(const char *name)
-{
-    for (int t = 0; t < Q3_DTYPE_COUNT; t++)
-        if (strcasecmp(name, dtype_info[t].name) == 0) return t;
-    return -1;
-}
-
-size_t q3_dtype_block_values(q3_dtype t) { return dtype_info[t].block_values; }
-size_t q3_dtype_block_bytes(q3_dtype t) { return dtype_info[t].block_bytes; }
-
-size_t q3_dtype_row_bytes(q3_dtype t, size_t n)
-{
-    return n / dtype_info[t].block_values * dtype_info[t].block_bytes;
-}
 
 float q3_f16_to_f32(uint16_t h)
 {
@@ -160,75 +127,118 @@ static void dequant_q6_k(const uint8_t *b, float *y)
     }
 }
 
+/* ---- rows of each type to and from float ------------------------------------------- */
+
+static void f32_to_f32(const void *src, float *dst, size_t n) { memcpy(dst, src, n * 4); }
+static void f32_from_f32(const float *src, void *dst, size_t n) { memcpy(dst, src, n * 4); }
+
+static void f16_to_f32(const void *src, float *dst, size_t n)
+{
+    const uint16_t *s = src;
+    for (size_t i = 0; i < n; i++) dst[i] = q3_f16_to_f32(s[i]);
+}
+
+static void f16_from_f32(const float *src, void *dst, size_t n)
+{
+    uint16_t *d = dst;
+    for (size_t i = 0; i < n; i++) d[i] = q3_f32_to_f16(src[i]);
+}
+
+static void bf16_to_f32(const void *src, float *dst, size_t n)
+{
+    const uint16_t *s = src;
+    for (size_t i = 0; i < n; i++) dst[i] = q3_bf16_to_f32(s[i]);
+}
+
+static void bf16_from_f32(const float *src, void *dst, size_t n)
+{
+    uint16_t *d = dst;
+    for (size_t i = 0; i < n; i++) d[i] = q3_f32_to_bf16(src[i]);
+}
+
+static void q8_0_to_f32(const void *src, float *dst, size_t n)
+{
+    const uint8_t *b = src;
+    for (size_t i = 0; i < n; i += Q3_QK_0, b += Q3_Q8_0_BYTES) {
+        float d = q3_f16_to_f32((uint16_t)(b[0] | b[1] << 8));
+        for (int j = 0; j < Q3_QK_0; j++) dst[i + j] = d * (float)(int8_t)b[2 + j];
+    }
+}
+
+static void q4_0_to_f32(const void *src, float *dst, size_t n)
+{
+    const uint8_t *b = src;
+    for (size_t i = 0; i < n; i += Q3_QK_0, b += Q3_Q4_0_BYTES) {
+        float d = q3_f16_to_f32((uint16_t)(b[0] | b[1] << 8));
+        for (int j = 0; j < 16; j++) {
+            dst[i + j] = d * (float)((b[2 + j] & 0x0f) - 8);
+            dst[i + j + 16] = d * (float)((b[2 + j] >> 4) - 8);
+        }
+    }
+}
+
+static void q4_k_to_f32(const void *src, float *dst, size_t n)
+{
+    for (size_t i = 0; i < n; i += Q3_QK_K) dequant_q4_k((const uint8_t *)src + i / Q3_QK_K * Q3_Q4_K_BYTES, dst + i);
+}
+
+static void q5_k_to_f32(const void *src, float *dst, size_t n)
+{
+    for (size_t i = 0; i < n; i += Q3_QK_K) dequant_q5_k((const uint8_t *)src + i / Q3_QK_K * Q3_Q5_K_BYTES, dst + i);
+}
+
+static void q6_k_to_f32(const void *src, float *dst, size_t n)
+{
+    for (size_t i = 0; i < n; i += Q3_QK_K) dequant_q6_k((const uint8_t *)src + i / Q3_QK_K * Q3_Q6_K_BYTES, dst + i);
+}
+
+/* ---- the table ------------------------------------------------------------------------ */
+
+/* A row; the refusal reasons spelled from the label at compile time. */
+#define TRAITS(lower, upper, values, bytes, ggml, to, from)                                            \
+    {                                                                                                   \
+        .name = lower, .label = upper, .block_values = values, .block_bytes = bytes, .ggml_type = ggml, \
+        .to_f32 = to, .from_f32 = from, .no_matmul = "no kernel for " upper " weights",                 \
+        .no_norm = "no " upper " norm weights",                                                         \
+    }
+
+const q3_type_traits q3_type_traits_table[Q3_DTYPE_COUNT] = {
+    [Q3_F32] = TRAITS("f32", "F32", 1, 4, Q3_GGML_F32, f32_to_f32, f32_from_f32),
+    [Q3_F16] = TRAITS("f16", "F16", 1, 2, Q3_GGML_F16, f16_to_f32, f16_from_f32),
+    [Q3_BF16] = TRAITS("bf16", "BF16", 1, 2, Q3_GGML_BF16, bf16_to_f32, bf16_from_f32),
+    [Q3_Q8_0] = TRAITS("q8_0", "Q8_0", Q3_QK_0, Q3_Q8_0_BYTES, Q3_GGML_Q8_0, q8_0_to_f32, q3_quantize_q8_0),
+    [Q3_Q4_0] = TRAITS("q4_0", "Q4_0", Q3_QK_0, Q3_Q4_0_BYTES, Q3_GGML_Q4_0, q4_0_to_f32, q3_quantize_q4_0),
+    [Q3_Q4_K] = TRAITS("q4_k", "Q4_K", Q3_QK_K, Q3_Q4_K_BYTES, Q3_GGML_Q4_K, q4_k_to_f32, q3_quantize_q4_k),
+    [Q3_Q6_K] = TRAITS("q6_k", "Q6_K", Q3_QK_K, Q3_Q6_K_BYTES, Q3_GGML_Q6_K, q6_k_to_f32, q3_quantize_q6_k),
+    [Q3_Q5_K] = TRAITS("q5_k", "Q5_K", Q3_QK_K, Q3_Q5_K_BYTES, Q3_GGML_Q5_K, q5_k_to_f32, q3_quantize_q5_k),
+};
+
+const char *q3_dtype_name(q3_dtype t)
+{
+    return (unsigned)t < Q3_DTYPE_COUNT ? q3_type_traits_table[t].name : "?";
+}
+
+int q3_dtype_from_name(const char *name)
+{
+    for (int t = 0; t < Q3_DTYPE_COUNT; t++)
+        if (strcasecmp(name, q3_type_traits_table[t].name) == 0) return t;
+    return -1;
+}
+
+size_t q3_dtype_block_values(q3_dtype t) { return q3_type_traits_table[t].block_values; }
+size_t q3_dtype_block_bytes(q3_dtype t) { return q3_type_traits_table[t].block_bytes; }
+
+size_t q3_dtype_row_bytes(q3_dtype t, size_t n)
+{
+    return n / q3_type_traits_table[t].block_values * q3_type_traits_table[t].block_bytes;
+}
+
 void q3_row_to_f32(q3_dtype t, const void *src, float *dst, size_t n)
 {
-    switch (t) {
-    case Q3_F32:
-        memcpy(dst, src, n * 4);
-        break;
-    case Q3_F16: {
-        const uint16_t *s = src;
-        for (size_t i = 0; i < n; i++) dst[i] = q3_f16_to_f32(s[i]);
-        break;
-    }
-    case Q3_BF16: {
-        const uint16_t *s = src;
-        for (size_t i = 0; i < n; i++) dst[i] = q3_bf16_to_f32(s[i]);
-        break;
-    }
-    case Q3_Q8_0: {
-        const uint8_t *b = src;
-        for (size_t i = 0; i < n; i += 32, b += 34) {
-            float d = q3_f16_to_f32((uint16_t)(b[0] | b[1] << 8));
-            for (int j = 0; j < 32; j++) dst[i + j] = d * (float)(int8_t)b[2 + j];
-        }
-        break;
-    }
-    case Q3_Q4_0: {
-        const uint8_t *b = src;
-        for (size_t i = 0; i < n; i += 32, b += 18) {
-            float d = q3_f16_to_f32((uint16_t)(b[0] | b[1] << 8));
-            for (int j = 0; j < 16; j++) {
-                dst[i + j] = d * (float)((b[2 + j] & 0x0f) - 8);
-                dst[i + j + 16] = d * (float)((b[2 + j] >> 4) - 8);
-            }
-        }
-        break;
-    }
-    case Q3_Q4_K:
-        for (size_t i = 0; i < n; i += 256) dequant_q4_k((const uint8_t *)src + i / 256 * 144, dst + i);
-        break;
-    case Q3_Q6_K:
-        for (size_t i = 0; i < n; i += 256) dequant_q6_k((const uint8_t *)src + i / 256 * 210, dst + i);
-        break;
-    case Q3_Q5_K:
-        for (size_t i = 0; i < n; i += 256) dequant_q5_k((const uint8_t *)src + i / 256 * 176, dst + i);
-        break;
-    default:
-        break;
-    }
+    if ((unsigned)t < Q3_DTYPE_COUNT) q3_type_traits_table[t].to_f32(src, dst, n);
 }
 
 void q3_row_from_f32(q3_dtype t, const float *src, void *dst, size_t n)
 {
-    switch (t) {
-    case Q3_F32:
-        memcpy(dst, src, n * 4);
-        break;
-    case Q3_F16: {
-        uint16_t *d = dst;
-        for (size_t i = 0; i < n; i++) d[i] = q3_f32_to_f16(src[i]);
-        break;
-    }
-    case Q3_BF16: {
-        uint16_t *d = dst;
-        for (size_t i = 0; i < n; i++) d[i] = q3_f32_to_bf16(src[i]);
-        break;
-    }
-    case Q3_Q8_0: /* the KV cache's Q8_0 rows: llama.cpp's reference quantizer */
-        q3_quantize_q8_0(src, dst, n);
-        break;
-    default:
-        break;
-    }
+    if ((unsigned)t < Q3_DTYPE_COUNT && q3_type_traits_table[t].from_f32) q3_type_traits_table[t].from_f32(src, dst, n);
 }

@@ -47,6 +47,76 @@ typedef enum q3_dtype {
  *   [192..208) 16 int8 scales sc
  *   [208..210) f16 d
  *   value e = (d * sc[e/16]) * (q - 32), q the 6-bit (ql | qh << 4) */
+/* Block sizes of the quantized types (layouts above): kernels, quantizers and
+ * the traits table take them from here, never from literals. */
+#define Q3_QK_0 32        /* values in a Q8_0 / Q4_0 block */
+#define Q3_QK_K 256       /* values in a K-quant super-block */
+#define Q3_Q8_0_BYTES 34  /* f16 d + 32 int8 */
+#define Q3_Q4_0_BYTES 18  /* f16 d + 16 bytes of nibbles */
+#define Q3_Q4_K_BYTES 144
+#define Q3_Q5_K_BYTES 176
+#define Q3_Q6_K_BYTES 210
+
+/* ---- the type-traits table ----------------------------------------------------
+ *
+ * One row per q3_dtype: everything about a weight (or cache) type that does
+ * not depend on a compute unit. What a unit does with a type is the unit's own
+ * table, indexed by the same dtype: the cpu unit reaches, from its ISA table
+ * (q3_cpu_isa, kernels.h; q3_cpu_isa_mm), the float kernels for the plain
+ * types and, for each quantized type, that type's row of the ISA's
+ * q3_quant_kernels table (activation form, scratch, packed size, pack, GEMV
+ * and GEMM: quant_ref.c, the oracle; quant_avx2.c; quant_avx512.c); the ref
+ * unit needs nothing but to_f32.
+ *
+ * Adding a quantized weight type (say Q5_0) is 6 places, each the type's own
+ * row or its own kernels:
+ *   1. dtype.h         its enum value, block-size define and layout comment;
+ *   2. dtype.c         its traits row (names, block, GGUF id, to_f32,
+ *                      from_f32) and its dequantizer (to_f32);
+ *   3. quantize.c/.h   its quantizer (from_f32: llama.cpp's reference);
+ *   4. quant_ref.c     its row of the scalar oracle (act_offset, matmul), and
+ *                      the kernel (a file of its own, as kquant_ref.c, if big);
+ *   5. quant_avx2.c    its AVX2 row and kernels (GEMV, GEMM);
+ *   6. quant_avx512.c  its AVX-512 row and kernels (scratch, packed size,
+ *                      pack, GEMV, GEMM);
+ * then, where `q3 convert` should write it in a mix, its place in convert.c's
+ * type mixes and GGUF file type (a policy, not a property of the type), and its entry in the
+ * tests' and bench_quant's lists of types to cover (test_matmul_id covers
+ * every row by itself). The unit then admits its matmuls and MATMUL_IDs,
+ * refuses it as a norm weight with the row's reason, embeds it through
+ * to_f32, loads and writes it in GGUF files, and converts to it.
+ * Before this table (issue 21) a type touched 15 places: the enum,
+ * dtype_info, row_to_f32's switch, q3_quantize's switch, gguf.c's two
+ * switches, q3_quant_kernels_admit (and q3_is_kquant), the activation offset
+ * in the shared SIMD quantizer, the ref table's quantizer and matmul
+ * dispatch, the AVX2 and AVX-512 tables' dispatch (four functions there), the
+ * cpu unit's two refusal tables, and convert.c's and cmd_convert.c's lists of
+ * writable types. (A KV-cache type is more: the cpu unit's row conversions
+ * and attention kernels read the cache.) */
+typedef struct q3_type_traits {
+    const char *name;         /* "q4_k": how files and command lines spell it (any case) */
+    const char *label;        /* "Q4_K": how messages spell it */
+    size_t block_values;      /* values per block: 1 for plain types (F32, F16, BF16) */
+    size_t block_bytes;       /* bytes per block */
+    uint32_t ggml_type;       /* GGUF's tensor type id (model/gguf.h Q3_GGML_*) */
+    /* n values (a multiple of block_values) of a row to float */
+    void (*to_f32)(const void *src, float *dst, size_t n);
+    /* n floats into a row of this type: converted (plain types) or quantized
+       by llama.cpp's reference quantizer (model/quantize.h); NULL: q3 cannot
+       write this type */
+    void (*from_f32)(const float *src, void *dst, size_t n);
+    /* why a unit without the type's kernels refuses an op on it */
+    const char *no_matmul;    /* "no kernel for Q4_K weights" */
+    const char *no_norm;      /* "no Q4_K norm weights" */
+} q3_type_traits;
+
+/* The row of t (t < Q3_DTYPE_COUNT: callers check a dtype from a file first). */
+extern const q3_type_traits q3_type_traits_table[Q3_DTYPE_COUNT];
+static inline const q3_type_traits *q3_traits(q3_dtype t) { return &q3_type_traits_table[t]; }
+
+/* A plain type: one value per "block", no scales (F32, F16, BF16). */
+static inline int q3_dtype_is_plain(q3_dtype t) { return q3_type_traits_table[t].block_values == 1; }
+
 const char *q3_dtype_name(q3_dtype t);
 /* Parses "f32"/"F32"/"bf16"/... ; returns -1 if unknown. */
 int q3_dtype_from_name(const char *name);
@@ -78,10 +148,13 @@ float q3_f16_to_f32(uint16_t h);
 uint16_t q3_f32_to_f16(float f);
 
 /* Converts n values of a row starting at src (of type t) to float; n is a
- * multiple of t's block size (32 for Q8_0/Q4_0, 256 for Q4_K/Q5_K/Q6_K). */
+ * multiple of t's block size (32 for Q8_0/Q4_0, 256 for Q4_K/Q5_K/Q6_K):
+ * the traits row's to_f32. */
 void q3_row_to_f32(q3_dtype t, const void *src, float *dst, size_t n);
-/* Stores n floats into a row of type t: F32, F16, BF16, or Q8_0 (n a
- * multiple of 32, quantized by q3_quantize_q8_0: the KV cache's Q8_0 rows). */
+/* Stores n floats into a row of type t (n a multiple of its block size): the
+ * traits row's from_f32 (F32/F16/BF16 converted, the quantized types by
+ * llama.cpp's reference quantizers, e.g. the KV cache's Q8_0 rows by
+ * q3_quantize_q8_0); nothing for a type without one. */
 void q3_row_from_f32(q3_dtype t, const float *src, void *dst, size_t n);
 
 #endif

@@ -67,35 +67,20 @@ const char *q3_ggml_type_name(uint32_t ggml_type)
     return ggml_type_names[ggml_type];
 }
 
-/* The q3 dtype of a ggml type, or -1 if q3 has no kernels for it. */
+/* The q3 dtype of a ggml type (the traits row that names it), or -1 if q3
+ * has no kernels for it. */
 static int dtype_from_ggml(uint32_t ggml_type)
 {
-    switch (ggml_type) {
-    case Q3_GGML_F32: return Q3_F32;
-    case Q3_GGML_F16: return Q3_F16;
-    case Q3_GGML_BF16: return Q3_BF16;
-    case Q3_GGML_Q8_0: return Q3_Q8_0;
-    case Q3_GGML_Q4_0: return Q3_Q4_0;
-    case Q3_GGML_Q4_K: return Q3_Q4_K;
-    case Q3_GGML_Q5_K: return Q3_Q5_K;
-    case Q3_GGML_Q6_K: return Q3_Q6_K;
-    default: return -1;
-    }
+    for (int t = 0; t < Q3_DTYPE_COUNT; t++)
+        if (q3_traits((q3_dtype)t)->ggml_type == ggml_type) return t;
+    return -1;
 }
 
 uint32_t q3_ggml_type_from_dtype(q3_dtype t)
 {
-    switch (t) {
-    case Q3_F32: return Q3_GGML_F32;
-    case Q3_F16: return Q3_GGML_F16;
-    case Q3_BF16: return Q3_GGML_BF16;
-    case Q3_Q8_0: return Q3_GGML_Q8_0;
-    case Q3_Q4_0: return Q3_GGML_Q4_0;
-    case Q3_Q4_K: return Q3_GGML_Q4_K;
-    case Q3_Q5_K: return Q3_GGML_Q5_K;
-    case Q3_Q6_K: return Q3_GGML_Q6_K;
-    default: assert(!"dtype without a ggml type"); return UINT32_MAX;
-    }
+    if ((unsigned)t < Q3_DTYPE_COUNT) return q3_traits(t)->ggml_type;
+    assert(!"dtype without a ggml type");
+    return UINT32_MAX;
 }
 
 /* ==== little-endian decoding ================================================= */

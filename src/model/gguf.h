@@ -20,7 +20,7 @@
 #include <stdint.h>
 
 #include "model/tensor.h"
-#include "q3.h"
+#include "util/status.h"
 
 /* ---- value types ------------------------------------------------------- */
 

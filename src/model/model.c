@@ -10,6 +10,7 @@
 
 #include "model/gguf.h"
 #include "model/layout.h"
+#include "q3.h" /* q3_model_open, q3_model_close, q3_model_vocab_size, q3_model_max_context: public */
 #include "util/error.h"
 #include "util/file.h"
 
@@ -36,7 +37,7 @@ q3_status q3_model_bind_tensor(const char *source, const q3_tensor *t, const cha
         return q3_fail(Q3_ERR_FORMAT, "%s: tensor \"%s\" has shape %s, expected %s from the config", source, name,
                        got, want);
     }
-    if (ndim == 1 && t->dtype != Q3_F32 && t->dtype != Q3_F16 && t->dtype != Q3_BF16)
+    if (ndim == 1 && !q3_dtype_is_plain(t->dtype))
         return q3_fail(Q3_ERR_UNSUPPORTED, "%s: norm tensor \"%s\" has dtype %s (F32, F16 or BF16 expected)", source,
                        name, q3_dtype_name(t->dtype));
     if (ndim == 2 && shape[1] % (int64_t)q3_dtype_block_values(t->dtype))

@@ -27,6 +27,7 @@ typedef struct q3_weights {
     q3_layer_weights *layers;   /* [n_layers] */
 } q3_weights;
 
+typedef struct q3_model q3_model; /* opaque in include/q3.h */
 struct q3_model {
     q3_config cfg;
     q3_weights w;

@@ -27,7 +27,7 @@ static void store_f16(uint8_t *p, float d)
 void q3_quantize_q8_0(const float *src, void *dst, size_t n)
 {
     uint8_t *out = dst;
-    for (size_t b = 0; b < n / QK; b++, src += QK, out += 34) {
+    for (size_t b = 0; b < n / QK; b++, src += QK, out += Q3_Q8_0_BYTES) {
         float amax = 0.0f;
         /* NaNs (quiet or signalling: glibc's fmaxf lets a signalling one through) are skipped */
         for (int j = 0; j < QK; j++)
@@ -45,7 +45,7 @@ void q3_quantize_q8_0(const float *src, void *dst, size_t n)
 void q3_quantize_q4_0(const float *src, void *dst, size_t n)
 {
     uint8_t *out = dst;
-    for (size_t b = 0; b < n / QK; b++, src += QK, out += 18) {
+    for (size_t b = 0; b < n / QK; b++, src += QK, out += Q3_Q4_0_BYTES) {
         float amax = 0.0f, max = 0.0f;
         for (int j = 0; j < QK; j++)
             if (fabsf(src[j]) > amax) {
@@ -215,7 +215,7 @@ static void affine_superblock(const float *x, int lmax, float rmin, int nstep, u
 void q3_quantize_q4_k(const float *src, void *dst, size_t n)
 {
     uint8_t *out = dst;
-    for (size_t blk = 0; blk < n / QK_K; blk++, src += QK_K, out += 144) {
+    for (size_t blk = 0; blk < n / QK_K; blk++, src += QK_K, out += Q3_Q4_K_BYTES) {
         float x[QK_K];
         uint8_t L[QK_K];
         finite_copy(src, x);
@@ -229,7 +229,7 @@ void q3_quantize_q4_k(const float *src, void *dst, size_t n)
 void q3_quantize_q5_k(const float *src, void *dst, size_t n)
 {
     uint8_t *out = dst;
-    for (size_t blk = 0; blk < n / QK_K; blk++, src += QK_K, out += 176) {
+    for (size_t blk = 0; blk < n / QK_K; blk++, src += QK_K, out += Q3_Q5_K_BYTES) {
         float x[QK_K];
         uint8_t L[QK_K];
         finite_copy(src, x);
@@ -302,7 +302,7 @@ static float fit_q6_sub(const float *x, uint8_t *L)
 void q3_quantize_q6_k(const float *src, void *dst, size_t n)
 {
     uint8_t *out = dst;
-    for (size_t blk = 0; blk < n / QK_K; blk++, src += QK_K, out += 210) {
+    for (size_t blk = 0; blk < n / QK_K; blk++, src += QK_K, out += Q3_Q6_K_BYTES) {
         float x[QK_K], scales[16], max_scale = 0, max_abs = 0;
         uint8_t L[QK_K];
         finite_copy(src, x);
@@ -314,7 +314,7 @@ void q3_quantize_q6_k(const float *src, void *dst, size_t n)
             }
         }
         if (max_abs < 1e-15f) { /* all (near) zero: an all-zero block */
-            memset(out, 0, 210);
+            memset(out, 0, Q3_Q6_K_BYTES);
             continue;
         }
         float iscale = -128.0f / max_scale;
@@ -351,13 +351,8 @@ q3_status q3_quantize(q3_dtype t, const float *src, void *dst, size_t n)
     if (n % q3_dtype_block_values(t))
         return q3_fail(Q3_ERR_INVALID, "quantize: %zu values are not a multiple of the %s block size %zu",
                        n, q3_dtype_name(t), q3_dtype_block_values(t));
-    switch (t) {
-    case Q3_Q8_0: q3_quantize_q8_0(src, dst, n); break;
-    case Q3_Q4_0: q3_quantize_q4_0(src, dst, n); break;
-    case Q3_Q4_K: q3_quantize_q4_k(src, dst, n); break;
-    case Q3_Q5_K: q3_quantize_q5_k(src, dst, n); break;
-    case Q3_Q6_K: q3_quantize_q6_k(src, dst, n); break;
-    default: q3_row_from_f32(t, src, dst, n); break;
-    }
+    if (!q3_traits(t)->from_f32)
+        return q3_fail(Q3_ERR_UNSUPPORTED, "quantize: q3 has no quantizer for %s", q3_traits(t)->label);
+    q3_traits(t)->from_f32(src, dst, n);
     return Q3_OK;
 }

@@ -13,7 +13,7 @@
 #include <stddef.h>
 
 #include "model/dtype.h"
-#include "q3.h"
+#include "util/status.h"
 
 /* Q8_0: per block, amax = max |x|, d = amax / 127, q = round(x * (1/d)) with
  * halves away from zero, d stored as f16. n must be a multiple of 32; dst

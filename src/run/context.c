@@ -7,6 +7,7 @@
 
 #include "backend/registry.h"
 #include "util/error.h"
+#include "util/opts.h"
 
 #define MAX_SEQS 256
 
@@ -54,11 +55,18 @@ static q3_status plan_runner(q3_ctx *c, q3_runner *r, const q3_graph *g, q3_unit
     return q3_runner_init(r, g, units, unit == c->ref_unit ? 1 : 2);
 }
 
+q3_ctx_opts q3_ctx_opts_default(void)
+{
+    q3_ctx_opts o = {.size = sizeof o};
+    return o;
+}
+
 q3_status q3_ctx_new(q3_model *m, const q3_ctx_opts *opts, q3_ctx **out)
 {
     *out = NULL;
-    q3_ctx_opts o = {0};
-    if (opts) o = *opts;
+    q3_ctx_opts o;
+    q3_status ost = q3_opts_read(&o, sizeof o, opts, "q3_ctx_new options");
+    if (ost) return ost;
     int max = m->cfg.max_seq_len;
     if (o.n_ctx < 0 || o.n_ctx > max)
         return q3_fail(Q3_ERR_INVALID, "context length %d is out of range (1..%d for this model)", o.n_ctx, max);

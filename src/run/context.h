@@ -4,6 +4,7 @@
 #ifndef Q3_RUN_CONTEXT_H
 #define Q3_RUN_CONTEXT_H
 
+#include "q3.h"
 #include "run/executor.h"
 
 struct q3_ctx {

@@ -4,6 +4,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "q3.h" /* q3_now: public */
 #include "util/error.h"
 
 double q3_now(void)

@@ -1,11 +1,17 @@
+/* The one generation loop (q3.h, "generation"): what every application of
+ * q3 runs between a row of logits and the text it streams. */
 #include "run/generate.h"
 
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "run/executor.h"
 #include "run/session.h"
 #include "util/error.h"
+#include "util/opts.h"
 
 const char *q3_stop_reason_name(q3_stop_reason r)
 {
@@ -15,17 +21,261 @@ const char *q3_stop_reason_name(q3_stop_reason r)
     case Q3_STOP_LENGTH: return "token limit";
     case Q3_STOP_INTERRUPT: return "interrupted";
     case Q3_STOP_CONTEXT: return "context full";
+    case Q3_STOP_CANCEL: return "cancelled";
+    case Q3_STOP_ERROR: return "error";
     }
     return "?";
 }
 
-/* ---- text held back until it cannot be the start of a stop string ----------- */
+q3_gen_opts q3_gen_opts_default(void)
+{
+    q3_gen_opts o = {.size = sizeof o};
+    return o;
+}
 
+/* ---- the generator ---------------------------------------------------------------------- */
+
+/* Text of the current channel not yet handed out: buf[0..emitted) went to
+ * on_text, the rest is held while it may be the start of a stop string. */
 typedef struct text_out {
     char *buf;
-    size_t len, cap, emitted; /* buf[0..emitted) went to on_text */
+    size_t len, cap, emitted;
     size_t hold;              /* bytes to hold back: longest stop string - 1 */
 } text_out;
+
+/* The markup tokens that open and close a channel's span (-1: none). */
+typedef struct channel_marks {
+    int32_t open[3], close[3]; /* by q3_channel; [Q3_CHANNEL_CONTENT] unused */
+} channel_marks;
+
+struct q3_gen {
+    q3_ctx *ctx;
+    int seq;
+    q3_sampler *smp;
+    const q3_tokenizer *tok;
+    q3_gen_opts o;
+    int32_t eot[2];
+    channel_marks marks;
+    int vocab;
+    int32_t *prompt;          /* [n_prompt] still to prefill from prompt_done */
+    size_t n_prompt, prompt_done;
+    int max_ids;              /* n_ids cap (ids has room for it) */
+    q3_gen_result r;
+    int32_t pending;          /* the sampled token the next step decodes; -1: none */
+    int done;
+    float *logits;            /* [vocab] */
+    text_out text;
+    q3_detokenizer *detok;
+    /* channels (split_channels) */
+    q3_channel chan;
+    int content_any;          /* content has been emitted since the start or the last think block */
+    int thinking_any;         /* thinking has been emitted */
+    int thinking_nl;          /* newlines held at the end of the thinking */
+    /* log-probabilities (o.logprobs) */
+    q3_token_logprob *lp;     /* [n_ids] */
+    int cap_lp;
+    char error[256];          /* why Q3_STOP_ERROR */
+};
+
+static int32_t token_or_none(const q3_tokenizer *tok, const char *s)
+{
+    return tok ? q3_tokenizer_token_id(tok, s, strlen(s)) : -1;
+}
+
+q3_status q3_gen_new(q3_ctx *c, int seq, q3_sampler *smp, const q3_tokenizer *tok, const q3_gen_opts *o,
+                     q3_gen **out)
+{
+    *out = NULL;
+    if (q3_seq_pos(c, seq) < 0) return q3_fail(Q3_ERR_INVALID, "sequence %d does not exist", seq);
+    q3_gen_opts opts;
+    q3_status st = q3_opts_read(&opts, sizeof opts, o, "q3_gen_new options");
+    if (st) return st;
+    if (opts.top_logprobs < 0 || opts.top_logprobs > Q3_MAX_TOP_LOGPROBS)
+        return q3_fail(Q3_ERR_INVALID, "top_logprobs is %d, must be in [0, %d]", opts.top_logprobs,
+                       Q3_MAX_TOP_LOGPROBS);
+    q3_gen *g = calloc(1, sizeof *g);
+    if (!g) return q3_fail(Q3_ERR_NOMEM, "out of memory");
+    g->ctx = c;
+    g->seq = seq;
+    g->smp = smp;
+    g->tok = tok;
+    g->o = opts;
+    g->vocab = c->model->cfg.vocab_size;
+    g->eot[0] = token_or_none(tok, "<|im_end|>");
+    g->eot[1] = token_or_none(tok, "<|endoftext|>");
+    for (int k = 0; k < 3; k++) g->marks.open[k] = g->marks.close[k] = -1;
+    if (opts.split_channels) {
+        g->marks.open[Q3_CHANNEL_THINKING] = token_or_none(tok, "<think>");
+        g->marks.close[Q3_CHANNEL_THINKING] = token_or_none(tok, "</think>");
+        g->marks.open[Q3_CHANNEL_TOOL_CALL] = token_or_none(tok, "<tool_call>");
+        g->marks.close[Q3_CHANNEL_TOOL_CALL] = token_or_none(tok, "</tool_call>");
+    }
+    g->pending = -1;
+    g->done = 1; /* until a prompt is queued */
+    for (int i = 0; i < g->o.n_stop; i++) {
+        size_t l = strlen(g->o.stop[i]);
+        if (l > g->text.hold + 1) g->text.hold = l - 1;
+    }
+    g->logits = malloc((size_t)g->vocab * sizeof *g->logits);
+    if (!g->logits || (tok && q3_detokenizer_new(tok, &g->detok))) {
+        q3_gen_free(g);
+        return q3_fail(Q3_ERR_NOMEM, "out of memory");
+    }
+    *out = g;
+    return Q3_OK;
+}
+
+void q3_gen_free(q3_gen *g)
+{
+    if (!g) return;
+    q3_detokenizer_free(g->detok);
+    free(g->text.buf);
+    free(g->prompt);
+    free(g->logits);
+    free(g->r.ids);
+    free(g->lp);
+    free(g);
+}
+
+q3_status q3_gen_prompt_from(q3_gen *g, const int32_t *prompt, size_t n, size_t skip)
+{
+    int pos = q3_seq_pos(g->ctx, g->seq), n_ctx = q3_ctx_n_ctx(g->ctx);
+    int room = n_ctx - pos;
+    if (n == 0) return q3_fail(Q3_ERR_INVALID, "the prompt is empty");
+    if (skip >= n || skip > (size_t)pos)
+        return q3_fail(Q3_ERR_INVALID, "%zu of a %zu-token prompt already in a sequence of %d positions: at least "
+                       "the last token must be prefilled", skip, n, pos);
+    if (n - skip >= (size_t)room)
+        return q3_fail(Q3_ERR_CONTEXT,
+                       "the prompt is %zu tokens but only %d of the context's %d are free (raise --ctx, or "
+                       "shorten the prompt)",
+                       n - skip, room, n_ctx);
+    int max = g->o.max_tokens > 0 && g->o.max_tokens < room ? g->o.max_tokens : room;
+    int32_t *p = malloc(n * sizeof *p), *ids = malloc((size_t)max * sizeof *ids);
+    if (!p || !ids) {
+        free(p);
+        free(ids);
+        return q3_fail(Q3_ERR_NOMEM, "out of memory");
+    }
+    memcpy(p, prompt, n * sizeof *p);
+    free(g->prompt);
+    free(g->r.ids);
+    g->prompt = p;
+    g->n_prompt = n;
+    g->prompt_done = skip;
+    g->max_ids = max;
+    memset(&g->r, 0, sizeof g->r);
+    g->r.ids = ids;
+    g->r.n_prompt = (int)n;
+    g->r.stop = Q3_STOP_LENGTH;
+    g->pending = -1;
+    g->done = 0;
+    g->text.len = g->text.emitted = 0;
+    g->chan = Q3_CHANNEL_CONTENT;
+    g->content_any = g->thinking_any = g->thinking_nl = 0;
+    g->error[0] = 0;
+    if (!g->o.no_prompt_penalty)
+        for (size_t i = 0; i < n; i++) q3_sampler_accept(g->smp, prompt[i]);
+    return Q3_OK;
+}
+
+q3_status q3_gen_prompt(q3_gen *g, const int32_t *prompt, size_t n) { return q3_gen_prompt_from(g, prompt, n, 0); }
+
+int q3_gen_done(const q3_gen *g) { return g->done; }
+int q3_gen_prefilling(const q3_gen *g) { return !g->done && g->prompt_done < g->n_prompt; }
+const q3_gen_result *q3_gen_result_get(const q3_gen *g) { return &g->r; }
+int q3_gen_seq(const q3_gen *g) { return g->seq; }
+const char *q3_gen_error(const q3_gen *g) { return g->r.stop == Q3_STOP_ERROR ? g->error : ""; }
+
+const q3_token_logprob *q3_gen_logprobs(const q3_gen *g, int *n)
+{
+    *n = g->o.logprobs ? g->r.n_ids : 0;
+    return *n ? g->lp : NULL;
+}
+
+void q3_gen_cancel(q3_gen *g, q3_stop_reason why)
+{
+    if (g->done) return;
+    g->r.stop = why;
+    g->done = 1;
+}
+
+/* ---- channels ------------------------------------------------------------------------- */
+
+static void piece(q3_gen *g, const char *s, size_t n, int32_t id, q3_edge edge)
+{
+    if (!g->o.on_text || (!n && edge == Q3_EDGE_NONE)) return;
+    q3_text_piece p = {.text = s, .len = n, .id = id, .channel = g->chan, .edge = edge};
+    g->o.on_text(g->o.user, &p);
+}
+
+/* Text of the current channel, shaped as the split promises: content without
+ * the blank lines that follow a think block (or open the answer); thinking
+ * without its first and last newlines (the last held until more follows). */
+static void emit(q3_gen *g, const char *s, size_t n, int32_t id)
+{
+    if (!g->o.split_channels || g->chan == Q3_CHANNEL_TOOL_CALL) {
+        piece(g, s, n, id, Q3_EDGE_NONE);
+        return;
+    }
+    if (g->chan == Q3_CHANNEL_CONTENT) {
+        if (!g->content_any) {
+            while (n && *s == '\n') { s++; n--; }
+            if (!n) return;
+            g->content_any = 1;
+        }
+        piece(g, s, n, id, Q3_EDGE_NONE);
+        return;
+    }
+    if (!g->thinking_any)
+        while (n && *s == '\n') { s++; n--; }
+    size_t body = n;
+    while (body && s[body - 1] == '\n') body--;
+    if (body) {
+        static const char nl[] = "\n\n\n\n\n\n\n\n";
+        while (g->thinking_nl > 0) {
+            int k = g->thinking_nl > 8 ? 8 : g->thinking_nl;
+            piece(g, nl, (size_t)k, id, Q3_EDGE_NONE);
+            g->thinking_nl -= k;
+        }
+        piece(g, s, body, id, Q3_EDGE_NONE);
+        g->thinking_any = 1;
+    }
+    g->thinking_nl += (int)(n - body);
+}
+
+/* Enters channel ch (its opening token id came) or, for CONTENT, leaves the
+ * current one with edge (CLOSE: its closing token; CUT: the end). */
+static void switch_channel(q3_gen *g, q3_channel ch, int32_t id, q3_edge edge)
+{
+    if (ch == Q3_CHANNEL_CONTENT) {
+        if (g->chan == Q3_CHANNEL_CONTENT) return;
+        if (g->chan == Q3_CHANNEL_THINKING) {
+            g->thinking_nl = 0;  /* the newlines before </think> */
+            g->content_any = 0;  /* strip those after it */
+        }
+        piece(g, "", 0, id, edge);
+        g->chan = Q3_CHANNEL_CONTENT;
+        return;
+    }
+    g->chan = ch;
+    piece(g, "", 0, id, Q3_EDGE_OPEN);
+}
+
+/* The channel a markup token switches to from the current one, or -1 if id
+ * is not markup here (then it is text). */
+static int channel_switch(const q3_gen *g, int32_t id)
+{
+    if (!g->o.split_channels || id < 0) return -1;
+    if (g->chan == Q3_CHANNEL_CONTENT) {
+        if (id == g->marks.open[Q3_CHANNEL_THINKING]) return Q3_CHANNEL_THINKING;
+        if (id == g->marks.open[Q3_CHANNEL_TOOL_CALL]) return Q3_CHANNEL_TOOL_CALL;
+        return -1;
+    }
+    return id == g->marks.close[g->chan] ? Q3_CHANNEL_CONTENT : -1;
+}
+
+/* ---- text held back until it cannot be the start of a stop string ----------- */
 
 static int append(text_out *t, const char *s, size_t n)
 {
@@ -42,17 +292,19 @@ static int append(text_out *t, const char *s, size_t n)
     return 0;
 }
 
-/* Emits what can no longer be part of a stop string; returns 1 if a stop
- * string was found (text before it emitted, the rest dropped). */
-static int flush_text(text_out *t, const q3_gen_opts *o, int32_t id, int final)
+/* Emits what can no longer be part of a stop string (final: everything);
+ * returns 1 if a stop string was found (text before it emitted, the rest
+ * dropped). */
+static int flush_text(q3_gen *g, int32_t id, int final)
 {
+    text_out *t = &g->text;
     size_t upto = t->len;
     int stopped = 0;
-    for (int i = 0; i < o->n_stop; i++) {
-        size_t sl = strlen(o->stop[i]);
+    for (int i = 0; i < g->o.n_stop; i++) {
+        size_t sl = strlen(g->o.stop[i]);
         if (!sl) continue;
         size_t from = t->emitted > sl ? t->emitted - sl : 0;
-        char *hit = memmem(t->buf + from, t->len - from, o->stop[i], sl);
+        char *hit = t->len > from ? memmem(t->buf + from, t->len - from, g->o.stop[i], sl) : NULL;
         if (hit && (size_t)(hit - t->buf) < upto) {
             upto = (size_t)(hit - t->buf);
             stopped = 1;
@@ -63,171 +315,147 @@ static int flush_text(text_out *t, const q3_gen_opts *o, int32_t id, int final)
         while (upto > t->emitted && upto < t->len && ((unsigned char)t->buf[upto] & 0xc0) == 0x80) upto--;
     }
     if (upto < t->emitted) upto = t->emitted;
-    if (upto > t->emitted && o->on_text) o->on_text(o->user, id, t->buf + t->emitted, upto - t->emitted);
+    if (upto > t->emitted) emit(g, t->buf + t->emitted, upto - t->emitted, id);
     t->emitted = upto;
+    if (final || stopped) t->len = t->emitted = 0;
     return stopped;
 }
 
-static int32_t token_or_none(const q3_tokenizer *tok, const char *s)
+/* What the detokenizer holds (a character cut short becomes U+FFFD). */
+static int flush_detok(q3_gen *g)
 {
-    return tok ? q3_tokenizer_token_id(tok, s, strlen(s)) : -1;
+    const char *s;
+    size_t n;
+    if (g->detok && !q3_detokenizer_flush(g->detok, &s, &n) && n) return append(&g->text, s, n);
+    return 0;
 }
 
-/* ---- the generator ---------------------------------------------------------------------- */
-
-struct q3_gen {
-    q3_ctx *ctx;
-    int seq;
-    q3_sampler *smp;
-    const q3_tokenizer *tok;
-    q3_gen_opts o;
-    int32_t eot[2];
-    int32_t *prompt;          /* [n_prompt] still to prefill from prompt_done */
-    size_t n_prompt, prompt_done;
-    int max_ids;              /* n_ids cap (ids has room for it) */
-    q3_gen_result r;
-    int32_t pending;          /* the sampled token the next step decodes; -1: none */
-    int done;
-    float *logits;            /* [vocab] */
-    text_out text;
-    q3_detok detok;
-};
-
-q3_status q3_gen_new(q3_ctx *c, int seq, q3_sampler *smp, const q3_tokenizer *tok, const q3_gen_opts *o,
-                     q3_gen **out)
+/* Ends the text: what the detokenizer holds, then everything not yet
+ * emitted; a span still open is cut. */
+static void finish_text(q3_gen *g)
 {
-    *out = NULL;
-    if (q3_seq_pos(c, seq) < 0) return q3_fail(Q3_ERR_INVALID, "sequence %d does not exist", seq);
-    q3_gen *g = calloc(1, sizeof *g);
-    if (!g) return q3_fail(Q3_ERR_NOMEM, "out of memory");
-    g->ctx = c;
-    g->seq = seq;
-    g->smp = smp;
-    g->tok = tok;
-    if (o) g->o = *o;
-    g->eot[0] = token_or_none(tok, "<|im_end|>");
-    g->eot[1] = token_or_none(tok, "<|endoftext|>");
-    g->pending = -1;
-    g->done = 1; /* until a prompt is queued */
-    for (int i = 0; i < g->o.n_stop; i++) {
-        size_t l = strlen(g->o.stop[i]);
-        if (l > g->text.hold + 1) g->text.hold = l - 1;
-    }
-    q3_detok_init(&g->detok, tok);
-    g->logits = malloc((size_t)c->model->cfg.vocab_size * sizeof *g->logits);
-    if (!g->logits) {
-        q3_gen_free(g);
-        return q3_fail(Q3_ERR_NOMEM, "out of memory");
-    }
-    *out = g;
-    return Q3_OK;
+    int32_t last = g->r.n_ids ? g->r.ids[g->r.n_ids - 1] : -1;
+    flush_detok(g);
+    flush_text(g, last, 1);
+    switch_channel(g, Q3_CHANNEL_CONTENT, -1, Q3_EDGE_CUT);
 }
 
-void q3_gen_free(q3_gen *g)
+static void end(q3_gen *g, q3_stop_reason why)
 {
-    if (!g) return;
-    q3_detok_free(&g->detok);
-    free(g->text.buf);
-    free(g->prompt);
-    free(g->logits);
-    free(g->r.ids);
-    free(g);
-}
-
-q3_status q3_gen_prompt(q3_gen *g, const int32_t *prompt, size_t n)
-{
-    int pos = q3_seq_pos(g->ctx, g->seq), n_ctx = q3_ctx_n_ctx(g->ctx);
-    int room = n_ctx - pos;
-    if (n == 0) return q3_fail(Q3_ERR_INVALID, "the prompt is empty");
-    if (n >= (size_t)room)
-        return q3_fail(Q3_ERR_CONTEXT,
-                       "the prompt is %zu tokens but only %d of the context's %d are free (raise --ctx, or "
-                       "shorten the prompt)",
-                       n, room, n_ctx);
-    int max = g->o.max_tokens > 0 && g->o.max_tokens < room ? g->o.max_tokens : room;
-    int32_t *p = malloc(n * sizeof *p), *ids = malloc((size_t)max * sizeof *ids);
-    if (!p || !ids) {
-        free(p);
-        free(ids);
-        return q3_fail(Q3_ERR_NOMEM, "out of memory");
-    }
-    memcpy(p, prompt, n * sizeof *p);
-    free(g->prompt);
-    free(g->r.ids);
-    g->prompt = p;
-    g->n_prompt = n;
-    g->prompt_done = 0;
-    g->max_ids = max;
-    memset(&g->r, 0, sizeof g->r);
-    g->r.ids = ids;
-    g->r.n_prompt = (int)n;
-    g->r.stop = Q3_STOP_LENGTH;
-    g->pending = -1;
-    g->done = 0;
-    g->text.len = g->text.emitted = 0;
-    for (size_t i = 0; i < n; i++) q3_sampler_accept(g->smp, prompt[i]);
-    return Q3_OK;
-}
-
-int q3_gen_done(const q3_gen *g) { return g->done; }
-int q3_gen_prefilling(const q3_gen *g) { return !g->done && g->prompt_done < g->n_prompt; }
-const q3_gen_result *q3_gen_result_get(const q3_gen *g) { return &g->r; }
-
-void q3_gen_cancel(q3_gen *g, q3_stop_reason why)
-{
-    if (g->done) return;
     g->r.stop = why;
     g->done = 1;
 }
 
-/* Ends the text: what the detokenizer holds, then everything not yet emitted. */
-static void finish_text(q3_gen *g)
+/* ---- log-probabilities ------------------------------------------------------------------ */
+
+/* The raw row's log-softmax at id and its top K (lower id first on ties). */
+static void logprob_of(const float *raw, int V, int32_t id, int K, q3_token_logprob *l)
 {
-    const char *piece;
-    size_t plen;
-    if (g->tok && !q3_detok_flush(&g->detok, &piece, &plen) && plen) append(&g->text, piece, plen);
-    flush_text(&g->text, &g->o, g->r.n_ids ? g->r.ids[g->r.n_ids - 1] : -1, 1);
+    float max = raw[0];
+    for (int i = 1; i < V; i++)
+        if (raw[i] > max) max = raw[i];
+    double sum = 0;
+    for (int i = 0; i < V; i++) sum += exp((double)raw[i] - max);
+    float lse = max + (float)log(sum);
+    memset(l, 0, sizeof *l);
+    l->id = id;
+    l->logprob = raw[id] - lse;
+    for (int i = 0; i < V && K > 0; i++) { /* insertion into a sorted array, K <= 20 */
+        float x = raw[i];
+        if (l->n_top == K && x <= l->top_logprob[K - 1]) continue;
+        int p = l->n_top < K ? l->n_top++ : K - 1;
+        while (p > 0 && l->top_logprob[p - 1] < x) {
+            l->top_logprob[p] = l->top_logprob[p - 1];
+            l->top_id[p] = l->top_id[p - 1];
+            p--;
+        }
+        l->top_logprob[p] = x;
+        l->top_id[p] = i;
+    }
+    for (int k = 0; k < l->n_top; k++) l->top_logprob[k] -= lse;
 }
 
-/* New logits for g: sample, record, stream, and decide whether it goes on. */
+/* ---- one sampled position --------------------------------------------------------------- */
+
+/* New logits for g: process, sample, record, stream, and decide whether it goes on. */
 static q3_status after_logits(q3_gen *g)
 {
     if (g->o.interrupt && *g->o.interrupt) {
-        g->r.stop = Q3_STOP_INTERRUPT;
         finish_text(g);
-        g->done = 1;
+        end(g, Q3_STOP_INTERRUPT);
         return Q3_OK;
+    }
+    q3_token_logprob lp;
+    float *raw = NULL;
+    if (g->o.logprobs) { /* of the raw row: before the processor and the sampler touch it */
+        if (g->r.n_ids == g->cap_lp) {
+            int cap = g->cap_lp ? 2 * g->cap_lp : 16;
+            q3_token_logprob *p = realloc(g->lp, (size_t)cap * sizeof *p);
+            if (!p) {
+                end(g, Q3_STOP_ERROR);
+                return q3_fail(Q3_ERR_NOMEM, "out of memory");
+            }
+            g->lp = p;
+            g->cap_lp = cap;
+        }
+        if (g->o.on_logits && !(raw = malloc((size_t)g->vocab * sizeof *raw))) {
+            end(g, Q3_STOP_ERROR);
+            return q3_fail(Q3_ERR_NOMEM, "out of memory");
+        }
+        if (raw) memcpy(raw, g->logits, (size_t)g->vocab * sizeof *raw);
+    }
+    if (g->o.on_logits) {
+        q3_status st = g->o.on_logits(g->o.user, g, g->logits, g->vocab);
+        if (st) {
+            snprintf(g->error, sizeof g->error, "%s", q3_last_error()[0] ? q3_last_error() : q3_status_name(st));
+            free(raw);
+            finish_text(g);
+            end(g, Q3_STOP_ERROR);
+            return Q3_OK;
+        }
     }
     int32_t id = q3_sampler_sample(g->smp, g->logits);
+    if (g->o.logprobs) {
+        logprob_of(raw ? raw : g->logits, g->vocab, id, g->o.top_logprobs, &lp);
+        g->lp[g->r.n_ids] = lp;
+        free(raw);
+    }
     q3_sampler_accept(g->smp, id);
     g->r.ids[g->r.n_ids++] = id;
+    if (g->o.on_token) g->o.on_token(g->o.user, g, id);
     if (id == g->eot[0] || id == g->eot[1]) {
-        g->r.stop = Q3_STOP_END_OF_TURN;
         finish_text(g);
-        g->done = 1;
+        end(g, Q3_STOP_END_OF_TURN);
         return Q3_OK;
     }
-    const char *piece;
-    size_t plen;
-    if (g->tok && !q3_detok_push(&g->detok, id, &piece, &plen) && plen && append(&g->text, piece, plen)) {
-        g->done = 1;
-        return q3_fail(Q3_ERR_NOMEM, "out of memory");
+    int to = channel_switch(g, id);
+    int stopped;
+    if (to >= 0) { /* markup: the text so far ends in its channel, the token is an edge */
+        if (flush_detok(g)) goto oom;
+        stopped = flush_text(g, id, 1);
+        if (!stopped) switch_channel(g, (q3_channel)to, id, Q3_EDGE_CLOSE);
+    } else {
+        const char *s;
+        size_t n;
+        if (g->detok && !q3_detokenizer_push(g->detok, id, &s, &n) && n && append(&g->text, s, n)) goto oom;
+        stopped = flush_text(g, id, 0);
     }
-    if (flush_text(&g->text, &g->o, id, 0)) {
-        g->r.stop = Q3_STOP_STRING;
-        g->done = 1;
+    if (stopped) {
+        switch_channel(g, Q3_CHANNEL_CONTENT, id, Q3_EDGE_CUT);
+        end(g, Q3_STOP_STRING);
         return Q3_OK;
     }
     if (g->r.n_ids >= g->max_ids || q3_seq_pos(g->ctx, g->seq) >= q3_ctx_n_ctx(g->ctx)) {
-        g->r.stop = g->r.n_ids >= g->max_ids && (g->o.max_tokens > 0 && g->r.n_ids >= g->o.max_tokens)
-                        ? Q3_STOP_LENGTH
-                        : Q3_STOP_CONTEXT;
         finish_text(g);
-        g->done = 1;
+        end(g, g->o.max_tokens > 0 && g->r.n_ids >= g->o.max_tokens ? Q3_STOP_LENGTH : Q3_STOP_CONTEXT);
         return Q3_OK;
     }
     g->pending = id;
     return Q3_OK;
+oom:
+    end(g, Q3_STOP_ERROR);
+    snprintf(g->error, sizeof g->error, "out of memory");
+    return q3_fail(Q3_ERR_NOMEM, "out of memory");
 }
 
 q3_status q3_gen_step(q3_gen *const *gens, int n)

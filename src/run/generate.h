@@ -6,7 +6,7 @@
 #define Q3_RUN_GENERATE_H
 
 #include "q3.h"
-#include "text/sampler.h"
+#include "sample/sampler.h"
 #include "text/tokenizer.h"
 
 #endif

@@ -6,13 +6,21 @@
 #include <string.h>
 
 #include "util/error.h"
+#include "util/opts.h"
+
+q3_session_opts q3_session_opts_default(void)
+{
+    q3_session_opts o = {.size = sizeof o};
+    return o;
+}
 
 q3_status q3_session_new(q3_model *m, const q3_session_opts *opts, q3_session **out)
 {
     *out = NULL;
-    q3_session_opts o = {0};
-    if (opts) o = *opts;
-    q3_ctx_opts co = {.n_ctx = o.n_ctx, .chunk = o.chunk, .max_seqs = 1, .n_threads = o.n_threads,
+    q3_session_opts o;
+    q3_status ost = q3_opts_read(&o, sizeof o, opts, "q3_session_new options");
+    if (ost) return ost;
+    q3_ctx_opts co = {.size = sizeof co, .n_ctx = o.n_ctx, .chunk = o.chunk, .max_seqs = 1, .n_threads = o.n_threads,
                       .backend = o.backend, .prefill_backend = o.prefill_backend,
                       .decode_backend = o.decode_backend, .kv_dtype = o.kv_dtype};
     q3_session *s = calloc(1, sizeof *s);

@@ -1,7 +1,9 @@
-/* The engine thread and its scheduler loop (see engine.h). */
-#include "server/engine.h"
+/* The engine thread and its scheduler loop (see engine.h): admission,
+ * cancellation and the KV budget are the server's; every token goes through
+ * the library's one generation loop (q3_gen_step), whose text pieces and
+ * tokens come back through the callbacks below. */
+#include "engine.h"
 
-#include <math.h>
 #include <poll.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -9,40 +11,24 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "server/openai.h"
-#include "util/error.h"
-
-double q3_now(void);
-
-enum { SLOT_FREE, SLOT_PREFILL, SLOT_DECODE };
+#include "channel.h"
 
 typedef struct slot {
-    int state;
+    int busy;
     srv_job *job;
+    struct srv_engine *e;
     int seq;
-    long long order;       /* admission order: the oldest prefilling slot gets the chunk */
-    int n_done;            /* prompt tokens whose K/V are in the sequence */
-    int32_t next;          /* the token the next decode row feeds */
-    int n_gen;
     int need_blocks;       /* KV blocks reserved at admission (prompt + max_tokens) */
     q3_sampler *smp;
-    int32_t *counts;       /* [vocab] generated-token counts, for presence/frequency penalties (lazily) */
-    int32_t *gen;          /* [max_tokens] generated ids, to reset counts */
-    float *raw;            /* [vocab] the row before penalties (logprobs requests) */
-    q3_detok detok;
-    q3_strbuf text;        /* generated text; [0, emitted) went out */
-    size_t emitted, hold;  /* hold: longest stop string - 1 */
+    q3_gen *gen;
     srv_out out;
-    float *logits;         /* [vocab] */
-    double t_last;
 } slot;
 
 struct srv_engine {
     q3_ctx *ctx;
     const q3_tokenizer *tok;
     srv_metrics *metrics;
-    int vocab, max_seqs, chunk;
-    int32_t eot[2];
+    int vocab, max_seqs;
     pthread_t thread;
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -51,231 +37,193 @@ struct srv_engine {
     int q_head, q_len, q_cap;
     int n_running;         /* slots in use (read under mu for srv_engine_busy) */
     slot *slots;
-    long long order;
+    slot **active;         /* [n_active] busy slots in admission order: the oldest prefilling one gets the chunk */
+    q3_gen **gens;         /* [n_active] their generators, the same order */
+    int n_active;
     int total_blocks, block_tokens, reserved_blocks;
-    q3_decode_row *rows;
-    slot **row_slot;
     int started;
 };
 
-/* ---- output ---------------------------------------------------------------- */
+/* ---- what the generation loop hands back (engine thread) -------------------- */
 
-/* Feeds what can no longer be part of a stop string to srv_out; returns 1 when a
- * stop string was found (what precedes it goes out, the rest is dropped). */
-static int flush_text(slot *s, int final)
+/* Each sampled token: the time of the first, and its log-probability. */
+static void on_token(void *user, q3_gen *g, int32_t id)
 {
+    slot *s = user;
     srv_job *j = s->job;
-    size_t upto = s->text.len;
-    int stopped = 0;
-    for (int i = 0; i < j->n_stop; i++) {
-        size_t sl = strlen(j->stop[i]);
-        size_t from = s->emitted > sl ? s->emitted - sl : 0;
-        const char *hit = s->text.len > from ? memmem(s->text.data + from, s->text.len - from, j->stop[i], sl) : NULL;
-        if (hit && (size_t)(hit - s->text.data) < upto) {
-            upto = (size_t)(hit - s->text.data);
-            stopped = 1;
-        }
+    if (q3_gen_result_get(g)->n_ids == 1) j->res.t_first = q3_now(); /* this thread only writes it; read once the job ended */
+    int n;
+    const q3_token_logprob *lp = q3_gen_logprobs(g, &n);
+    if (!lp) return;
+    pthread_mutex_lock(&j->mu);
+    if (j->res.n_lp == j->res.cap_lp) {
+        int cap = j->res.cap_lp ? 2 * j->res.cap_lp : 16;
+        q3_token_logprob *p = realloc(j->res.lp, (size_t)cap * sizeof *p);
+        if (p) { j->res.lp = p; j->res.cap_lp = cap; }
     }
-    if (!stopped && !final) {
-        upto = s->text.len > s->hold ? s->text.len - s->hold : 0;
-        while (upto > s->emitted && upto < s->text.len && ((unsigned char)s->text.data[upto] & 0xc0) == 0x80) upto--;
+    if (j->res.n_lp < j->res.cap_lp) j->res.lp[j->res.n_lp++] = lp[n - 1];
+    pthread_mutex_unlock(&j->mu);
+}
+
+/* The logits processor: the request's logit_bias (a -100 forbids the token in
+ * practice, a +100 all but forces it, as OpenAI describes them). */
+static q3_status apply_bias(void *user, q3_gen *g, float *logits, int n_vocab)
+{
+    const srv_request *r = &((slot *)user)->job->req;
+    for (int i = 0; i < r->n_bias; i++) logits[r->bias[i].id] += r->bias[i].bias;
+    return Q3_OK;
+}
+
+/* Text as it comes: rendered into the job, its connection woken. */
+static void on_text(void *user, const q3_text_piece *p)
+{
+    slot *s = user;
+    srv_job *j = s->job;
+    pthread_mutex_lock(&j->mu);
+    srv_out_piece(&s->out, j, p);
+    if (j->req.stream) {
+        j->st.t_last_write = q3_now();
+        srv_job_wake(j);
     }
-    if (upto > s->emitted) {
-        pthread_mutex_lock(&j->mu);
-        srv_out_text(&s->out, j, s->text.data + s->emitted, upto - s->emitted);
-        double now = q3_now();
-        if (j->stream) { j->t_last_write = now; srv_job_wake(j); }
-        pthread_mutex_unlock(&j->mu);
-        s->emitted = upto;
-    }
-    return stopped;
+    pthread_mutex_unlock(&j->mu);
 }
 
 static void release_slot(srv_engine *e, slot *s)
 {
+    q3_gen_free(s->gen);
     q3_seq_drop(e->ctx, s->seq);
     q3_sampler_free(s->smp);
-    free(s->counts);
-    free(s->gen);
-    free(s->raw);
-    q3_detok_free(&s->detok);
-    free(s->text.data);
     srv_out_free(&s->out);
     e->reserved_blocks -= s->need_blocks;
     srv_job_unref(s->job);
-    float *logits = s->logits;
+    int k = 0;
+    for (int i = 0; i < e->n_active; i++) /* out of the active list, keeping the order */
+        if (e->active[i] != s) {
+            e->active[k] = e->active[i];
+            e->gens[k++] = e->gens[i];
+        }
+    e->n_active = k;
     memset(s, 0, sizeof *s);
-    s->logits = logits;
-    s->state = SLOT_FREE;
     pthread_mutex_lock(&e->mu);
     e->n_running--;
     pthread_mutex_unlock(&e->mu);
 }
 
-/* Ends the job: reason NULL = cancelled (no answer), else the finish reason. */
-static void finish(srv_engine *e, slot *s, const char *reason)
+/* Ends the job: reason SRV_FINISH_NONE = cancelled (no answer), else why it
+ * ended; with res.err_status set it fails instead. */
+static void finish(srv_engine *e, slot *s, srv_finish reason)
 {
     srv_job *j = s->job;
     double now = q3_now();
-    if (reason && strcmp(reason, "stop_string")) {
-        const char *piece;
-        size_t pl;
-        if (!q3_detok_flush(&s->detok, &piece, &pl) && pl) q3_strbuf_put(&s->text, piece, pl);
-        flush_text(s, 1);
-    }
-    if (reason && !strcmp(reason, "stop_string")) reason = "stop";
+    int n_gen = q3_gen_result_get(s->gen)->n_ids;
     pthread_mutex_lock(&j->mu);
-    j->n_completion = s->n_gen;
-    j->t_done = now;
-    if (reason && !j->err_status) srv_out_finish(&s->out, j, reason);
-    if (s->text.oom || j->sse.oom || j->content.oom || j->reasoning.oom) {
-        j->err_status = 500;
-        snprintf(j->err_msg, sizeof j->err_msg, "out of memory while writing the answer");
+    j->res.n_completion = n_gen;
+    j->res.t_done = now;
+    if (reason != SRV_FINISH_NONE && !j->res.err_status) srv_out_finish(&s->out, j, reason);
+    if (s->out.tool.oom || j->st.sse.oom || j->res.content.oom || j->res.reasoning.oom) {
+        j->res.err_status = 500;
+        snprintf(j->res.err_msg, sizeof j->res.err_msg, "out of memory while writing the answer");
     }
-    j->finished = 1;
+    j->res.state = j->res.err_status ? SRV_JOB_FAILED : reason != SRV_FINISH_NONE ? SRV_JOB_DONE : SRV_JOB_GONE;
     srv_job_wake(j);
-    const char *fr = j->finish_reason;
+    srv_finish fr = j->res.finish; /* NONE unless answered: counted as "abort" */
     pthread_mutex_unlock(&j->mu);
-    int code = !reason || !fr ? SRV_FINISH_ABORT : !strcmp(fr, "length") ? SRV_FINISH_LENGTH
-             : !strcmp(fr, "tool_calls") ? SRV_FINISH_TOOLS : SRV_FINISH_STOP;
-    double ttft = j->t_first > 0 ? j->t_first - j->t_submit : -1;
-    double tpot = s->n_gen > 1 && j->t_first > 0 ? (now - j->t_first) / (s->n_gen - 1) : -1;
-    srv_metrics_request(e->metrics, code, j->n_prompt, j->n_cached, s->n_gen, ttft, tpot, now - j->t_submit);
+    double ttft = j->res.t_first > 0 ? j->res.t_first - j->req.t_submit : -1;
+    double tpot = n_gen > 1 && j->res.t_first > 0 ? (now - j->res.t_first) / (n_gen - 1) : -1;
+    srv_metrics_request(e->metrics, fr, j->req.n_prompt, j->res.n_cached, n_gen, ttft, tpot, now - j->req.t_submit);
     release_slot(e, s);
 }
 
-/* A job that never reached a slot ends with an error status. */
-static void fail_job(srv_job *j, int status, const char *msg)
+/* Ends the job with an error (HTTP status) while it runs. */
+static void fail_running(srv_engine *e, slot *s, int status, const char *msg)
+{
+    pthread_mutex_lock(&s->job->mu);
+    s->job->res.err_status = status;
+    snprintf(s->job->res.err_msg, sizeof s->job->res.err_msg, "%s", msg);
+    pthread_mutex_unlock(&s->job->mu);
+    q3_gen_cancel(s->gen, Q3_STOP_CANCEL);
+    finish(e, s, SRV_FINISH_LENGTH);
+}
+
+/* A generator that stopped: its job ends the way the wire says it. */
+static void generator_done(srv_engine *e, slot *s)
+{
+    const q3_gen_result *r = q3_gen_result_get(s->gen);
+    switch (r->stop) {
+    case Q3_STOP_END_OF_TURN: finish(e, s, SRV_FINISH_STOP); break;
+    case Q3_STOP_STRING: finish(e, s, SRV_FINISH_STOP_STRING); break;
+    case Q3_STOP_LENGTH:
+    case Q3_STOP_CONTEXT: finish(e, s, SRV_FINISH_LENGTH); break;
+    case Q3_STOP_INTERRUPT:
+    case Q3_STOP_CANCEL: finish(e, s, SRV_FINISH_NONE); break;
+    case Q3_STOP_ERROR: {
+        char msg[300];
+        snprintf(msg, sizeof msg, "generation failed: %s", q3_gen_error(s->gen));
+        fail_running(e, s, 500, msg);
+        break;
+    }
+    }
+}
+
+/* A job that never reached a slot ends in state `how` (FAILED: with this
+ * HTTP status; GONE_QUEUED: status 0, nobody is left to answer). */
+static void end_queued(srv_job *j, srv_job_state how, int status, const char *msg)
 {
     pthread_mutex_lock(&j->mu);
-    j->err_status = status;
-    snprintf(j->err_msg, sizeof j->err_msg, "%s", msg);
-    j->finished = 1;
+    j->res.err_status = status;
+    snprintf(j->res.err_msg, sizeof j->res.err_msg, "%s", msg);
+    j->res.state = how;
     srv_job_wake(j);
     pthread_mutex_unlock(&j->mu);
     srv_job_unref(j);
 }
 
-/* The raw distribution's log-probabilities: the sampled token's and the top
- * alternatives', before penalties touch the row (raw: [vocab] copy of it). */
-static void record_logprob(srv_engine *e, slot *s, const float *raw, int32_t id)
-{
-    srv_job *j = s->job;
-    int V = e->vocab, K = j->top_logprobs;
-    float max = raw[0];
-    for (int i = 1; i < V; i++) if (raw[i] > max) max = raw[i];
-    double sum = 0;
-    for (int i = 0; i < V; i++) sum += exp((double)raw[i] - max);
-    float lse = max + (float)log(sum);
-    srv_logprob l = {.id = id, .logprob = raw[id] - lse};
-    /* top K by insertion into a sorted array (K <= 20), lower id first on ties */
-    for (int i = 0; i < V && K > 0; i++) {
-        float x = raw[i];
-        if (l.n_top == K && x <= l.top_lp[K - 1]) continue;
-        int p = l.n_top < K ? l.n_top++ : K - 1;
-        while (p > 0 && l.top_lp[p - 1] < x) {
-            l.top_lp[p] = l.top_lp[p - 1];
-            l.top_id[p] = l.top_id[p - 1];
-            p--;
-        }
-        l.top_lp[p] = x;
-        l.top_id[p] = i;
-    }
-    for (int k = 0; k < l.n_top; k++) l.top_lp[k] -= lse;
-    pthread_mutex_lock(&j->mu);
-    if (j->n_lp == j->cap_lp) {
-        int cap = j->cap_lp ? 2 * j->cap_lp : 16;
-        srv_logprob *p = realloc(j->lp, (size_t)cap * sizeof *p);
-        if (p) { j->lp = p; j->cap_lp = cap; }
-    }
-    if (j->n_lp < j->cap_lp) j->lp[j->n_lp++] = l;
-    pthread_mutex_unlock(&j->mu);
-}
-
-static int32_t sample(srv_engine *e, slot *s)
-{
-    srv_job *j = s->job;
-    if (j->logprobs && s->raw) memcpy(s->raw, s->logits, (size_t)e->vocab * sizeof *s->raw);
-    if (s->counts && s->n_gen) {
-        for (int i = 0; i < s->n_gen; i++) {
-            int32_t id = s->gen[i], c = s->counts[id];
-            if (c > 0) { /* each distinct id once */
-                s->logits[id] -= j->frequency_penalty * (float)c + j->presence_penalty;
-                s->counts[id] = -c;
-            }
-        }
-        for (int i = 0; i < s->n_gen; i++) if (s->counts[s->gen[i]] < 0) s->counts[s->gen[i]] = -s->counts[s->gen[i]];
-    }
-    int32_t id = q3_sampler_sample(s->smp, s->logits);
-    if (j->logprobs && s->raw) record_logprob(e, s, s->raw, id);
-    return id;
-}
-
-/* A sampled token: record, stream, and decide whether the job ends. */
-static void on_token(srv_engine *e, slot *s, int32_t id)
-{
-    srv_job *j = s->job;
-    double now = q3_now();
-    if (s->n_gen == 0) j->t_first = now; /* written by this thread only, read after finished */
-    s->t_last = now;
-    q3_sampler_accept(s->smp, id);
-    s->gen[s->n_gen++] = id;
-    if (s->counts) s->counts[id]++;
-    if (id == e->eot[0] || id == e->eot[1]) { finish(e, s, "stop"); return; }
-    const char *piece;
-    size_t pl;
-    if (!q3_detok_push(&s->detok, id, &piece, &pl) && pl) q3_strbuf_put(&s->text, piece, pl);
-    if (flush_text(s, 0)) { finish(e, s, "stop_string"); return; }
-    if (s->n_gen >= j->max_tokens) { finish(e, s, "length"); return; }
-    s->next = id;
-    s->state = SLOT_DECODE;
-}
+static void fail_job(srv_job *j, int status, const char *msg) { end_queued(j, SRV_JOB_FAILED, status, msg); }
 
 /* ---- admission --------------------------------------------------------------- */
 
 static int blocks_for(const srv_engine *e, const srv_job *j)
 {
-    return (j->n_prompt + j->max_tokens + e->block_tokens - 1) / e->block_tokens;
+    return (j->req.n_prompt + j->req.max_tokens + e->block_tokens - 1) / e->block_tokens;
 }
 
+/* A sequence, a sampler and a generator for j; its prompt queued after the
+ * longest cached prefix. 0, or -1 (nothing held). */
 static int admit(srv_engine *e, slot *s, srv_job *j)
 {
-    memset(s, 0, offsetof(slot, logits));
+    memset(s, 0, sizeof *s);
     s->job = j;
+    s->e = e;
     if (q3_seq_new(e->ctx, &s->seq)) return -1;
-    q3_sampler_params sp = j->sp;
-    if (q3_sampler_new(&sp, e->vocab, &s->smp)) { q3_seq_drop(e->ctx, s->seq); return -1; }
-    s->gen = malloc((size_t)j->max_tokens * sizeof *s->gen);
-    if (j->presence_penalty != 0 || j->frequency_penalty != 0) s->counts = calloc((size_t)e->vocab, sizeof *s->counts);
-    if (!s->gen || ((j->presence_penalty != 0 || j->frequency_penalty != 0) && !s->counts)) {
+    q3_gen_opts o = q3_gen_opts_default();
+    o.max_tokens = j->req.max_tokens;
+    o.stop = (const char *const *)j->req.stop;
+    o.n_stop = j->req.n_stop;
+    o.on_text = on_text;
+    o.on_token = on_token;
+    o.user = s;
+    o.split_channels = j->req.kind == SRV_CHAT;
+    o.logprobs = j->req.logprobs;
+    o.top_logprobs = j->req.top_logprobs;
+    o.no_prompt_penalty = j->req.no_prompt_penalty;
+    if (j->req.n_bias) o.on_logits = apply_bias;
+    int n_done = q3_seq_reuse_prefix(e->ctx, s->seq, j->req.prompt, (size_t)j->req.n_prompt);
+    if (q3_sampler_new(&j->req.sp, e->vocab, &s->smp) || q3_gen_new(e->ctx, s->seq, s->smp, e->tok, &o, &s->gen) ||
+        q3_gen_prompt_from(s->gen, j->req.prompt, (size_t)j->req.n_prompt, (size_t)n_done)) {
+        q3_gen_free(s->gen);
         q3_sampler_free(s->smp);
-        free(s->gen);
-        free(s->counts);
         q3_seq_drop(e->ctx, s->seq);
+        memset(s, 0, sizeof *s);
         return -1;
     }
-    if (j->logprobs && !(s->raw = malloc((size_t)e->vocab * sizeof *s->raw))) {
-        q3_sampler_free(s->smp);
-        free(s->gen);
-        free(s->counts);
-        q3_seq_drop(e->ctx, s->seq);
-        return -1;
-    }
-    if (sp.penalty_last_n > 0)
-        for (int i = 0; i < j->n_prompt; i++) q3_sampler_accept(s->smp, j->prompt[i]);
-    q3_detok_init(&s->detok, e->tok);
-    for (int i = 0; i < j->n_stop; i++) {
-        size_t l = strlen(j->stop[i]);
-        if (l > s->hold + 1) s->hold = l - 1;
-    }
-    s->n_done = q3_seq_reuse_prefix(e->ctx, s->seq, j->prompt, (size_t)j->n_prompt);
     s->need_blocks = blocks_for(e, j);
     e->reserved_blocks += s->need_blocks;
-    s->order = e->order++;
-    s->state = SLOT_PREFILL;
+    s->busy = 1;
+    e->active[e->n_active] = s;
+    e->gens[e->n_active++] = s->gen;
     pthread_mutex_lock(&j->mu);
-    j->n_cached = s->n_done;
-    j->started = 1;
+    j->res.n_cached = n_done;
+    j->res.state = SRV_JOB_RUNNING;
     pthread_mutex_unlock(&j->mu);
     return 0;
 }
@@ -283,7 +231,7 @@ static int admit(srv_engine *e, slot *s, srv_job *j)
 static slot *free_slot(srv_engine *e)
 {
     for (int i = 0; i < e->max_seqs; i++)
-        if (e->slots[i].state == SLOT_FREE) return &e->slots[i];
+        if (!e->slots[i].busy) return &e->slots[i];
     return NULL;
 }
 
@@ -292,10 +240,10 @@ static slot *free_slot(srv_engine *e)
 static int gone(srv_job *j)
 {
     pthread_mutex_lock(&j->mu);
-    int c = j->cancelled || !j->conn;
-    if (!c && j->suspended && j->fd >= 0) {
-        struct pollfd p = {.fd = j->fd, .events = POLLRDHUP};
-        if (poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL))) c = j->cancelled = 1;
+    int c = j->st.cancelled || !j->st.conn;
+    if (!c && j->st.suspended && j->st.fd >= 0) {
+        struct pollfd p = {.fd = j->st.fd, .events = POLLRDHUP};
+        if (poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL))) c = j->st.cancelled = 1;
     }
     pthread_mutex_unlock(&j->mu);
     return c;
@@ -306,9 +254,9 @@ static int gone(srv_job *j)
 static void ping(srv_job *j, double now)
 {
     pthread_mutex_lock(&j->mu);
-    if (j->stream && now - j->t_last_write > 1.0) {
-        q3_strbuf_puts(&j->sse, ": ping\n\n");
-        j->t_last_write = now;
+    if (j->req.stream && now - j->st.t_last_write > 1.0) {
+        srv_buf_puts(&j->st.sse, ": ping\n\n");
+        j->st.t_last_write = now;
         srv_job_wake(j);
     }
     pthread_mutex_unlock(&j->mu);
@@ -346,7 +294,7 @@ static void *engine_main(void *arg)
                     e->queue[(e->q_head + m) % e->q_cap] = e->queue[(e->q_head + m + 1) % e->q_cap];
                 e->q_len--;
                 if (too_big) fail_job(j, 400, "the prompt and max_tokens need more KV cache than this server has (--kv-size)");
-                else fail_job(j, 499, "client closed the connection");
+                else end_queued(j, SRV_JOB_GONE_QUEUED, 0, "client closed the connection");
                 continue;
             }
             k++;
@@ -377,77 +325,34 @@ static void *engine_main(void *arg)
             }
         }
         /* cancelled sequences free their blocks before the step */
-        for (int i = 0; i < e->max_seqs; i++)
-            if (e->slots[i].state != SLOT_FREE && gone(e->slots[i].job)) finish(e, &e->slots[i], NULL);
-
-        q3_step st = {.decode = e->rows, .prefill_seq = -1};
-        slot *pre = NULL;
-        for (int i = 0; i < e->max_seqs; i++) {
-            slot *s = &e->slots[i];
-            if (s->state == SLOT_DECODE) {
-                e->rows[st.n_decode] = (q3_decode_row){.seq = s->seq, .token = s->next, .logits = s->logits};
-                e->row_slot[st.n_decode++] = s;
-            } else if (s->state == SLOT_PREFILL && (!pre || s->order < pre->order)) {
-                pre = s;
+        for (int i = e->n_active - 1; i >= 0; i--)
+            if (gone(e->active[i]->job)) {
+                q3_gen_cancel(e->active[i]->gen, Q3_STOP_CANCEL);
+                finish(e, e->active[i], SRV_FINISH_NONE);
             }
-        }
-        int n_pre = 0;
-        if (pre) {
-            int left = pre->job->n_prompt - pre->n_done;
-            n_pre = left < e->chunk ? left : e->chunk;
-            st.prefill_seq = pre->seq;
-            st.prefill_tokens = pre->job->prompt + pre->n_done;
-            st.n_prefill = n_pre;
-            st.prefill_logits = n_pre == left ? pre->logits : NULL;
-        }
-        if (st.n_decode == 0 && !pre) { /* only jobs that cannot start yet: do not spin */
+        if (e->n_active == 0) { /* only jobs that cannot start yet: do not spin */
             publish(e, waiting);
             usleep(1000);
             continue;
         }
-        if (q3_ctx_step(e->ctx, &st)) {
-            /* should not happen (admission reserved the blocks): end the step's jobs with an error */
+        if (q3_gen_step(e->gens, e->n_active)) {
+            /* should not happen (admission reserved the blocks): end every running job with an error */
             char msg[256];
             snprintf(msg, sizeof msg, "the engine failed a step: %s", q3_last_error());
-            for (int r = 0; r < st.n_decode; r++) {
-                slot *s = e->row_slot[r];
-                pthread_mutex_lock(&s->job->mu);
-                s->job->err_status = 500;
-                snprintf(s->job->err_msg, sizeof s->job->err_msg, "%s", msg);
-                pthread_mutex_unlock(&s->job->mu);
-                finish(e, s, "length");
-            }
-            if (pre) {
-                pthread_mutex_lock(&pre->job->mu);
-                pre->job->err_status = 500;
-                snprintf(pre->job->err_msg, sizeof pre->job->err_msg, "%s", msg);
-                pthread_mutex_unlock(&pre->job->mu);
-                finish(e, pre, "length");
-            }
+            while (e->n_active > 0) fail_running(e, e->active[e->n_active - 1], 500, msg);
             publish(e, waiting);
             continue;
         }
-        for (int r = 0; r < st.n_decode; r++) {
-            slot *s = e->row_slot[r];
-            on_token(e, s, sample(e, s));
-        }
-        if (pre) {
-            pre->n_done += n_pre;
-            if (pre->n_done == pre->job->n_prompt) on_token(e, pre, sample(e, pre));
-            else ping(pre->job, q3_now());
+        now = q3_now();
+        for (int i = e->n_active - 1; i >= 0; i--) {
+            slot *s = e->active[i];
+            if (q3_gen_done(s->gen)) generator_done(e, s);
+            else if (q3_gen_prefilling(s->gen)) ping(s->job, now);
         }
         publish(e, waiting);
     }
     /* stopping: everything left ends with 503 */
-    for (int i = 0; i < e->max_seqs; i++)
-        if (e->slots[i].state != SLOT_FREE) {
-            srv_job *j = e->slots[i].job;
-            pthread_mutex_lock(&j->mu);
-            j->err_status = 503;
-            snprintf(j->err_msg, sizeof j->err_msg, "the server is shutting down");
-            pthread_mutex_unlock(&j->mu);
-            finish(e, &e->slots[i], "length");
-        }
+    while (e->n_active > 0) fail_running(e, e->active[e->n_active - 1], 503, "the server is shutting down");
     pthread_mutex_lock(&e->mu);
     while (e->q_len > 0) {
         srv_job *j = e->queue[e->q_head];
@@ -465,31 +370,27 @@ q3_status srv_engine_start(const srv_engine_opts *o, srv_engine **out)
 {
     *out = NULL;
     srv_engine *e = calloc(1, sizeof *e);
-    if (!e) return q3_fail(Q3_ERR_NOMEM, "out of memory");
+    if (!e) return Q3_ERR_NOMEM;
     e->ctx = o->ctx;
     e->tok = o->tok;
     e->metrics = o->metrics;
     e->vocab = o->vocab;
     e->max_seqs = q3_ctx_max_seqs(o->ctx);
-    e->chunk = q3_ctx_chunk(o->ctx);
     int used, cached;
     q3_ctx_kv_usage(o->ctx, &used, &cached, &e->total_blocks, &e->block_tokens);
     e->q_cap = o->max_queue > 0 ? o->max_queue : 256;
     e->queue = calloc((size_t)e->q_cap, sizeof *e->queue);
     e->slots = calloc((size_t)e->max_seqs, sizeof *e->slots);
-    e->rows = calloc((size_t)e->max_seqs, sizeof *e->rows);
-    e->row_slot = calloc((size_t)e->max_seqs, sizeof *e->row_slot);
-    int ok = e->queue && e->slots && e->rows && e->row_slot;
-    for (int i = 0; ok && i < e->max_seqs; i++) ok = (e->slots[i].logits = malloc((size_t)e->vocab * sizeof(float))) != NULL;
-    e->eot[0] = q3_tokenizer_token_id(o->tok, "<|im_end|>", 10);
-    e->eot[1] = q3_tokenizer_token_id(o->tok, "<|endoftext|>", 13);
+    e->active = calloc((size_t)e->max_seqs, sizeof *e->active);
+    e->gens = calloc((size_t)e->max_seqs, sizeof *e->gens);
+    int ok = e->queue && e->slots && e->active && e->gens;
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->cv, NULL);
     if (!ok || pthread_create(&e->thread, NULL, engine_main, e)) {
         e->ctx = NULL; /* the caller still owns it */
         e->thread = 0;
         srv_engine_free(e);
-        return q3_fail(Q3_ERR_NOMEM, "could not start the engine (out of memory or threads)");
+        return Q3_ERR_NOMEM;
     }
     e->started = 1;
     return *out = e, Q3_OK;
@@ -527,11 +428,10 @@ void srv_engine_free(srv_engine *e)
         pthread_mutex_unlock(&e->mu);
         pthread_join(e->thread, NULL);
     }
-    for (int i = 0; e->slots && i < e->max_seqs; i++) free(e->slots[i].logits);
     free(e->slots);
     free(e->queue);
-    free(e->rows);
-    free(e->row_slot);
+    free(e->active);
+    free(e->gens);
     q3_ctx_free(e->ctx);
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->cv);

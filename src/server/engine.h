@@ -10,9 +10,9 @@
 #define Q3_SERVER_ENGINE_H
 
 #include "q3.h"
-#include "server/job.h"
-#include "server/metrics.h"
-#include "text/tokenizer.h"
+#include "job.h"
+#include "metrics.h"
+#include "q3.h"
 
 typedef struct srv_engine srv_engine;
 
@@ -24,6 +24,8 @@ typedef struct srv_engine_opts {
     int max_queue;             /* jobs waiting at most (0: 256) */
 } srv_engine_opts;
 
+/* Starts the engine thread: Q3_OK, or Q3_ERR_NOMEM (out of memory or threads;
+ * the caller still owns the context). */
 q3_status srv_engine_start(const srv_engine_opts *o, srv_engine **out);
 /* Queues j (taking a reference). 0, or -1 when the queue is full. */
 int srv_engine_submit(srv_engine *e, srv_job *j);
@@ -32,7 +34,8 @@ int srv_engine_busy(srv_engine *e);
 /* Stops the thread: jobs still waiting or running end with 503. Frees the context. */
 void srv_engine_free(srv_engine *e);
 
-/* Wakes the connection of j if it waits (caller holds j->mu). */
+/* Wakes the connection of j if it waits (caller holds j->mu). Defined in
+ * http.c, the one file that speaks libmicrohttpd. */
 void srv_job_wake(srv_job *j);
 
 #endif

@@ -1,6 +1,7 @@
-/* HTTP with GNU libmicrohttpd: routing, limits, API keys, and the
- * suspend/resume plumbing between connections and the engine. */
-#include "server/server.h"
+/* HTTP with GNU libmicrohttpd: the route table, limits, API keys, and the
+ * suspend/resume plumbing between connections and the engine. The only file
+ * of src/server that includes microhttpd.h. */
+#include "server.h"
 
 #include <arpa/inet.h>
 #include <microhttpd.h>
@@ -11,10 +12,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "server/openai.h"
-#include "util/error.h"
+#include "render.h"
+#include "request.h"
 
-double q3_now(void);
 
 struct srv_server {
     struct MHD_Daemon *d;
@@ -30,7 +30,7 @@ struct srv_server {
 };
 
 typedef struct conn_ctx {
-    q3_strbuf body;
+    srv_buf body;
     int too_big;
     srv_job *job;
 } conn_ctx;
@@ -47,7 +47,7 @@ static enum MHD_Result respond(struct MHD_Connection *c, unsigned status, const 
     return ok;
 }
 
-static enum MHD_Result respond_json(struct MHD_Connection *c, unsigned status, q3_strbuf *b)
+static enum MHD_Result respond_json(struct MHD_Connection *c, unsigned status, srv_buf *b)
 {
     if (b->oom) {
         free(b->data);
@@ -61,7 +61,7 @@ static enum MHD_Result respond_json(struct MHD_Connection *c, unsigned status, q
 
 static enum MHD_Result respond_err(struct MHD_Connection *c, const srv_err *e)
 {
-    q3_strbuf b = {0};
+    srv_buf b = {0};
     srv_err_json(e, &b);
     return respond_json(c, (unsigned)e->status, &b);
 }
@@ -75,6 +75,16 @@ static enum MHD_Result fail(struct MHD_Connection *c, int status, const char *ty
 
 /* ---- streams ------------------------------------------------------------------ */
 
+/* The engine's wake-up call (engine.h): the one place a job's connection is
+ * resumed (caller holds j->mu). */
+void srv_job_wake(srv_job *j)
+{
+    if (j->st.suspended && j->st.conn) {
+        j->st.suspended = 0;
+        MHD_resume_connection(j->st.conn);
+    }
+}
+
 /* MHD asks for the next bytes of a stream. With none ready the connection is
  * suspended (no thread waits on it) until the engine resumes it. */
 static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
@@ -82,30 +92,22 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
     (void)pos;
     srv_job *j = cls;
     pthread_mutex_lock(&j->mu);
-    if (j->finished && j->err_status && j->err_status != 499) { /* a failure after the stream began */
-        srv_err e;
-        srv_err_set(&e, j->err_status, j->err_status >= 500 ? "server_error" : "invalid_request_error", NULL, NULL,
-                    "%s", j->err_msg);
-        q3_strbuf_puts(&j->sse, "data: ");
-        srv_err_json(&e, &j->sse);
-        q3_strbuf_puts(&j->sse, "\n\ndata: [DONE]\n\n");
-        j->err_status = 499; /* written once */
-    }
-    size_t avail = j->sse.len - j->sse_sent;
+    if (j->res.state == SRV_JOB_FAILED) srv_render_failure(j); /* a failure after the stream began (once) */
+    size_t avail = j->st.sse.len - j->st.sse_sent;
     if (avail) {
         size_t n = avail < max ? avail : max;
-        memcpy(buf, j->sse.data + j->sse_sent, n);
-        j->sse_sent += n;
-        if (j->sse_sent == j->sse.len) j->sse.len = j->sse_sent = 0;
+        memcpy(buf, j->st.sse.data + j->st.sse_sent, n);
+        j->st.sse_sent += n;
+        if (j->st.sse_sent == j->st.sse.len) j->st.sse.len = j->st.sse_sent = 0;
         pthread_mutex_unlock(&j->mu);
         return (ssize_t)n;
     }
-    if (j->finished || j->sse.oom) {
+    if (srv_job_ended(j->res.state) || j->st.sse.oom) {
         pthread_mutex_unlock(&j->mu);
         return MHD_CONTENT_READER_END_OF_STREAM;
     }
-    j->suspended = 1;
-    MHD_suspend_connection(j->conn);
+    j->st.suspended = 1;
+    MHD_suspend_connection(j->st.conn);
     pthread_mutex_unlock(&j->mu);
     return 0;
 }
@@ -126,44 +128,50 @@ static int authorized(srv_server *s, struct MHD_Connection *c)
     return diff == 0;
 }
 
-/* Answers a finished job (non-stream). */
+/* Answers a job that ended (non-stream). */
 static enum MHD_Result answer_job(struct MHD_Connection *c, srv_job *j)
 {
-    if (j->err_status) {
+    if (j->res.state == SRV_JOB_FAILED || j->res.state == SRV_JOB_GONE_QUEUED) {
         srv_err e;
-        srv_err_set(&e, j->err_status == 499 ? 500 : j->err_status, j->err_status >= 500 ? "server_error" : "invalid_request_error",
-                    NULL, NULL, "%s", j->err_msg);
+        srv_job_err(j, &e);
         return respond_err(c, &e);
     }
-    q3_strbuf b = {0};
+    srv_buf b = {0};
     srv_response_json(j, &b);
     return respond_json(c, 200, &b);
 }
 
-static enum MHD_Result start_job(srv_server *s, struct MHD_Connection *c, conn_ctx *cc, int chat)
+/* ---- handlers: one a route; the table below has already checked the method,
+ * the key and, where the route needs it, readiness and the body's limits ---- */
+
+typedef int (*parse_fn)(const srv_api *a, const char *body, size_t len, srv_job *j, srv_err *e);
+typedef int (*answer_fn)(const srv_api *a, const char *body, size_t len, srv_buf *out, srv_err *e);
+
+/* Parses the body into a job and submits it; a stream is answered as it comes,
+ * otherwise the connection is suspended until the job ends. */
+static enum MHD_Result start_job(srv_server *s, struct MHD_Connection *c, conn_ctx *cc, parse_fn parse)
 {
     srv_job *j = srv_job_new();
     if (!j) return fail(c, 500, "server_error", NULL, "out of memory");
     srv_err e = {0};
     const char *body = cc->body.data ? cc->body.data : "";
-    int rc = chat ? srv_parse_chat(&s->api, body, cc->body.len, j, &e) : srv_parse_completion(&s->api, body, cc->body.len, j, &e);
-    if (rc) {
+    if (parse(&s->api, body, cc->body.len, j, &e)) {
         srv_job_unref(j);
         return respond_err(c, &e);
     }
-    j->model_name = s->api.model_name;
-    j->conn = c;
+    j->req.model_name = s->api.model_name;
+    j->st.conn = c;
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
-    j->fd = ci ? ci->connect_fd : -1;
-    j->t_submit = j->t_last_write = q3_now();
-    if (j->stream) srv_stream_begin(j);
+    j->st.fd = ci ? ci->connect_fd : -1;
+    j->req.t_submit = j->st.t_last_write = q3_now();
+    if (j->req.stream) srv_stream_begin(j);
     if (srv_engine_submit(s->eng, j)) {
         srv_job_unref(j);
         return fail(c, 429, "server_error", "queue_full", "the server's queue is full; try again later");
     }
     cc->job = j;
     __atomic_add_fetch(&s->in_flight, 1, __ATOMIC_SEQ_CST);
-    if (j->stream) {
+    if (j->req.stream) {
         struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_read, j, stream_free);
         if (!r) return MHD_NO;
         srv_job_ref(j);
@@ -174,14 +182,146 @@ static enum MHD_Result start_job(srv_server *s, struct MHD_Connection *c, conn_c
         return ok;
     }
     pthread_mutex_lock(&j->mu);
-    if (j->finished) {
+    if (srv_job_ended(j->res.state)) {
         pthread_mutex_unlock(&j->mu);
         return answer_job(c, j);
     }
-    j->suspended = 1;
+    j->st.suspended = 1;
     MHD_suspend_connection(c);
     pthread_mutex_unlock(&j->mu);
     return MHD_YES;
+}
+
+/* A body in, a JSON answer out, on the HTTP thread. */
+static enum MHD_Result answer_body(srv_server *s, struct MHD_Connection *c, conn_ctx *cc, answer_fn answer)
+{
+    srv_buf b = {0};
+    srv_err e = {0};
+    const char *body = cc->body.data ? cc->body.data : "";
+    if (answer(&s->api, body, cc->body.len, &b, &e)) {
+        free(b.data);
+        return respond_err(c, &e);
+    }
+    return respond_json(c, 200, &b);
+}
+
+/* Whether the server takes requests now; otherwise *out is the 503 answer. */
+static int ready(srv_server *s, struct MHD_Connection *c, enum MHD_Result *out)
+{
+    if (!__atomic_load_n(&s->ready, __ATOMIC_ACQUIRE)) {
+        *out = fail(c, 503, "server_error", "loading", "the model is loading");
+        return 0;
+    }
+    if (__atomic_load_n(&s->draining, __ATOMIC_ACQUIRE)) {
+        *out = fail(c, 503, "server_error", "draining", "the server is shutting down");
+        return 0;
+    }
+    return 1;
+}
+
+/* 200 when ready, 503 while loading or draining; never waits on inference. */
+static enum MHD_Result h_health(srv_server *s, struct MHD_Connection *c, conn_ctx *cc)
+{
+    enum MHD_Result out;
+    if (!ready(s, c, &out)) return out;
+    return respond(c, 200, "application/json", "{}", 2);
+}
+
+static enum MHD_Result h_metrics(srv_server *s, struct MHD_Connection *c, conn_ctx *cc)
+{
+    srv_buf b = {0};
+    srv_metrics_render(&s->metrics, s->api.model_name ? s->api.model_name : "", &b);
+    if (b.oom) { free(b.data); return fail(c, 500, "server_error", NULL, "out of memory"); }
+    enum MHD_Result ok = respond(c, 200, "text/plain; version=0.0.4; charset=utf-8", b.data ? b.data : "", b.len);
+    free(b.data);
+    return ok;
+}
+
+static enum MHD_Result h_models(srv_server *s, struct MHD_Connection *c, conn_ctx *cc)
+{
+    srv_buf b = {0};
+    srv_models_json(&s->api, s->started, &b);
+    return respond_json(c, 200, &b);
+}
+
+static enum MHD_Result h_chat(srv_server *s, struct MHD_Connection *c, conn_ctx *cc) { return start_job(s, c, cc, srv_parse_chat); }
+static enum MHD_Result h_completions(srv_server *s, struct MHD_Connection *c, conn_ctx *cc) { return start_job(s, c, cc, srv_parse_completion); }
+static enum MHD_Result h_tokenize(srv_server *s, struct MHD_Connection *c, conn_ctx *cc) { return answer_body(s, c, cc, srv_tokenize); }
+static enum MHD_Result h_detokenize(srv_server *s, struct MHD_Connection *c, conn_ctx *cc) { return answer_body(s, c, cc, srv_detokenize); }
+
+/* ---- routes ---------------------------------------------------------------------- */
+
+typedef struct route {
+    const char *method, *path;
+    enum MHD_Result (*handler)(srv_server *s, struct MHD_Connection *c, conn_ctx *cc);
+    int needs_auth;   /* the API key, when the server has one (401) */
+    int needs_ready;  /* 503 while loading or draining; the body's limits checked (413) */
+} route;
+
+/* Every route the server answers. A path not here is 404; a path here with
+ * another method is 405 with Allow listing the path's methods. The checks run
+ * in this order: path, key (of any route on the path), method, readiness, body. */
+static const route ROUTES[] = {
+    {"GET", "/health", h_health, 0, 0},
+    {"GET", "/metrics", h_metrics, 0, 0},
+    {"GET", "/v1/models", h_models, 1, 1},
+    {"POST", "/v1/chat/completions", h_chat, 1, 1},
+    {"POST", "/v1/completions", h_completions, 1, 1},
+    {"POST", "/tokenize", h_tokenize, 1, 1},
+    {"POST", "/detokenize", h_detokenize, 1, 1},
+};
+
+/* 405: the path's methods in Allow and in the message. */
+static enum MHD_Result not_allowed(struct MHD_Connection *c, const char *allow, const char *path)
+{
+    srv_err e;
+    srv_err_set(&e, 405, "invalid_request_error", NULL, NULL, "use %s %s", allow, path);
+    srv_buf b = {0};
+    srv_err_json(&e, &b);
+    if (b.oom) return respond_json(c, 405, &b); /* answers 500 */
+    struct MHD_Response *r = MHD_create_response_from_buffer(b.len, b.data, MHD_RESPMEM_MUST_COPY);
+    free(b.data);
+    if (!r) return MHD_NO;
+    MHD_add_response_header(r, "Content-Type", "application/json");
+    MHD_add_response_header(r, "Allow", allow);
+    enum MHD_Result ok = MHD_queue_response(c, 405, r);
+    MHD_destroy_response(r);
+    return ok;
+}
+
+static enum MHD_Result dispatch(srv_server *s, struct MHD_Connection *c, conn_ctx *cc, const char *url, const char *method)
+{
+    const route *rt = NULL;
+    int on_path = 0, auth = 0;
+    char allow[64] = "";
+    for (size_t i = 0; i < sizeof ROUTES / sizeof *ROUTES; i++) {
+        const route *r = &ROUTES[i];
+        if (strcmp(url, r->path)) continue;
+        size_t n = strlen(allow);
+        snprintf(allow + n, sizeof allow - n, "%s%s", on_path ? ", " : "", r->method);
+        on_path = 1;
+        auth |= r->needs_auth;
+        if (!strcmp(method, r->method)) rt = r;
+    }
+    if (!on_path) {
+        char msg[160];
+        snprintf(msg, sizeof msg, "no route %.100s", url);
+        return fail(c, 404, "invalid_request_error", "not_found", msg);
+    }
+    if (auth && !authorized(s, c))
+        return fail(c, 401, "invalid_request_error", "invalid_api_key", "a missing or wrong API key (Authorization: Bearer KEY)");
+    if (!rt) return not_allowed(c, allow, url);
+    if (rt->needs_ready) {
+        enum MHD_Result out;
+        if (!ready(s, c, &out)) return out;
+        if (cc->too_big) {
+            char msg[96];
+            snprintf(msg, sizeof msg, "the request body is larger than %zu bytes", s->max_body);
+            return fail(c, 413, "invalid_request_error", "body_too_large", msg);
+        }
+        if (cc->body.oom) return fail(c, 500, "server_error", NULL, "out of memory");
+    }
+    return rt->handler(s, c, cc);
 }
 
 static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *url, const char *method,
@@ -200,15 +340,15 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
     }
     if (*upload_size) {
         if (!cc->too_big && cc->body.len + *upload_size > s->max_body) cc->too_big = 1;
-        if (!cc->too_big) q3_strbuf_put(&cc->body, upload, *upload_size);
+        if (!cc->too_big) srv_buf_put(&cc->body, upload, *upload_size);
         *upload_size = 0;
         return MHD_YES;
     }
     if (cc->job) { /* resumed: the engine finished a non-stream job */
         srv_job *j = cc->job;
         pthread_mutex_lock(&j->mu);
-        if (!j->finished) { /* a spurious wake */
-            j->suspended = 1;
+        if (!srv_job_ended(j->res.state)) { /* a spurious wake */
+            j->st.suspended = 1;
             MHD_suspend_connection(c);
             pthread_mutex_unlock(&j->mu);
             return MHD_YES;
@@ -216,56 +356,7 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
         pthread_mutex_unlock(&j->mu);
         return answer_job(c, j);
     }
-    int get = !strcmp(method, "GET"), post = !strcmp(method, "POST");
-    if (!strcmp(url, "/health")) {
-        if (!get) return fail(c, 405, "invalid_request_error", NULL, "use GET /health");
-        if (!__atomic_load_n(&s->ready, __ATOMIC_ACQUIRE)) return fail(c, 503, "server_error", "loading", "the model is loading");
-        if (__atomic_load_n(&s->draining, __ATOMIC_ACQUIRE)) return fail(c, 503, "server_error", "draining", "the server is shutting down");
-        return respond(c, 200, "application/json", "{}", 2);
-    }
-    if (!strcmp(url, "/metrics")) {
-        if (!get) return fail(c, 405, "invalid_request_error", NULL, "use GET /metrics");
-        q3_strbuf b = {0};
-        srv_metrics_render(&s->metrics, s->api.model_name ? s->api.model_name : "", &b);
-        if (b.oom) { free(b.data); return fail(c, 500, "server_error", NULL, "out of memory"); }
-        enum MHD_Result ok = respond(c, 200, "text/plain; version=0.0.4; charset=utf-8", b.data ? b.data : "", b.len);
-        free(b.data);
-        return ok;
-    }
-    static const char *const routes[] = {"/v1/models", "/v1/chat/completions", "/v1/completions", "/tokenize", "/detokenize", NULL};
-    int route = -1;
-    for (int i = 0; routes[i]; i++)
-        if (!strcmp(url, routes[i])) route = i;
-    if (route < 0) {
-        char msg[160];
-        snprintf(msg, sizeof msg, "no route %.100s", url);
-        return fail(c, 404, "invalid_request_error", "not_found", msg);
-    }
-    if (!authorized(s, c)) return fail(c, 401, "invalid_request_error", "invalid_api_key", "a missing or wrong API key (Authorization: Bearer KEY)");
-    if (route == 0 ? !get : !post) return fail(c, 405, "invalid_request_error", NULL, route == 0 ? "use GET" : "use POST");
-    if (!__atomic_load_n(&s->ready, __ATOMIC_ACQUIRE)) return fail(c, 503, "server_error", "loading", "the model is loading");
-    if (__atomic_load_n(&s->draining, __ATOMIC_ACQUIRE)) return fail(c, 503, "server_error", "draining", "the server is shutting down");
-    if (cc->too_big) {
-        char msg[96];
-        snprintf(msg, sizeof msg, "the request body is larger than %zu bytes", s->max_body);
-        return fail(c, 413, "invalid_request_error", "body_too_large", msg);
-    }
-    if (cc->body.oom) return fail(c, 500, "server_error", NULL, "out of memory");
-    if (route == 0) {
-        q3_strbuf b = {0};
-        srv_models_json(&s->api, s->started, &b);
-        return respond_json(c, 200, &b);
-    }
-    if (route == 1 || route == 2) return start_job(s, c, cc, route == 1);
-    q3_strbuf b = {0};
-    srv_err e = {0};
-    const char *body = cc->body.data ? cc->body.data : "";
-    int rc = route == 3 ? srv_tokenize(&s->api, body, cc->body.len, &b, &e) : srv_detokenize(&s->api, body, cc->body.len, &b, &e);
-    if (rc) {
-        free(b.data);
-        return respond_err(c, &e);
-    }
-    return respond_json(c, 200, &b);
+    return dispatch(s, c, cc, url, method);
 }
 
 static void completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe)
@@ -278,10 +369,10 @@ static void completed(void *cls, struct MHD_Connection *c, void **con_cls, enum 
     if (cc->job) {
         srv_job *j = cc->job;
         pthread_mutex_lock(&j->mu);
-        j->conn = NULL;
-        j->fd = -1;
-        j->suspended = 0;
-        if (!j->finished) j->cancelled = 1;
+        j->st.conn = NULL;
+        j->st.fd = -1;
+        j->st.suspended = 0;
+        if (!srv_job_ended(j->res.state)) j->st.cancelled = 1;
         pthread_mutex_unlock(&j->mu);
         srv_job_unref(j);
         __atomic_sub_fetch(&s->in_flight, 1, __ATOMIC_SEQ_CST);

@@ -1,6 +1,6 @@
-#include "server/job.h"
+/* The job's life cycle (see job.h); no I/O, no libmicrohttpd. */
+#include "job.h"
 
-#include <microhttpd.h>
 #include <stdlib.h>
 
 srv_job *srv_job_new(void)
@@ -9,7 +9,7 @@ srv_job *srv_job_new(void)
     if (!j) return NULL;
     pthread_mutex_init(&j->mu, NULL);
     j->refs = 1;
-    j->fd = -1;
+    j->st.fd = -1;
     return j;
 }
 
@@ -27,24 +27,17 @@ void srv_job_unref(srv_job *j)
     int left = --j->refs;
     pthread_mutex_unlock(&j->mu);
     if (left) return;
-    free(j->prompt);
-    for (int i = 0; i < j->n_stop; i++) free(j->stop[i]);
-    for (int i = 0; i < j->n_tool_calls; i++) {
-        free(j->tool_calls[i].name);
-        free(j->tool_calls[i].arguments);
+    free(j->req.prompt);
+    free(j->req.bias);
+    for (int i = 0; i < j->req.n_stop; i++) free(j->req.stop[i]);
+    for (int i = 0; i < j->res.n_tool_calls; i++) {
+        free(j->res.tool_calls[i].name);
+        free(j->res.tool_calls[i].arguments);
     }
-    free(j->lp);
-    free(j->sse.data);
-    free(j->content.data);
-    free(j->reasoning.data);
+    free(j->res.lp);
+    free(j->st.sse.data);
+    free(j->res.content.data);
+    free(j->res.reasoning.data);
     pthread_mutex_destroy(&j->mu);
     free(j);
-}
-
-void srv_job_wake(srv_job *j)
-{
-    if (j->suspended && j->conn) {
-        j->suspended = 0;
-        MHD_resume_connection(j->conn);
-    }
 }

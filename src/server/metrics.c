@@ -1,4 +1,4 @@
-#include "server/metrics.h"
+#include "metrics.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -50,11 +50,26 @@ void srv_metrics_gauges(srv_metrics *m, int running, int waiting, double kv_usag
     pthread_mutex_unlock(&m->mu);
 }
 
-void srv_metrics_request(srv_metrics *m, int finish, int prompt_tokens, int cached, int gen_tokens, double ttft,
+/* The finished_reason labels, in success[]'s order. */
+static const char *const REASONS[4] = {"stop", "length", "tool_calls", "abort"};
+
+static int reason_index(srv_finish f)
+{
+    switch (f) {
+    case SRV_FINISH_STOP:
+    case SRV_FINISH_STOP_STRING: return 0;
+    case SRV_FINISH_LENGTH: return 1;
+    case SRV_FINISH_TOOL_CALLS: return 2;
+    case SRV_FINISH_NONE: break;
+    }
+    return 3;
+}
+
+void srv_metrics_request(srv_metrics *m, srv_finish finish, int prompt_tokens, int cached, int gen_tokens, double ttft,
                          double tpot, double e2e)
 {
     pthread_mutex_lock(&m->mu);
-    if (finish >= 0 && finish < 4) m->success[finish]++;
+    m->success[reason_index(finish)]++;
     m->prompt_tokens += (uint64_t)prompt_tokens;
     m->cached_prompt_tokens += (uint64_t)cached;
     m->generation_tokens += (uint64_t)gen_tokens;
@@ -66,16 +81,16 @@ void srv_metrics_request(srv_metrics *m, int finish, int prompt_tokens, int cach
     pthread_mutex_unlock(&m->mu);
 }
 
-static void render_hist(q3_strbuf *b, const char *name, const char *help, const char *labels, const srv_hist *h)
+static void render_hist(srv_buf *b, const char *name, const char *help, const char *labels, const srv_hist *h)
 {
-    q3_strbuf_printf(b, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
+    srv_buf_printf(b, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
     uint64_t cum = 0;
     for (int i = 0; i < h->n; i++) {
         cum += h->count[i];
-        q3_strbuf_printf(b, "%s_bucket{%s,le=\"%g\"} %llu\n", name, labels, h->le[i], (unsigned long long)cum);
+        srv_buf_printf(b, "%s_bucket{%s,le=\"%g\"} %llu\n", name, labels, h->le[i], (unsigned long long)cum);
     }
-    q3_strbuf_printf(b, "%s_bucket{%s,le=\"+Inf\"} %llu\n", name, labels, (unsigned long long)h->total);
-    q3_strbuf_printf(b, "%s_sum{%s} %.9g\n%s_count{%s} %llu\n", name, labels, h->sum, name, labels,
+    srv_buf_printf(b, "%s_bucket{%s,le=\"+Inf\"} %llu\n", name, labels, (unsigned long long)h->total);
+    srv_buf_printf(b, "%s_sum{%s} %.9g\n%s_count{%s} %llu\n", name, labels, h->sum, name, labels,
                      (unsigned long long)h->total);
 }
 
@@ -91,36 +106,35 @@ static void label_value(char *out, size_t cap, const char *s)
     out[o] = 0;
 }
 
-void srv_metrics_render(srv_metrics *m, const char *model_name, q3_strbuf *b)
+void srv_metrics_render(srv_metrics *m, const char *model_name, srv_buf *b)
 {
     char name[256], labels[300];
     label_value(name, sizeof name, model_name);
     snprintf(labels, sizeof labels, "model_name=\"%s\"", name);
     pthread_mutex_lock(&m->mu);
-    q3_strbuf_printf(b, "# HELP vllm:num_requests_running Number of requests in model execution batches.\n"
+    srv_buf_printf(b, "# HELP vllm:num_requests_running Number of requests in model execution batches.\n"
                         "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{%s} %d\n", labels, m->running);
-    q3_strbuf_printf(b, "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.\n"
+    srv_buf_printf(b, "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.\n"
                         "# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{%s} %d\n", labels, m->waiting);
-    q3_strbuf_printf(b, "# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.\n"
+    srv_buf_printf(b, "# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.\n"
                         "# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc{%s} %.6f\n", labels, m->kv_usage);
-    q3_strbuf_printf(b, "# HELP vllm:cache_config_info Information of the KV cache config.\n"
+    srv_buf_printf(b, "# HELP vllm:cache_config_info Information of the KV cache config.\n"
                         "# TYPE vllm:cache_config_info gauge\n"
                         "vllm:cache_config_info{block_size=\"%d\",num_gpu_blocks=\"%d\",%s} 1\n",
                      m->block_size, m->num_blocks, labels);
-    q3_strbuf_printf(b, "# HELP vllm:prompt_tokens_total Number of prefill tokens processed.\n"
+    srv_buf_printf(b, "# HELP vllm:prompt_tokens_total Number of prefill tokens processed.\n"
                         "# TYPE vllm:prompt_tokens_total counter\nvllm:prompt_tokens_total{%s} %llu\n", labels,
                      (unsigned long long)m->prompt_tokens);
-    q3_strbuf_printf(b, "# HELP vllm:prefix_cache_hits_total Prompt tokens taken from the prefix cache.\n"
+    srv_buf_printf(b, "# HELP vllm:prefix_cache_hits_total Prompt tokens taken from the prefix cache.\n"
                         "# TYPE vllm:prefix_cache_hits_total counter\nvllm:prefix_cache_hits_total{%s} %llu\n", labels,
                      (unsigned long long)m->cached_prompt_tokens);
-    q3_strbuf_printf(b, "# HELP vllm:generation_tokens_total Number of generation tokens processed.\n"
+    srv_buf_printf(b, "# HELP vllm:generation_tokens_total Number of generation tokens processed.\n"
                         "# TYPE vllm:generation_tokens_total counter\nvllm:generation_tokens_total{%s} %llu\n", labels,
                      (unsigned long long)m->generation_tokens);
-    static const char *reasons[4] = {"stop", "length", "tool_calls", "abort"};
-    q3_strbuf_puts(b, "# HELP vllm:request_success_total Count of finished requests by finish reason.\n"
+    srv_buf_puts(b, "# HELP vllm:request_success_total Count of finished requests by finish reason.\n"
                       "# TYPE vllm:request_success_total counter\n");
     for (int i = 0; i < 4; i++)
-        q3_strbuf_printf(b, "vllm:request_success_total{finished_reason=\"%s\",%s} %llu\n", reasons[i], labels,
+        srv_buf_printf(b, "vllm:request_success_total{finished_reason=\"%s\",%s} %llu\n", REASONS[i], labels,
                          (unsigned long long)m->success[i]);
     render_hist(b, "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", labels, &m->ttft);
     render_hist(b, "vllm:time_per_output_token_seconds", "Histogram of time per output token in seconds.", labels, &m->tpot);

@@ -8,7 +8,8 @@
 #include <pthread.h>
 #include <stdint.h>
 
-#include "util/strbuf.h"
+#include "job.h"
+#include "buf.h"
 
 #define SRV_HIST_MAX 24
 
@@ -28,20 +29,19 @@ typedef struct srv_metrics {
     int block_size, num_blocks;
     /* counters */
     uint64_t prompt_tokens, generation_tokens, cached_prompt_tokens;
-    uint64_t success[4];      /* by finish reason: stop, length, tool_calls, abort */
+    uint64_t success[4];      /* by vLLM's finished_reason label: stop, length, tool_calls, abort */
     uint64_t errors;
     srv_hist ttft, tpot, e2e, req_prompt, req_gen;
 } srv_metrics;
 
-enum { SRV_FINISH_STOP, SRV_FINISH_LENGTH, SRV_FINISH_TOOLS, SRV_FINISH_ABORT };
-
 void srv_metrics_init(srv_metrics *m);
 void srv_metrics_destroy(srv_metrics *m);
 void srv_metrics_gauges(srv_metrics *m, int running, int waiting, double kv_usage, int block_size, int num_blocks);
-/* A finished request (finish: SRV_FINISH_*; ttft/tpot < 0: not measured). */
-void srv_metrics_request(srv_metrics *m, int finish, int prompt_tokens, int cached, int gen_tokens, double ttft,
+/* A finished request (finish: SRV_FINISH_NONE counts as "abort"; ttft/tpot < 0:
+ * not measured). */
+void srv_metrics_request(srv_metrics *m, srv_finish finish, int prompt_tokens, int cached, int gen_tokens, double ttft,
                          double tpot, double e2e);
 /* Prometheus text exposition format 0.0.4 into b. */
-void srv_metrics_render(srv_metrics *m, const char *model_name, q3_strbuf *b);
+void srv_metrics_render(srv_metrics *m, const char *model_name, srv_buf *b);
 
 #endif

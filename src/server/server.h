@@ -9,9 +9,9 @@
 #include <stddef.h>
 
 #include "q3.h"
-#include "server/engine.h"
-#include "server/metrics.h"
-#include "text/tokenizer.h"
+#include "engine.h"
+#include "metrics.h"
+#include "q3.h"
 
 typedef struct srv_server srv_server;
 

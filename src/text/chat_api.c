@@ -7,6 +7,7 @@
 #include "text/chat_template.h"
 #include "text/json_write.h"
 #include "util/error.h"
+#include "util/opts.h"
 
 /* Parses JSON text that may not be NUL-terminated. */
 static q3_status parse(const char *json, size_t len, cJSON **out)
@@ -60,13 +61,22 @@ q3_status q3_chat_format_json(const char *json, size_t len, char **text, size_t 
     return st;
 }
 
+q3_chat_opts q3_chat_opts_default(void)
+{
+    q3_chat_opts o = {.size = sizeof o, .add_generation_prompt = 1, .enable_thinking = -1};
+    return o;
+}
+
 q3_status q3_chat_tokenize(const q3_tokenizer *tok, const q3_chat_message *messages, size_t n,
                            const q3_chat_opts *opts, int32_t **ids, size_t *n_ids)
 {
     *ids = NULL;
     *n_ids = 0;
-    q3_chat_opts o = {.add_generation_prompt = 1, .enable_thinking = -1};
-    if (opts) o = *opts;
+    q3_chat_opts o = q3_chat_opts_default();
+    if (opts) {
+        q3_status ost = q3_opts_read(&o, sizeof o, opts, "q3_chat_tokenize options");
+        if (ost) return ost;
+    }
     cJSON *conv = cJSON_CreateObject(), *msgs = cJSON_AddArrayToObject(conv, "messages");
     q3_status st = Q3_OK;
     for (size_t i = 0; i < n && msgs; i++) {

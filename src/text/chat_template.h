@@ -21,7 +21,7 @@
 #include <stddef.h>
 #include <cjson/cJSON.h>
 
-#include "q3.h"
+#include "util/status.h"
 #include "text/tokenizer.h"
 
 /* ---- recognising a model's template ------------------------------------- */

@@ -16,7 +16,7 @@
 #include <stddef.h>
 #include <cjson/cJSON.h>
 
-#include "q3.h"
+#include "util/status.h"
 
 /* Parses NUL-terminated JSON text (one value; trailing whitespace allowed,
  * anything else after it is an error). Each number node keeps its literal

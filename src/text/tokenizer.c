@@ -809,3 +809,10 @@ void q3_detokenizer_free(q3_detokenizer *d)
 
 int32_t q3_tokenizer_end_of_turn(const q3_tokenizer *tok) { return q3_tokenizer_token_id(tok, "<|im_end|>", 10); }
 int32_t q3_tokenizer_end_of_text(const q3_tokenizer *tok) { return q3_tokenizer_token_id(tok, "<|endoftext|>", 13); }
+
+q3_status q3_tokenizer_piece(const q3_tokenizer *tok, int32_t id, const char **bytes, size_t *len)
+{
+    *bytes = q3_tokenizer_token_bytes(tok, id, len);
+    if (!*bytes) return q3_fail(Q3_ERR_INVALID, "token id %d is not in the vocabulary [0, %d)", id, q3_tokenizer_vocab_size(tok));
+    return Q3_OK;
+}

@@ -1,5 +1,7 @@
 #include "util/error.h"
 
+#include "q3.h" /* q3_last_error, q3_status_name: public */
+
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -50,6 +52,7 @@ const char *q3_status_name(q3_status st)
     case Q3_ERR_UNSUPPORTED: return "unsupported";
     case Q3_ERR_NOMEM: return "out of memory";
     case Q3_ERR_CONTEXT: return "context full";
+    case Q3_ERR_KV_FULL: return "KV pool full";
     }
     return "unknown status";
 }

@@ -3,7 +3,7 @@
 #ifndef Q3_UTIL_ERROR_H
 #define Q3_UTIL_ERROR_H
 
-#include "q3.h"
+#include "util/status.h"
 
 /* Records the formatted message as this thread's last error and returns st,
  * so that failures read `return q3_fail(Q3_ERR_FORMAT, "%s: ...", path);`. */

@@ -4,7 +4,7 @@
 
 #include <stddef.h>
 #include <stdio.h>
-#include "q3.h"
+#include "util/status.h"
 
 /* Reads a whole file into a NUL-terminated heap buffer (caller frees).
  * Refuses files larger than max_bytes with a message naming the file. */

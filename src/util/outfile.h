@@ -23,7 +23,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
-#include "q3.h"
+#include "util/status.h"
 
 typedef struct q3_outfile q3_outfile;
 

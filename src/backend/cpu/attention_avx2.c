@@ -57,7 +57,7 @@ static void load_kv_row(const q3_cpu_attn *a, int v, int t, int kvh, float *dst)
     row += (size_t)kvh * q3_cpu_attn_head_bytes(a);
     if (a->kv_dtype == Q3_Q8_0) { /* hd % 32 == 0: whole blocks, dequantized exactly */
         const uint8_t *b = (const uint8_t *)row;
-        for (int d = 0; d < hd; d += 32, b += 34) {
+        for (int d = 0; d < hd; d += 32, b += Q3_Q8_0_BYTES) {
             __m256 s = q3_q8_0_scale(b);
             for (int j = 0; j < 32; j += 8) _mm256_store_ps(dst + d + j, q3_load_q8_0x8(b, s, j));
         }

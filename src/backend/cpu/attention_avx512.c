@@ -120,7 +120,7 @@ static void load_rows(const q3_cpu_attn *a, const char *const *rows, size_t off,
         for (int j = 0; j < nb; j++) {
             const uint8_t *b = (const uint8_t *)rows[j] + off;
             float *o = dst + (size_t)j * hdp;
-            for (int d = 0; d < hd; d += 32, b += 34) {
+            for (int d = 0; d < hd; d += 32, b += Q3_Q8_0_BYTES) {
                 __m512 lo, hi;
                 q3_load_q8_0x32(b, &lo, &hi);
                 _mm512_store_ps(o + d, lo);
@@ -153,7 +153,7 @@ static void prefetch_rows(const q3_cpu_attn *a, int t0, int t1, size_t off, size
 Q3_INLINE __m512 row16(const q3_cpu_attn *a, const char *row, int c)
 {
     if (a->kv_dtype == Q3_Q8_0) {
-        const uint8_t *b = (const uint8_t *)row + (size_t)(c / 32) * 34;
+        const uint8_t *b = (const uint8_t *)row + (size_t)(c / 32) * Q3_Q8_0_BYTES;
         __m512 d = _mm512_set1_ps(_cvtsh_ss((unsigned short)(b[0] | b[1] << 8)));
         __m128i q = _mm_loadu_si128((const __m128i *)(b + 2 + (c % 32)));
         return _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)));

@@ -45,15 +45,18 @@
 
 static const q3_cpu_isa isa_amx = {
     .name = "avx512-amx", .bf16_activations = true,
-    .mm = &q3_cpu_mm_amx, .attn = &q3_cpu_attn_avx512, .ew = &q3_cpu_ew_avx512,
+    .mm = &q3_cpu_mm_amx, .quant = &q3_quant_avx512, .mm_quant = &q3_cpu_mm_quant_avx512,
+    .attn = &q3_cpu_attn_avx512, .ew = &q3_cpu_ew_avx512,
 };
 static const q3_cpu_isa isa_avx512 = {
     .name = "avx512-bf16", .bf16_activations = true,
-    .mm = &q3_cpu_mm_avx512, .attn = &q3_cpu_attn_avx512, .ew = &q3_cpu_ew_avx512,
+    .mm = &q3_cpu_mm_avx512, .quant = &q3_quant_avx512, .mm_quant = &q3_cpu_mm_quant_avx512,
+    .attn = &q3_cpu_attn_avx512, .ew = &q3_cpu_ew_avx512,
 };
 static const q3_cpu_isa isa_avx2 = {
     .name = "avx2", .bf16_activations = false,
-    .mm = &q3_cpu_mm_avx2, .attn = &q3_cpu_attn_avx2, .ew = &q3_cpu_ew_avx2,
+    .mm = &q3_cpu_mm_avx2, .quant = &q3_quant_avx2, .mm_quant = &q3_cpu_mm_quant_avx2,
+    .attn = &q3_cpu_attn_avx2, .ew = &q3_cpu_ew_avx2,
 };
 
 /* ---- state ---------------------------------------------------------------------- */
@@ -72,6 +75,7 @@ typedef struct cpu_unit {
     grow_buf attn_parts;    /* decode: super-block softmax states of every row */
     grow_buf attn_rows;     /* decode: per-row attention descriptors */
     grow_buf norm_w;        /* a norm weight converted to F32 */
+    grow_buf mmid;          /* MATMUL_ID: ids, the rows grouped by matrix, their inputs and outputs */
     /* RoPE table: row p = cos[hd/2], sin[hd/2] of position p, for p < rope_done */
     grow_buf rope;
     int rope_done, rope_hd;
@@ -132,6 +136,7 @@ static void cpu_close(void *impl)
     free(u->attn_parts.p);
     free(u->attn_rows.p);
     free(u->norm_w.p);
+    free(u->mmid.p);
     free(u->rope.p);
     free(u);
 }
@@ -312,7 +317,7 @@ static void run_rows(cpu_unit *u, const q3_exec *e, const q3_op *op, const float
 typedef struct mm_job {
     cpu_unit *u;
     q3_cpu_matmul mm;
-    const q3_cpu_mm_kernels *k; /* BF16/F32/F16 kernels of the ISA, or the Q8_0/Q4_0 ones */
+    const q3_cpu_mm_kernels *k; /* the weight type's kernels on this ISA (q3_cpu_isa_mm) */
     int item;   /* outputs per work item */
 } mm_job;
 
@@ -329,38 +334,52 @@ static void mm_item(void *ctx, int item, int ith)
     j->k->range(&j->mm, j->u->scratch[ith].p, o0, o1);
 }
 
-/* Packing a weight: panels of outputs over the pool's threads. */
+/* Packing a weight: panels of outputs over the pool's threads; a stacked
+ * weight (MATMUL_ID) matrix by matrix, each packed as a weight of its own. */
 typedef struct pack_job {
     const q3_cpu_mm_kernels *k;
-    const q3_tensor *w;
-    void *dst;
-    int item; /* outputs per work item */
+    q3_dtype t;
+    const char *src;
+    char *dst;
+    int n, kk;                /* outputs and inputs of one matrix */
+    size_t src_stride, dst_stride; /* bytes from one matrix to the next */
+    int item;                 /* outputs per work item */
+    int items_per_mat;
 } pack_job;
 
 static void pack_item(void *ctx, int item, int ith)
 {
     const pack_job *j = ctx;
-    int n = (int)j->w->shape[0], o0 = item * j->item, o1 = o0 + j->item < n ? o0 + j->item : n;
-    j->k->pack(j->w->dtype, j->w->data, q3_dtype_row_bytes(j->w->dtype, (size_t)j->w->shape[1]), n, (int)j->w->shape[1],
-               j->dst, o0, o1);
+    int m = item / j->items_per_mat, o0 = item % j->items_per_mat * j->item, o1 = o0 + j->item < j->n ? o0 + j->item : j->n;
+    j->k->pack(j->t, j->src + (size_t)m * j->src_stride, q3_dtype_row_bytes(j->t, (size_t)j->kk), j->n, j->kk,
+               j->dst + (size_t)m * j->dst_stride, o0, o1);
 }
 
-/* The kernels' packed copy of w, made now if no unit has made it yet (*out =
- * NULL: these kernels read w in place). Racing contexts each pack; one copy is
- * published, the others freed. */
-static q3_status packed_weight(cpu_unit *u, const q3_op *op, const q3_cpu_mm_kernels *k, const void **out)
+/* The kernels' packed copy of w (a 2-D weight, or each matrix of a stacked
+ * 3-D one, *stride bytes apart), made now if no unit has made it yet (*out =
+ * NULL: these kernels read w in place). Racing contexts each pack; one copy
+ * is published, the others freed. */
+static q3_status packed_weight(cpu_unit *u, const q3_op *op, const q3_cpu_mm_kernels *k, const void **out,
+                               size_t *stride)
 {
     const q3_tensor *w = op->weight;
+    const int stacked = w->ndim == 3, n_mat = stacked ? (int)w->shape[0] : 1;
+    const int n = (int)w->shape[stacked], kk = (int)w->shape[stacked + 1];
     *out = NULL;
-    size_t bytes = k->packed_bytes ? k->packed_bytes(w->dtype, (int)w->shape[0], (int)w->shape[1]) : 0;
-    if (!bytes) return Q3_OK;
+    size_t per = k->packed_bytes ? k->packed_bytes(w->dtype, n, kk) : 0;
+    if (!per) return Q3_OK;
+    *stride = n_mat == 1 ? per : (per + 63) & ~(size_t)63;
+    size_t bytes = (size_t)n_mat * *stride;
     void *p = atomic_load_explicit(&((q3_tensor *)w)->packed, memory_order_acquire);
     if (!p) {
         if (!(p = aligned_alloc(64, (bytes + 63) & ~(size_t)63)))
             return q3_fail(Q3_ERR_NOMEM, "cpu unit: cannot allocate %zu bytes for the packed weight of %s", bytes,
                            op->name);
-        pack_job j = {.k = k, .w = w, .dst = p, .item = 16 * 64};
-        q3_pool_job job = {.item = pack_item, .ctx = &j, .n_items = (int)((w->shape[0] + j.item - 1) / j.item)};
+        pack_job j = {.k = k, .t = w->dtype, .src = w->data, .dst = p, .n = n, .kk = kk,
+                      .src_stride = (size_t)n * q3_dtype_row_bytes(w->dtype, (size_t)kk), .dst_stride = *stride,
+                      .item = 16 * 64};
+        j.items_per_mat = (n + j.item - 1) / j.item;
+        q3_pool_job job = {.item = pack_item, .ctx = &j, .n_items = n_mat * j.items_per_mat};
         q3_pool_run(u->pool, &job);
         void *none = NULL;
         if (!atomic_compare_exchange_strong(&((q3_tensor *)w)->packed, &none, p)) {
@@ -392,14 +411,14 @@ static q3_status run_matmul(cpu_unit *u, const q3_exec *e, const q3_op *op)
                     .n = (int)w->shape[0],
                     .k = (int)w->shape[1],
                 }};
-    const q3_cpu_mm_kernels *k = u->isa->mm;
-    /* quantized weights: int8 dot products on activations quantized per 32-block
-       (each thread quantizes all rows into its own scratch: no barrier) */
-    if (q3_quant_kernels_admit(w->dtype, w->shape[1]))
-        k = u->isa == &isa_avx2 ? &q3_cpu_mm_quant_avx2 : &q3_cpu_mm_quant_avx512;
+    /* the weight type's row (quantized weights: int8 dot products on activations
+       quantized per 32-block, each thread quantizing all rows into its own
+       scratch: no barrier) */
+    const q3_cpu_mm_kernels *k = q3_cpu_isa_mm(u->isa, w->dtype);
     j.k = k;
     const void *packed;
-    q3_status st = packed_weight(u, op, k, &packed);
+    size_t stride;
+    q3_status st = packed_weight(u, op, k, &packed, &stride);
     if (st) return st;
     if (packed) j.mm.w = packed;
     st = ensure_scratch(u, op, k->scratch(&j.mm));
@@ -415,6 +434,151 @@ static q3_status run_matmul(cpu_unit *u, const q3_exec *e, const q3_op *op)
         for (int i = 0; i < job.n_items; i++) mm_item(&j, i, 0);
     } else {
         q3_pool_run(u->pool, &job);
+    }
+    return Q3_OK;
+}
+
+/* ---- matmul_id ---------------------------------------------------------------------------- */
+
+/* The (row, slot) pairs that chose one matrix, gathered: a plain matmul of
+ * their inputs (rows of x) by that matrix into rows of y, run by the same
+ * kernels as MATMUL (whose outputs do not depend on the rows beside them). */
+typedef struct mmid_group {
+    q3_cpu_matmul mm;
+    int item, item0, n_items; /* outputs per work item; the group's items are [item0, item0 + n_items) */
+} mmid_group;
+
+typedef struct mmid_job {
+    cpu_unit *u;
+    const q3_cpu_mm_kernels *k;
+    mmid_group *g;
+    int n_groups;
+    int *prepared; /* [nth] the group whose activations each thread's scratch holds (-1: none) */
+} mmid_job;
+
+static void mmid_begin(void *ctx, int ith) { ((mmid_job *)ctx)->prepared[ith] = -1; }
+
+/* Items are claimed in increasing order, so a thread meets each group at
+ * most once in a row and prepares it (packs its rows) once. */
+static void mmid_item(void *ctx, int item, int ith)
+{
+    mmid_job *j = ctx;
+    int lo = 0, hi = j->n_groups - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (j->g[mid].item0 <= item) lo = mid;
+        else hi = mid - 1;
+    }
+    const mmid_group *g = &j->g[lo];
+    void *scratch = j->u->scratch[ith].p;
+    if (j->prepared[ith] != lo) {
+        j->k->prepare(&g->mm, scratch);
+        j->prepared[ith] = lo;
+    }
+    int o0 = (item - g->item0) * g->item, o1 = o0 + g->item < g->mm.n ? o0 + g->item : g->mm.n;
+    j->k->range(&g->mm, scratch, o0, o1);
+}
+
+static size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
+
+/* Rows grouped by the matrix they chose (a counting sort, stable in (row,
+ * slot) order), each chosen matrix's weights read once for all its rows in
+ * one pool job over every group's output ranges; then each result goes back
+ * to its row and slot (times the slot weight, if any). */
+static q3_status run_matmul_id(cpu_unit *u, const q3_exec *e, const q3_op *op)
+{
+    q3_matmul_id_shape s;
+    const char *why = q3_matmul_id_check(e->g, op, &s);
+    if (why) return q3_fail(Q3_ERR_INVALID, "op %s: %s", op->name, why);
+    const q3_tensor *w = op->weight;
+    const q3_cpu_mm_kernels *k = q3_cpu_isa_mm(u->isa, w->dtype);
+    if (!k) return q3_fail(Q3_ERR_UNSUPPORTED, "op %s: %s", op->name, q3_traits(w->dtype)->no_matmul);
+    const int rows = live_rows(e, op->out);
+    const size_t pairs = (size_t)rows * (size_t)s.k, max_groups = pairs < (size_t)s.n_mat ? pairs : (size_t)s.n_mat;
+    const size_t o_cnt = pairs * sizeof(int32_t), o_order = o_cnt + ((size_t)s.n_mat + 1) * sizeof(int32_t),
+                 o_prep = o_order + pairs * sizeof(int32_t), o_groups = align64(o_prep + (size_t)u->nth * sizeof(int)),
+                 o_x = align64(o_groups + max_groups * sizeof(mmid_group)),
+                 o_y = align64(o_x + pairs * (size_t)s.n_in * sizeof(float)),
+                 total = o_y + pairs * (size_t)s.n_out * sizeof(float);
+    if (grow(&u->mmid, total)) return no_scratch(op, total);
+    char *base = u->mmid.p;
+    int32_t *ids = (int32_t *)base, *cnt = (int32_t *)(base + o_cnt), *order = (int32_t *)(base + o_order);
+    mmid_group *groups = (mmid_group *)(base + o_groups);
+    float *X = (float *)(base + o_x), *Y = (float *)(base + o_y);
+    q3_status st = q3_matmul_id_ids(e, op, &s, rows, ids);
+    if (st) return st;
+
+    /* cnt[m + 1] = pairs that chose m, then offsets; order = pairs by matrix */
+    memset(cnt, 0, ((size_t)s.n_mat + 1) * sizeof *cnt);
+    for (size_t p = 0; p < pairs; p++) cnt[ids[p] + 1]++;
+    for (int m = 0; m < s.n_mat; m++) cnt[m + 1] += cnt[m];
+    for (size_t p = 0; p < pairs; p++) order[cnt[ids[p]]++] = (int32_t)p;
+    for (int m = s.n_mat; m > 0; m--) cnt[m] = cnt[m - 1]; /* back to starts: cnt[m] = first pair of m */
+    cnt[0] = 0;
+
+    const void *packed;
+    size_t stride = 0;
+    if ((st = packed_weight(u, op, k, &packed, &stride))) return st;
+    const size_t w_row_bytes = q3_dtype_row_bytes(w->dtype, (size_t)s.n_in);
+    int n_groups = 0;
+    size_t scratch = 0;
+    for (int m = 0; m < s.n_mat; m++) {
+        int first = cnt[m], n = (m + 1 < s.n_mat ? cnt[m + 1] : (int32_t)pairs) - first;
+        if (!n) continue; /* a matrix no row chose is never read */
+        mmid_group *g = &groups[n_groups++];
+        g->mm = (q3_cpu_matmul){
+            .w = packed ? (const char *)packed + (size_t)m * stride : (const char *)w->data + (size_t)m * s.mat_bytes,
+            .wtype = w->dtype,
+            .w_row_bytes = w_row_bytes,
+            .x = X + (size_t)first * s.n_in,
+            .ldx = (size_t)s.n_in,
+            .y = Y + (size_t)first * s.n_out,
+            .ldy = (size_t)s.n_out,
+            .m = n,
+            .n = s.n_out,
+            .k = s.n_in,
+        };
+        size_t sc = k->scratch(&g->mm);
+        if (sc > scratch) scratch = sc;
+    }
+    for (size_t q = 0; q < pairs; q++) {
+        int r = order[q] / s.k, j = order[q] % s.k;
+        memcpy(X + q * (size_t)s.n_in, row_of(e, op->in[0], r) + (s.x_per_slot ? (size_t)j * s.n_in : 0),
+               (size_t)s.n_in * sizeof(float));
+    }
+    if ((st = ensure_scratch(u, op, scratch))) return st;
+
+    bool inline_run = u->nth == 1 || (double)pairs * s.n_out * s.n_in < PARALLEL_MIN_MACS;
+    int want = inline_run ? 1 : (u->nth * MM_ITEMS_PER_THREAD + n_groups - 1) / n_groups;
+    int items = 0;
+    for (int i = 0; i < n_groups; i++) {
+        mmid_group *g = &groups[i];
+        int gr = k->granule(&g->mm);
+        g->item = (s.n_out + want - 1) / want;
+        g->item = (g->item + gr - 1) / gr * gr;
+        g->n_items = (s.n_out + g->item - 1) / g->item;
+        g->item0 = items;
+        items += g->n_items;
+    }
+    mmid_job j = {.u = u, .k = k, .g = groups, .n_groups = n_groups, .prepared = (int *)(base + o_prep)};
+    if (inline_run) {
+        mmid_begin(&j, 0);
+        for (int i = 0; i < items; i++) mmid_item(&j, i, 0);
+    } else {
+        q3_pool_job job = {.begin = mmid_begin, .item = mmid_item, .ctx = &j, .n_items = items};
+        q3_pool_run(u->pool, &job);
+    }
+
+    for (size_t q = 0; q < pairs; q++) {
+        int r = order[q] / s.k, jj = order[q] % s.k;
+        float *dst = row_of(e, op->out, r) + (size_t)jj * s.n_out;
+        const float *src = Y + q * (size_t)s.n_out;
+        if (op->in[2] < 0) {
+            memcpy(dst, src, (size_t)s.n_out * sizeof(float));
+        } else {
+            const float sw = row_of(e, op->in[2], r)[jj];
+            for (int o = 0; o < s.n_out; o++) dst[o] = src[o] * sw;
+        }
     }
     return Q3_OK;
 }
@@ -622,7 +786,7 @@ static void run_embed(cpu_unit *u, const q3_exec *e, const q3_op *op)
 {
     const q3_tensor *w = op->weight;
     size_t cols = (size_t)w->shape[1], rb = q3_dtype_row_bytes(w->dtype, cols);
-    bool simd = w->dtype == Q3_F32 || w->dtype == Q3_F16 || w->dtype == Q3_BF16;
+    bool simd = q3_dtype_is_plain(w->dtype);
     for (int r = 0; r < e->n_real; r++) {
         const void *src = (const char *)w->data + (size_t)e->tokens[r] * rb;
         if (simd) u->isa->ew->to_f32(w->dtype, src, row_of(e, op->out, r), cols);
@@ -648,30 +812,20 @@ static bool cpu_present(const q3_backend *b) { return q3_cpu_has_avx2_path(q3_cp
 
 static const char *cpu_refuses(const q3_backend *b, const q3_graph *g, const q3_op *op)
 {
-    static const char *const no_matmul[Q3_DTYPE_COUNT] = {
-        [Q3_Q8_0] = "no kernel for Q8_0 weights",
-        [Q3_Q4_0] = "no kernel for Q4_0 weights",
-        [Q3_Q4_K] = "no kernel for Q4_K weights",
-        [Q3_Q5_K] = "no kernel for Q5_K weights",
-        [Q3_Q6_K] = "no kernel for Q6_K weights",
-    };
-    static const char *const no_norm[Q3_DTYPE_COUNT] = {
-        [Q3_Q8_0] = "no Q8_0 norm weights",
-        [Q3_Q4_0] = "no Q4_0 norm weights",
-        [Q3_Q4_K] = "no Q4_K norm weights",
-        [Q3_Q5_K] = "no Q5_K norm weights",
-        [Q3_Q6_K] = "no Q6_K norm weights",
-    };
+    const char *why;
+    if (op->kind == Q3_OP_MATMUL_ID && !op->weight) return q3_matmul_id_check(g, op, NULL);
     if (op->weight) {
         q3_dtype t = op->weight->dtype;
         if ((unsigned)t >= Q3_DTYPE_COUNT) return "unknown weight dtype";
-        bool plain = t == Q3_F32 || t == Q3_F16 || t == Q3_BF16;
-        bool quant_mm = op->kind == Q3_OP_MATMUL && q3_quant_kernels_admit(t, op->weight->shape[1]);
-        if (quant_mm) return NULL;
-        /* a dtype missing from the tables (K-quants) is refused too, never admitted by default */
-        if (!plain && op->kind == Q3_OP_MATMUL) return no_matmul[t] ? no_matmul[t] : "no kernel for this weight dtype";
-        if (!plain && op->kind != Q3_OP_EMBED) return no_norm[t] ? no_norm[t] : "no norm kernel for this weight dtype";
-        /* embedding rows of every quantized type: q3_row_to_f32 */
+        const q3_type_traits *tt = q3_traits(t);
+        if (op->kind == Q3_OP_MATMUL || op->kind == Q3_OP_MATMUL_ID) {
+            if (op->kind == Q3_OP_MATMUL_ID && (why = q3_matmul_id_check(g, op, NULL))) return why;
+            /* every ISA has the same rows: the default one's say what the unit admits */
+            if (!q3_cpu_isa_mm(default_isa(), t) || op->weight->shape[op->weight->ndim - 1] % (int64_t)tt->block_values)
+                return tt->no_matmul;
+        } else if (!q3_dtype_is_plain(t) && op->kind != Q3_OP_EMBED) {
+            return tt->no_norm; /* embedding rows of every type: q3_row_to_f32 */
+        }
     }
     if (op->kind == Q3_OP_ROPE && g->cfg->head_dim % 2) return "RoPE needs an even head_dim";
     return NULL;
@@ -701,6 +855,7 @@ static q3_status cpu_run(void *impl, const q3_exec *e, const q3_op *op)
         return Q3_OK;
     }
     case Q3_OP_MATMUL: return run_matmul(u, e, op);
+    case Q3_OP_MATMUL_ID: return run_matmul_id(u, e, op);
     case Q3_OP_KV_APPEND: run_kv_append(u, e, op); return Q3_OK;
     case Q3_OP_ATTENTION: return run_attention(u, e, op);
     case Q3_OP_ADD:

@@ -32,7 +32,7 @@
 typedef struct q3_cpu_matmul {
     const void *w;         /* [n][k] of wtype, rows w_row_bytes apart (the mapped weight), or the
                               kernels' packed copy of it (packed_bytes != 0) */
-    q3_dtype wtype;        /* F32, F16 or BF16 */
+    q3_dtype wtype;        /* a type the kernels take (q3_cpu_isa_mm) */
     size_t w_row_bytes;
     const float *x;        /* [m][k], rows ldx floats apart */
     size_t ldx;
@@ -136,10 +136,19 @@ typedef struct q3_cpu_ew_kernels {
     void (*from_f32)(q3_dtype t, const float *src, void *dst, size_t n);
 } q3_cpu_ew_kernels;
 
+/* An instruction set's kernels. Matmuls by weight dtype (the type-traits
+ * table's index, model/dtype.h; q3_cpu_isa_mm in quant_kernels.h looks a
+ * type up): the plain types (F32, F16, BF16) on the float kernels mm; each
+ * quantized type on its own row of the set's q3_quant_kernels table (scratch,
+ * packed size, pack, GEMV and GEMM), reached through the int8-dot adaptor
+ * mm_quant. A type the table has no row for is refused. */
+struct q3_quant_kernels;
 typedef struct q3_cpu_isa {
     const char *name;           /* "avx512-amx", "avx512-bf16", "avx2" */
     bool bf16_activations;      /* BF16-weight matmuls round activations to BF16 */
-    const q3_cpu_mm_kernels *mm;
+    const q3_cpu_mm_kernels *mm;               /* plain weight types */
+    const struct q3_quant_kernels *quant;      /* quantized weight types: a row per dtype */
+    const q3_cpu_mm_kernels *mm_quant;         /* quant's rows behind the MATMUL interface */
     const q3_cpu_attn_kernels *attn;
     const q3_cpu_ew_kernels *ew;
 } q3_cpu_isa;

@@ -18,6 +18,9 @@
 
 #define PANEL 8
 
+/* Bytes of a super-block of kind 4, 5, 6 (Q4_K, Q5_K, Q6_K). */
+Q3_INLINE size_t sb_bytes(const int kind) { return kind == 4 ? Q3_Q4_K_BYTES : kind == 5 ? Q3_Q5_K_BYTES : Q3_Q6_K_BYTES; }
+
 typedef struct prows {
     const uint8_t *p[PANEL];
     __m256i vidx; /* p[l] - p[0] */
@@ -119,7 +122,7 @@ Q3_INLINE void panel_tile(const int kind, const prows *pr, const q3_qact *qa, in
                           int cols, const char *next, size_t next_bytes, size_t per_step)
 {
     const int nsb = qa->k / 256;
-    const size_t sbb = kind == 4 ? 144 : kind == 5 ? 176 : 210;
+    const size_t sbb = sb_bytes(kind);
     const __m256i ones = _mm256_set1_epi16(1);
     __m256 f[Q3_QACT_TILE];
     for (int r = 0; r < th; r++) f[r] = _mm256_setzero_ps();
@@ -170,7 +173,7 @@ Q3_INLINE void panel_tile(const int kind, const prows *pr, const q3_qact *qa, in
 Q3_INLINE __m256 gemv_panel(const int kind, const prows *pr, const char *a, int nsb, const char *next, size_t next_bytes,
                             size_t per_step)
 {
-    const size_t sbb = kind == 4 ? 144 : kind == 5 ? 176 : 210;
+    const size_t sbb = sb_bytes(kind);
     const __m256i ones = _mm256_set1_epi16(1);
     __m256 f = _mm256_setzero_ps();
     size_t at = 0;
@@ -249,9 +252,9 @@ Q3_INLINE void kgemv(const int kind, const void *w, size_t ws, const q3_qact *qa
     }
 }
 
-static void gemv_q4(const void *w, size_t ws, const q3_qact *qa, float *y, int o0, int o1) { kgemv(4, w, ws, qa, y, o0, o1); }
-static void gemv_q5(const void *w, size_t ws, const q3_qact *qa, float *y, int o0, int o1) { kgemv(5, w, ws, qa, y, o0, o1); }
-static void gemv_q6(const void *w, size_t ws, const q3_qact *qa, float *y, int o0, int o1) { kgemv(6, w, ws, qa, y, o0, o1); }
+static void gemv_q4_k(const void *w, size_t ws, const q3_qact *qa, float *y, int o0, int o1) { kgemv(4, w, ws, qa, y, o0, o1); }
+static void gemv_q5_k(const void *w, size_t ws, const q3_qact *qa, float *y, int o0, int o1) { kgemv(5, w, ws, qa, y, o0, o1); }
+static void gemv_q6_k(const void *w, size_t ws, const q3_qact *qa, float *y, int o0, int o1) { kgemv(6, w, ws, qa, y, o0, o1); }
 
 /* ---- several rows ----------------------------------------------------------------------------- */
 
@@ -273,15 +276,17 @@ Q3_INLINE void kmatmul(const int kind, const void *w, size_t ws, const q3_qact *
     }
 }
 
-void q3_kquant_matmul_avx2(q3_dtype wt, const void *w, size_t ws, const q3_qact *qa, float *y, size_t ldy, int o0,
-                           int o1)
-{
-    if (o1 <= o0) return;
-    if (qa->rows == 1) {
-        if (wt == Q3_Q4_K) gemv_q4(w, ws, qa, y, o0, o1);
-        else if (wt == Q3_Q5_K) gemv_q5(w, ws, qa, y, o0, o1);
-        else gemv_q6(w, ws, qa, y, o0, o1);
-    } else if (wt == Q3_Q4_K) kmatmul(4, w, ws, qa, y, ldy, o0, o1);
-    else if (wt == Q3_Q5_K) kmatmul(5, w, ws, qa, y, ldy, o0, o1);
-    else kmatmul(6, w, ws, qa, y, ldy, o0, o1);
-}
+/* The rows: qa->rows == 1 is the GEMV. */
+#define ROW(name, kind)                                                                                              \
+    static void name##_matmul(const void *w, size_t ws, const q3_qact *qa, float *y, size_t ldy, int o0, int o1,    \
+                              void *scratch)                                                                         \
+    {                                                                                                                \
+        if (o1 <= o0) return;                                                                                        \
+        if (qa->rows == 1) gemv_##name(w, ws, qa, y, o0, o1);                                                        \
+        else kmatmul(kind, w, ws, qa, y, ldy, o0, o1);                                                               \
+    }                                                                                                                \
+    const q3_quant_type_kernels q3_kquant_avx2_##name = {.matmul = name##_matmul};
+ROW(q4_k, 4)
+ROW(q5_k, 5)
+ROW(q6_k, 6)
+#undef ROW

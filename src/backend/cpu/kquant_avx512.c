@@ -44,6 +44,9 @@
 #define SB_PACKED (8 * KB_BYTES)  /* a packed super-block of 16 rows */
 #define SMALL_GROUP 8             /* rows per streaming pass of the GEMV */
 
+/* Bytes of a super-block of kind 4, 5, 6 (Q4_K, Q5_K, Q6_K). */
+Q3_INLINE size_t sb_bytes(const int kind) { return kind == 4 ? Q3_Q4_K_BYTES : kind == 5 ? Q3_Q5_K_BYTES : Q3_Q6_K_BYTES; }
+
 /* Bytes shifted within their 16-bit lanes (callers mask, so no bit they keep
  * crosses a byte). */
 Q3_INLINE __m512i shl16(__m512i v, const int n)
@@ -418,7 +421,7 @@ Q3_INLINE void gemv(const int kind, const int R, const void *w, size_t ws, const
                     size_t ldy, int o0, int o1)
 {
     const int nsb = qa->k / 256, th = qa->rows;
-    const size_t sbb = kind == 4 ? 144 : kind == 5 ? 176 : 210, pbytes = (size_t)PANEL * ws;
+    const size_t sbb = sb_bytes(kind), pbytes = (size_t)PANEL * ws;
     const size_t bs = (size_t)th * Q3_QACT_BLOCK_BYTES;
     const arows a0 = {qa->base + 32 * r0, qa->base + 32 * th + 4 * r0, qa->base + 36 * th + 4 * r0, bs};
     /* the next panel's bytes to prefetch per eighth of a super-block */
@@ -464,9 +467,9 @@ Q3_INLINE void gemv(const int kind, const int R, const void *w, size_t ws, const
             }                                                                                                        \
         }                                                                                                            \
     }
-GEMV_KIND(gemv_q4, 4)
-GEMV_KIND(gemv_q5, 5)
-GEMV_KIND(gemv_q6, 6)
+GEMV_KIND(gemv_q4_k, 4)
+GEMV_KIND(gemv_q5_k, 5)
+GEMV_KIND(gemv_q6_k, 6)
 #undef GEMV_KIND
 
 /* ---- GEMM ---------------------------------------------------------------------------------------- */
@@ -510,7 +513,7 @@ static void rows_q6(const char *panel, int nb, const char *a, int th, int r0, in
 /* A packed-layout panel (nsb super-blocks of 16 rows) -> the tile layout in dst. */
 static void unpack_panel(const int kind, const char *panel, int nsb, char *dst)
 {
-    const size_t sbb = kind == 4 ? 144 : kind == 5 ? 176 : 210;
+    const size_t sbb = sb_bytes(kind);
     for (int s = 0; s < nsb; s++) unpack(kind, panel, (size_t)s * PANEL * sbb, dst + (size_t)s * SB_PACKED);
 }
 
@@ -548,22 +551,22 @@ static void gemm(int kind, const void *w, size_t ws, const q3_qact *qa, float *y
  * Measured (1 thread, weights from memory, 1024 -> 3072): the streaming
  * passes win up to 16 rows for Q4_K/Q5_K (16 rows: 0.50 vs 0.62 ms), up to
  * 8 for Q6_K (8 rows: 0.33 vs 0.59 ms; 16 rows: 0.89 vs 0.80). */
-static int small_rows(q3_dtype wt) { return wt == Q3_Q6_K ? 8 : 16; }
+static int small_rows(const int kind) { return kind == 6 ? 8 : 16; }
 
-size_t q3_kquant_packed_bytes_avx512(q3_dtype wt, int n, int k)
+static size_t packed_bytes(q3_dtype wt, int n, int k)
 {
     return (size_t)((n + PANEL - 1) / PANEL) * PANEL * q3_dtype_row_bytes(wt, (size_t)k);
 }
 
-void q3_kquant_pack_avx512(q3_dtype wt, const void *w, size_t ws, int n, int k, void *dst, int o0, int o1)
+static void pack(const int kind, const void *w, size_t ws, int n, int k, void *dst, int o0, int o1)
 {
-    const size_t sbb = wt == Q3_Q4_K ? 144 : wt == Q3_Q5_K ? 176 : 210;
+    const size_t sbb = sb_bytes(kind);
     const int nsb = k / 256;
     /* the chunks each kind's kernels transpose: 32-byte ones at x32[], 16-byte ones at x16 */
     static const int x32_q4[] = {16, 48, 80, 112}, x32_q5[] = {16, 48, 80, 112, 144},
                      x32_q6[] = {0, 32, 64, 96, 128, 160};
-    const int *x32 = wt == Q3_Q4_K ? x32_q4 : wt == Q3_Q5_K ? x32_q5 : x32_q6;
-    const int n32 = wt == Q3_Q4_K ? 4 : wt == Q3_Q5_K ? 5 : 6, x16 = wt == Q3_Q6_K ? 192 : 0;
+    const int *x32 = kind == 4 ? x32_q4 : kind == 5 ? x32_q5 : x32_q6;
+    const int n32 = kind == 4 ? 4 : kind == 5 ? 5 : 6, x16 = kind == 6 ? 192 : 0;
     for (int p = o0 / PANEL; p * PANEL < o1; p++) {
         q3_panel_rows pr; /* the file's rows; a last partial panel repeats its last row */
         q3_panel_rows_init(&pr, w, ws, p * PANEL, n);
@@ -577,7 +580,7 @@ void q3_kquant_pack_avx512(q3_dtype wt, const void *w, size_t ws, int n, int k, 
             }
             q3_panel_tr16(&pr, off + (size_t)x16, T);
             for (int j = 0; j < 4; j++) _mm512_storeu_si512(region + 16 * x16 + 64 * j, T[j]);
-            if (wt == Q3_Q6_K) { /* d: the top half of bytes 206..209 of each row's block */
+            if (kind == 6) { /* d: the top half of bytes 206..209 of each row's block */
                 __m512i g = _mm512_i32gather_epi32(pr.vidx, (const void *)(pr.p[0] + off + 206), 1);
                 _mm256_storeu_si256((__m256i *)(region + 16 * 208), _mm512_cvtepi32_epi16(_mm512_srli_epi32(g, 16)));
             }
@@ -585,18 +588,24 @@ void q3_kquant_pack_avx512(q3_dtype wt, const void *w, size_t ws, int n, int k, 
     }
 }
 
-size_t q3_kquant_scratch_avx512(q3_dtype wt, int rows, int k)
-{
-    return rows > small_rows(wt) ? (size_t)(k / 256) * SB_PACKED : 0;
-}
-
-void q3_kquant_matmul_avx512(q3_dtype wt, const void *w, size_t ws, const q3_qact *qa, float *y, size_t ldy, int o0,
-                             int o1, void *scratch)
-{
-    if (o1 <= o0) return;
-    const int kind = wt == Q3_Q4_K ? 4 : wt == Q3_Q5_K ? 5 : 6;
-    if (qa->rows > small_rows(wt)) gemm(kind, w, ws, qa, y, ldy, o0, o1, scratch);
-    else if (kind == 4) gemv_q4(w, ws, qa, y, ldy, o0, o1);
-    else if (kind == 5) gemv_q5(w, ws, qa, y, ldy, o0, o1);
-    else gemv_q6(w, ws, qa, y, ldy, o0, o1);
-}
+/* The rows (w is the packed layout, ws the file's row bytes). */
+#define ROW(name, kind, wt)                                                                                          \
+    static size_t name##_scratch(int rows, int k) { return rows > small_rows(kind) ? (size_t)(k / 256) * SB_PACKED : 0; } \
+    static size_t name##_packed_bytes(int n, int k) { return packed_bytes(wt, n, k); }                               \
+    static void name##_pack(const void *w, size_t ws, int n, int k, void *dst, int o0, int o1)                      \
+    {                                                                                                                \
+        pack(kind, w, ws, n, k, dst, o0, o1);                                                                        \
+    }                                                                                                                \
+    static void name##_matmul(const void *w, size_t ws, const q3_qact *qa, float *y, size_t ldy, int o0, int o1,    \
+                              void *scratch)                                                                         \
+    {                                                                                                                \
+        if (o1 <= o0) return;                                                                                        \
+        if (qa->rows > small_rows(kind)) gemm(kind, w, ws, qa, y, ldy, o0, o1, scratch);                             \
+        else gemv_##name(w, ws, qa, y, ldy, o0, o1);                                                                 \
+    }                                                                                                                \
+    const q3_quant_type_kernels q3_kquant_avx512_##name = {                                                          \
+        .scratch = name##_scratch, .packed_bytes = name##_packed_bytes, .pack = name##_pack, .matmul = name##_matmul};
+ROW(q4_k, 4, Q3_Q4_K)
+ROW(q5_k, 5, Q3_Q5_K)
+ROW(q6_k, 6, Q3_Q6_K)
+#undef ROW

@@ -37,8 +37,8 @@ static void quants(q3_dtype wt, const uint8_t *sb, int j, int q[32])
     }
 }
 
-void q3_kquant_matmul_ref(q3_dtype wt, const void *w, size_t w_row_bytes, const q3_qact *qa, float *y, size_t ldy,
-                          int o0, int o1)
+static void kmatmul(q3_dtype wt, const void *w, size_t w_row_bytes, const q3_qact *qa, float *y, size_t ldy, int o0,
+                    int o1)
 {
     const int nb = qa->k / Q3_QBLOCK;
     const size_t sbb = q3_dtype_block_bytes(wt);
@@ -76,3 +76,15 @@ void q3_kquant_matmul_ref(q3_dtype wt, const void *w, size_t w_row_bytes, const 
         }
     }
 }
+
+#define ROW(name, wt)                                                                                                \
+    static void name##_matmul(const void *w, size_t ws, const q3_qact *qa, float *y, size_t ldy, int o0, int o1,    \
+                              void *scratch)                                                                         \
+    {                                                                                                                \
+        kmatmul(wt, w, ws, qa, y, ldy, o0, o1);                                                                      \
+    }                                                                                                                \
+    const q3_quant_type_kernels q3_kquant_ref_##name = {.matmul = name##_matmul};
+ROW(q4_k, Q3_Q4_K)
+ROW(q5_k, Q3_Q5_K)
+ROW(q6_k, Q3_Q6_K)
+#undef ROW

@@ -62,7 +62,7 @@ static void avx2_to_f32(q3_dtype t, const void *src, float *dst, size_t n)
     }
     if (t == Q3_Q8_0) { /* n % 32 == 0 */
         const uint8_t *b = src;
-        for (size_t i = 0; i < n; i += 32, b += 34) {
+        for (size_t i = 0; i < n; i += 32, b += Q3_Q8_0_BYTES) {
             __m256 d = q3_q8_0_scale(b);
             for (int j = 0; j < 32; j += 8) _mm256_storeu_ps(dst + i + j, q3_load_q8_0x8(b, d, j));
         }
@@ -85,7 +85,7 @@ static void avx2_from_f32(q3_dtype t, const float *src, void *dst, size_t n)
     }
     if (t == Q3_Q8_0) { /* n % 32 == 0 */
         uint8_t *b = dst;
-        for (size_t i = 0; i < n; i += 32, b += 34) q3_store_q8_0x32_avx2(src + i, b);
+        for (size_t i = 0; i < n; i += 32, b += Q3_Q8_0_BYTES) q3_store_q8_0x32_avx2(src + i, b);
         return;
     }
     uint16_t *d = dst;

@@ -57,7 +57,7 @@ Q3_INLINE void block_quant(const float *x, float id, int8_t *q, int s2[2])
 
 static void avx2_quantize(q3_dtype wt, const float *x, size_t ldx, const q3_qact *qa, int r0, int r1)
 {
-    q3_qact_quantize_with(wt, x, ldx, qa, r0, r1, block_amax, block_quant);
+    q3_qact_quantize_with(q3_quant_avx2.type[wt]->act_offset, x, ldx, qa, r0, r1, block_amax, block_quant);
 }
 
 /* ---- the dot products ---------------------------------------------------------------------- */
@@ -141,7 +141,7 @@ Q3_INLINE void panel_tile(const int q8, const uint8_t *const rp[PANEL], __m256i 
 Q3_INLINE void matmul_kind(const int q8, const void *w, size_t ws, const q3_qact *qa, float *y, size_t ldy, int o0,
                            int o1)
 {
-    const size_t bb = q8 ? 34 : 18, pbytes = (size_t)PANEL * ws, nb = (size_t)(qa->k / Q3_QBLOCK);
+    const size_t bb = q8 ? Q3_Q8_0_BYTES : Q3_Q4_0_BYTES, pbytes = (size_t)PANEL * ws, nb = (size_t)(qa->k / Q3_QBLOCK);
     const size_t per_step = (pbytes / 64 + nb - 1) / nb * 64;
     for (size_t l = 0; l < pbytes && l < (size_t)(o1 - o0) * ws; l += 64)
         _mm_prefetch((const char *)w + (size_t)o0 * ws + l, _MM_HINT_T0);
@@ -163,19 +163,40 @@ Q3_INLINE void matmul_kind(const int q8, const void *w, size_t ws, const q3_qact
     }
 }
 
-static size_t avx2_scratch(q3_dtype wt, int rows, int k) { return 0; }
+static void matmul_q8_0(const void *w, size_t ws, const q3_qact *qa, float *y, size_t ldy, int o0, int o1, void *s)
+{
+    matmul_kind(1, w, ws, qa, y, ldy, o0, o1);
+}
+
+static void matmul_q4_0(const void *w, size_t ws, const q3_qact *qa, float *y, size_t ldy, int o0, int o1, void *s)
+{
+    matmul_kind(0, w, ws, qa, y, ldy, o0, o1);
+}
+
+static const q3_quant_type_kernels q8_0_row = {.act_offset = 128, .matmul = matmul_q8_0},
+                                    q4_0_row = {.act_offset = 8, .matmul = matmul_q4_0};
+
+/* This table's rows, by weight dtype. */
+static const q3_quant_type_kernels *const avx2_rows[Q3_DTYPE_COUNT] = {
+    [Q3_Q8_0] = &q8_0_row,
+    [Q3_Q4_0] = &q4_0_row,
+    [Q3_Q4_K] = &q3_kquant_avx2_q4_k,
+    [Q3_Q5_K] = &q3_kquant_avx2_q5_k,
+    [Q3_Q6_K] = &q3_kquant_avx2_q6_k,
+};
+
+static size_t avx2_scratch(q3_dtype wt, int rows, int k) { return q3_quant_rows_scratch(avx2_rows, wt, rows, k); }
 
 static void avx2_matmul(q3_dtype wt, const void *w, size_t ws, const q3_qact *qa, float *y, size_t ldy, int o0, int o1,
                         void *scratch)
 {
-    if (q3_is_kquant(wt)) q3_kquant_matmul_avx2(wt, w, ws, qa, y, ldy, o0, o1);
-    else if (wt == Q3_Q8_0) matmul_kind(1, w, ws, qa, y, ldy, o0, o1);
-    else matmul_kind(0, w, ws, qa, y, ldy, o0, o1);
+    avx2_rows[wt]->matmul(w, ws, qa, y, ldy, o0, o1, scratch);
 }
 
 const q3_quant_kernels q3_quant_avx2 = {
     .name = "avx2",
     .granule = PANEL,
+    .type = avx2_rows,
     .quantize = avx2_quantize,
     .scratch = avx2_scratch,
     .matmul = avx2_matmul,

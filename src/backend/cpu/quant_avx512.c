@@ -61,7 +61,7 @@ Q3_INLINE void block_quant(const float *x, float id, int8_t *q, int s[2])
 
 static void avx512_quantize(q3_dtype wt, const float *x, size_t ldx, const q3_qact *qa, int r0, int r1)
 {
-    q3_qact_quantize_with(wt, x, ldx, qa, r0, r1, block_amax, block_quant);
+    q3_qact_quantize_with(q3_quant_avx512.type[wt]->act_offset, x, ldx, qa, r0, r1, block_amax, block_quant);
 }
 
 /* ---- a panel's weight block, transposed ---------------------------------------------------- */
@@ -99,20 +99,15 @@ static size_t qblock_bytes(int q8) { return q8 ? 512 : 256; }
 
 static size_t panel_bytes(int q8, int nb) { return ((size_t)nb * (qblock_bytes(q8) + 32) + 63) & ~(size_t)63; }
 
-static size_t avx512_packed_bytes(q3_dtype wt, int n, int k)
+static size_t packed_bytes(const int q8, int n, int k)
 {
-    if (q3_is_kquant(wt)) return q3_kquant_packed_bytes_avx512(wt, n, k);
-    return (size_t)((n + PANEL - 1) / PANEL) * panel_bytes(wt == Q3_Q8_0, k / Q3_QBLOCK);
+    return (size_t)((n + PANEL - 1) / PANEL) * panel_bytes(q8, k / Q3_QBLOCK);
 }
 
-static void avx512_pack(q3_dtype wt, const void *w, size_t ws, int n, int k, void *dst, int o0, int o1)
+static void pack(const int q8, const void *w, size_t ws, int n, int k, void *dst, int o0, int o1)
 {
-    if (q3_is_kquant(wt)) {
-        q3_kquant_pack_avx512(wt, w, ws, n, k, dst, o0, o1);
-        return;
-    }
-    const int q8 = wt == Q3_Q8_0, nb = k / Q3_QBLOCK;
-    const size_t bb = q8 ? 34 : 18, qb = qblock_bytes(q8), pb = panel_bytes(q8, nb);
+    const int nb = k / Q3_QBLOCK;
+    const size_t bb = q8 ? Q3_Q8_0_BYTES : Q3_Q4_0_BYTES, qb = qblock_bytes(q8), pb = panel_bytes(q8, nb);
     for (int o = o0 - o0 % PANEL; o < o1; o += PANEL) {
         q3_panel_rows pr;
         q3_panel_rows_init(&pr, w, ws, o, n);
@@ -207,9 +202,8 @@ Q3_INLINE void gemv_kind(const int q8, const int R, const char *packed, const q3
  * GEMM unpacks each panel once for its 16-row tiles). */
 #define SMALL_ROWS 16
 
-static void gemv_rows(q3_dtype wt, const void *packed, const q3_qact *qa, float *y, size_t ldy, int o0, int o1)
+static void gemv_rows(const int q8, const void *packed, const q3_qact *qa, float *y, size_t ldy, int o0, int o1)
 {
-    const int q8 = wt == Q3_Q8_0;
 #define ROWS_CASE(n)                                                                                                 \
     case n:                                                                                                          \
         if (q8) gemv_kind(1, n, packed, qa, y, ldy, o0, o1);                                                          \
@@ -269,9 +263,9 @@ static void gemm_rows(const char *panel, int nb, const q3_qact *qa, int t0, floa
     }
 }
 
-static void gemm(q3_dtype wt, const char *packed, const q3_qact *qa, float *y, size_t ldy, int o0, int o1, void *scratch)
+static void gemm(const int q8, const char *packed, const q3_qact *qa, float *y, size_t ldy, int o0, int o1, void *scratch)
 {
-    const int q8 = wt == Q3_Q8_0, nb = qa->k / Q3_QBLOCK, n_tiles = (qa->rows + Q3_QACT_TILE - 1) / Q3_QACT_TILE;
+    const int nb = qa->k / Q3_QBLOCK, n_tiles = (qa->rows + Q3_QACT_TILE - 1) / Q3_QACT_TILE;
     const size_t pb = panel_bytes(q8, nb), per_tile = (pb / 64 + (size_t)n_tiles - 1) / (size_t)n_tiles * 64;
     const int p1 = (o1 + PANEL - 1) / PANEL;
     for (int p = o0 / PANEL; p < p1; p++) {
@@ -288,10 +282,45 @@ static void gemm(q3_dtype wt, const char *packed, const q3_qact *qa, float *y, s
     }
 }
 
-static size_t avx512_scratch(q3_dtype wt, int rows, int k)
+/* ---- the rows ------------------------------------------------------------------------------ */
+
+static size_t q0_scratch(int rows, int k) { return rows > SMALL_ROWS ? (size_t)(k / Q3_QBLOCK) * PANEL_BLOCK_BYTES : 0; }
+
+/* w is the packed weight (ws unused). */
+#define ROW(name, q8, off)                                                                                            \
+    static size_t name##_packed_bytes(int n, int k) { return packed_bytes(q8, n, k); }                               \
+    static void name##_pack(const void *w, size_t ws, int n, int k, void *dst, int o0, int o1)                      \
+    {                                                                                                                \
+        pack(q8, w, ws, n, k, dst, o0, o1);                                                                          \
+    }                                                                                                                \
+    static void name##_matmul(const void *w, size_t ws, const q3_qact *qa, float *y, size_t ldy, int o0, int o1,    \
+                              void *scratch)                                                                         \
+    {                                                                                                                \
+        if (qa->rows > SMALL_ROWS) gemm(q8, w, qa, y, ldy, o0, o1, scratch);                                         \
+        else gemv_rows(q8, w, qa, y, ldy, o0, o1);                                                                   \
+    }                                                                                                                \
+    static const q3_quant_type_kernels name##_row = {                                                                \
+        .act_offset = off, .scratch = q0_scratch, .packed_bytes = name##_packed_bytes, .pack = name##_pack, .matmul = name##_matmul};
+ROW(q8_0, 1, 128)
+ROW(q4_0, 0, 8)
+#undef ROW
+
+/* This table's rows, by weight dtype. */
+static const q3_quant_type_kernels *const avx512_rows[Q3_DTYPE_COUNT] = {
+    [Q3_Q8_0] = &q8_0_row,
+    [Q3_Q4_0] = &q4_0_row,
+    [Q3_Q4_K] = &q3_kquant_avx512_q4_k,
+    [Q3_Q5_K] = &q3_kquant_avx512_q5_k,
+    [Q3_Q6_K] = &q3_kquant_avx512_q6_k,
+};
+
+static size_t avx512_scratch(q3_dtype wt, int rows, int k) { return q3_quant_rows_scratch(avx512_rows, wt, rows, k); }
+
+static size_t avx512_packed_bytes(q3_dtype wt, int n, int k) { return q3_quant_rows_packed_bytes(avx512_rows, wt, n, k); }
+
+static void avx512_pack(q3_dtype wt, const void *w, size_t ws, int n, int k, void *dst, int o0, int o1)
 {
-    if (q3_is_kquant(wt)) return q3_kquant_scratch_avx512(wt, rows, k);
-    return rows > SMALL_ROWS ? (size_t)(k / Q3_QBLOCK) * PANEL_BLOCK_BYTES : 0;
+    avx512_rows[wt]->pack(w, ws, n, k, dst, o0, o1);
 }
 
 /* w is the packed weight (Q8_0/Q4_0: ws unused; K-quants: ws is the file's row bytes). */
@@ -299,14 +328,13 @@ static void avx512_matmul(q3_dtype wt, const void *w, size_t ws, const q3_qact *
                           void *scratch)
 {
     if (o1 <= o0) return;
-    if (q3_is_kquant(wt)) q3_kquant_matmul_avx512(wt, w, ws, qa, y, ldy, o0, o1, scratch);
-    else if (qa->rows > SMALL_ROWS) gemm(wt, w, qa, y, ldy, o0, o1, scratch);
-    else gemv_rows(wt, w, qa, y, ldy, o0, o1);
+    avx512_rows[wt]->matmul(w, ws, qa, y, ldy, o0, o1, scratch);
 }
 
 const q3_quant_kernels q3_quant_avx512 = {
     .name = "avx512-vnni",
     .granule = PANEL,
+    .type = avx512_rows,
     .quantize = avx512_quantize,
     .scratch = avx512_scratch,
     .packed_bytes = avx512_packed_bytes,

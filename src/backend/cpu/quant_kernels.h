@@ -141,15 +141,38 @@ static inline float q3_ld_f32(const void *p)
     return v;
 }
 
+/* The K-quants (super-blocks of 256: Q4_K, Q5_K, Q6_K). */
+static inline bool q3_is_kquant(q3_dtype t) { return q3_dtype_block_values(t) == Q3_QK_K; }
+
 /* ---- the kernels, one table per instruction set --------------------------------- */
+
+/* One weight type's matmul on one instruction set: a row of that set's
+ * q3_quant_kernels table, with the contracts of the table's functions below
+ * (for weights of this type). */
+typedef struct q3_quant_type_kernels {
+    /* The activation form the type meets (numerics above): the offset its
+       unsigned quants carry (Q8_0 128, Q4_0 8), whose correction
+       c = -off * sum(q) the activation blocks hold; 0: the blocks' two half
+       sums instead (the K-quants, whose sub-blocks carry their own mins or
+       offsets). Every table's row of a type says the same (tests). */
+    int act_offset;
+    size_t (*scratch)(int rows, int k);   /* NULL: no scratch */
+    size_t (*packed_bytes)(int n, int k); /* NULL: weights read in place */
+    void (*pack)(const void *w, size_t w_row_bytes, int n, int k, void *dst, int o0, int o1);
+    void (*matmul)(const void *w, size_t w_row_bytes, const q3_qact *qa, float *y, size_t ldy, int o0, int o1,
+                   void *scratch);
+} q3_quant_type_kernels;
 
 typedef struct q3_quant_kernels {
     const char *name;  /* "ref", "avx2", "avx512-vnni" */
     /* Output panel width: ranges should start at multiples of it (results do
        not depend on it). */
     int granule;
+    /* The rows by weight dtype (NULL: no kernel for that type); the functions
+       below dispatch wt to them. */
+    const q3_quant_type_kernels *const *type;
     /* Quantizes rows [r0, r1) of x (rows ldx floats apart) into qa for weights
-       of type wt (any q3_quant_kernels_admit type). Rows of qa are independent: threads may
+       of type wt (any type with a row). Rows of qa are independent: threads may
        quantize disjoint row ranges of one qa. */
     void (*quantize)(q3_dtype wt, const float *x, size_t ldx, const q3_qact *qa, int r0, int r1);
     /* Bytes of per-thread scratch matmul needs for qa->rows rows of k values
@@ -173,19 +196,19 @@ typedef struct q3_quant_kernels {
                    int o1, void *scratch);
 } q3_quant_kernels;
 
-/* The weight types these tables multiply: Q8_0, Q4_0 (k % 32 == 0) and the
- * K-quants Q4_K, Q5_K, Q6_K (k % 256 == 0). */
-static inline bool q3_quant_kernels_admit(q3_dtype t, int64_t k)
+/* The dispatch of a table's functions to its rows (each table's functions
+ * are these, over its own rows). */
+static inline size_t q3_quant_rows_scratch(const q3_quant_type_kernels *const *rows, q3_dtype wt, int r, int k)
 {
-    if (t == Q3_Q8_0 || t == Q3_Q4_0) return k % 32 == 0;
-    if (t == Q3_Q4_K || t == Q3_Q5_K || t == Q3_Q6_K) return k % 256 == 0;
-    return false;
+    return rows[wt]->scratch ? rows[wt]->scratch(r, k) : 0;
+}
+static inline size_t q3_quant_rows_packed_bytes(const q3_quant_type_kernels *const *rows, q3_dtype wt, int n, int k)
+{
+    return rows[wt]->packed_bytes ? rows[wt]->packed_bytes(n, k) : 0;
 }
 
-static inline bool q3_is_kquant(q3_dtype t) { return t == Q3_Q4_K || t == Q3_Q5_K || t == Q3_Q6_K; }
-
 /* Rows [r0, r1) of x (rows ldx floats apart) quantized into qa for weights
- * of type wt: the loop, the zero-block rule, q, c and d as defined above,
+ * whose row has act_offset off: the loop, the zero-block rule, q, c and d as defined above,
  * shared by the SIMD tables (the scalar reference keeps its own, as the
  * oracle), each giving its block primitives, inlined:
  *   amax(x)            max |x[i]| over the block's 32 values;
@@ -193,10 +216,10 @@ static inline bool q3_is_kquant(q3_dtype t) { return t == Q3_Q4_K || t == Q3_Q5_
  *                      the MXCSR default), s[0], s[1] = the sums of
  *                      q[0..16) and q[16..32). */
 static inline __attribute__((always_inline)) void q3_qact_quantize_with(
-    q3_dtype wt, const float *x, size_t ldx, const q3_qact *qa, int r0, int r1, float (*amax)(const float *x),
+    const int off, const float *x, size_t ldx, const q3_qact *qa, int r0, int r1, float (*amax)(const float *x),
     void (*quant)(const float *x, float id, int8_t *q, int s[2]))
 {
-    const int nb = qa->k / Q3_QBLOCK, off = wt == Q3_Q8_0 ? 128 : 8, kq = q3_is_kquant(wt);
+    const int nb = qa->k / Q3_QBLOCK, kq = off == 0;
     for (int r = r0; r < r1; r++) {
         const float *xr = x + (size_t)r * ldx;
         const int th = q3_qact_tile_rows(qa, r), i = r % Q3_QACT_TILE;
@@ -220,25 +243,17 @@ static inline __attribute__((always_inline)) void q3_qact_quantize_with(
     }
 }
 
-/* The K-quant matmuls behind each table's matmul (kquant_*.c), same contract. */
-size_t q3_kquant_scratch_avx512(q3_dtype wt, int rows, int k);
-/* The AVX-512 K-quant kernels read weights packed (kquant_avx512.c): bytes and
-   partial-panel rule as q3_quant_kernels.packed_bytes/pack say. */
-size_t q3_kquant_packed_bytes_avx512(q3_dtype wt, int n, int k);
-void q3_kquant_pack_avx512(q3_dtype wt, const void *w, size_t w_row_bytes, int n, int k, void *dst, int o0, int o1);
-void q3_kquant_matmul_avx512(q3_dtype wt, const void *w, size_t w_row_bytes, const q3_qact *qa, float *y, size_t ldy,
-                             int o0, int o1, void *scratch);
-void q3_kquant_matmul_avx2(q3_dtype wt, const void *w, size_t w_row_bytes, const q3_qact *qa, float *y, size_t ldy,
-                           int o0, int o1);
-void q3_kquant_matmul_ref(q3_dtype wt, const void *w, size_t w_row_bytes, const q3_qact *qa, float *y, size_t ldy,
-                          int o0, int o1);
+/* The K-quant rows of each table (kquant_*.c), same contracts. */
+extern const q3_quant_type_kernels q3_kquant_ref_q4_k, q3_kquant_ref_q5_k, q3_kquant_ref_q6_k;
+extern const q3_quant_type_kernels q3_kquant_avx2_q4_k, q3_kquant_avx2_q5_k, q3_kquant_avx2_q6_k;
+extern const q3_quant_type_kernels q3_kquant_avx512_q4_k, q3_kquant_avx512_q5_k, q3_kquant_avx512_q6_k;
 
 extern const q3_quant_kernels q3_quant_ref;     /* portable C: the oracle */
 extern const q3_quant_kernels q3_quant_avx2;    /* AVX2 (vpmaddubsw) */
 extern const q3_quant_kernels q3_quant_avx512;  /* AVX-512 VNNI (vpdpbusd) GEMV and GEMM */
 
 /* ---- the same behind the unit's MATMUL interface (kernels.h) -----------------------
- * For a q3_cpu_matmul whose wtype and k q3_quant_kernels_admit:
+ * For a q3_cpu_matmul whose wtype has a row in the table (k a multiple of its block):
  *  - scratch(mm) = q3_qact_bytes(m, k) + the table's matmul scratch;
  *  - prepare(mm, scratch) quantizes all m rows of x into the thread's own
  *    scratch (redundantly on every thread: cheap next to the matmul, see
@@ -248,5 +263,15 @@ extern const q3_quant_kernels q3_quant_avx512;  /* AVX-512 VNNI (vpdpbusd) GEMV 
  *  - granule(mm) = the table's granule;
  *  - packed_bytes/pack: the table's (NULL where it has none). */
 extern const q3_cpu_mm_kernels q3_cpu_mm_quant_avx2, q3_cpu_mm_quant_avx512;
+
+/* The matmul kernels of weight type t on an instruction set: its float
+ * kernels for the plain types, its int8-dot adaptor for a type its
+ * q3_quant_kernels table has a row for; NULL: none (the unit refuses). */
+static inline const q3_cpu_mm_kernels *q3_cpu_isa_mm(const q3_cpu_isa *isa, q3_dtype t)
+{
+    if ((unsigned)t >= Q3_DTYPE_COUNT) return NULL;
+    if (q3_dtype_is_plain(t)) return isa->mm;
+    return isa->quant->type[t] ? isa->mm_quant : NULL;
+}
 
 #endif

@@ -125,6 +125,44 @@ static q3_status matmul(const q3_exec *e, const q3_op *op)
     return Q3_OK;
 }
 
+/* Each chosen matrix once, row by row of it, every (row, slot) that chose it
+ * by the plain matmul's dot product (then times the slot weight). */
+static q3_status matmul_id(const q3_exec *e, const q3_op *op)
+{
+    q3_matmul_id_shape s;
+    const char *why = q3_matmul_id_check(e->g, op, &s);
+    if (why) return q3_fail(Q3_ERR_INVALID, "op %s: %s", op->name, why);
+    int rows = live_rows(e, op->out);
+    int32_t *ids = malloc((size_t)rows * (size_t)s.k * sizeof *ids);
+    float *wr = malloc((size_t)s.n_in * sizeof *wr);
+    if (!ids || !wr) {
+        free(ids);
+        free(wr);
+        return oom(op);
+    }
+    q3_status st = q3_matmul_id_ids(e, op, &s, rows, ids);
+    for (int m = 0; m < s.n_mat && !st; m++) {
+        int used = 0;
+        for (int i = 0; i < rows * s.k && !used; i++) used = ids[i] == m;
+        if (!used) continue;
+        q3_tensor w = q3_matmul_id_matrix(op->weight, m);
+        for (int o = 0; o < s.n_out; o++) {
+            weight_row(&w, (size_t)o, wr);
+            for (int r = 0; r < rows; r++)
+                for (int j = 0; j < s.k; j++) {
+                    if (ids[(size_t)r * s.k + j] != m) continue;
+                    const float *x = row_of(e, op->in[0], r) + (s.x_per_slot ? (size_t)j * s.n_in : 0);
+                    float y = (float)dot(x, wr, s.n_in);
+                    if (op->in[2] >= 0) y *= row_of(e, op->in[2], r)[j];
+                    row_of(e, op->out, r)[(size_t)j * s.n_out + o] = y;
+                }
+        }
+    }
+    free(ids);
+    free(wr);
+    return st;
+}
+
 /* Row r's K and V go to its sequence's position pos[r]. */
 static q3_status kv_append(const q3_exec *e, const q3_op *op)
 {
@@ -246,6 +284,7 @@ static bool ref_present(const q3_backend *b) { return true; }
 static const char *ref_refuses(const q3_backend *b, const q3_graph *g, const q3_op *op)
 {
     if (op->weight && op->weight->dtype >= Q3_DTYPE_COUNT) return "unknown weight dtype";
+    if (op->kind == Q3_OP_MATMUL_ID) return q3_matmul_id_check(g, op, NULL);
     return NULL;
 }
 
@@ -262,6 +301,7 @@ static q3_status ref_run(void *impl, const q3_exec *e, const q3_op *op)
     case Q3_OP_ADD: return add(e, op);
     case Q3_OP_SWIGLU: return swiglu(e, op);
     case Q3_OP_LAST_ROW: return last_row(e, op);
+    case Q3_OP_MATMUL_ID: return matmul_id(e, op);
     case Q3_OP_KIND_COUNT: break;
     }
     return q3_fail(Q3_ERR_UNSUPPORTED, "op %s: unknown kind", op->name);

@@ -3,7 +3,7 @@
  * Metadata pairs are encoded into one byte buffer as they are added, so
  * writing is a copy; tensors are kept as descriptors (name, dtype, shape,
  * where the bytes come from) and their offsets are assigned at write time. */
-#include "model/gguf_write.h"
+#include "tools/gguf_write.h"
 
 #include <errno.h>
 #include <stdio.h>

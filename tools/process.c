@@ -2,7 +2,7 @@
  * output files removed when a signal ends the process, a bus error on a
  * truncated model file reported by name, and stdout's write errors turned
  * into a message and a non-zero exit. */
-#include "cli/process.h"
+#include "tools/process.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -57,7 +57,7 @@ static void on_sigbus(int sig, siginfo_t *si, void *ctx)
     _exit(1);
 }
 
-void cli_process_init(void)
+void q3_process_init(void)
 {
     open_std_fds();
     static const int ends[] = {SIGINT, SIGTERM, SIGHUP};
@@ -79,7 +79,7 @@ void cli_process_init(void)
     signal(SIGXFSZ, SIG_IGN);
 }
 
-int cli_finish_stdout(int rc)
+int q3_process_finish_stdout(int rc)
 {
     int failed = ferror(stdout) != 0, err = 0;
     if (fflush(stdout) != 0) {

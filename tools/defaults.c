@@ -1,4 +1,4 @@
-#include "cli/defaults.h"
+#include "tools/defaults.h"
 
 #include <limits.h>
 #include <stdio.h>
@@ -7,9 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "cli/cli.h"
-#include "model/synth.h"
-#include "run/executor.h"
+#include "tools/synth.h"
 #include "util/error.h"
 #include "util/file.h"
 
@@ -20,7 +18,7 @@ static int has_tokenizer(const char *dir)
     return q3_file_exists(p);
 }
 
-const char *cli_cache_dir(void)
+const char *q3_cache_dir(void)
 {
     static char dir[PATH_MAX];
     const char *env = getenv("Q3_MODELS");
@@ -46,7 +44,7 @@ static int make_dirs(const char *path)
     return mkdir(p, 0755) == 0 || q3_is_dir(p) ? 0 : -1;
 }
 
-const char *cli_default_tokenizer_dir(void)
+const char *q3_default_tokenizer_dir(void)
 {
     static char found[PATH_MAX];
     const char *env = getenv("Q3_TOKENIZER");
@@ -62,32 +60,32 @@ const char *cli_default_tokenizer_dir(void)
         snprintf(found, sizeof found, "%s/../share/q3/qwen3-tokenizer", exe);
         if (has_tokenizer(found)) return found;
     }
-    snprintf(found, sizeof found, "%s/qwen3-tokenizer", cli_cache_dir());
+    snprintf(found, sizeof found, "%s/qwen3-tokenizer", q3_cache_dir());
     if (has_tokenizer(found)) return found;
     return NULL;
 }
 
-const char *cli_default_model(const char *cmd)
+q3_status q3_default_model(const char *cmd, const char **out)
 {
     static char dir[PATH_MAX];
-    const char *root = cli_cache_dir();
+    const char *root = q3_cache_dir();
     snprintf(dir, sizeof dir, "%s/synth-qwen3-0.6b", root);
     char p[PATH_MAX];
     snprintf(p, sizeof p, "%s/model.safetensors", dir);
-    if (q3_file_exists(p)) return dir;
-    if (make_dirs(root)) {
-        cli_error(cmd, "cannot create the cache folder %s (set Q3_CACHE_DIR, or pass -m MODEL)", root);
-        return NULL;
+    if (q3_file_exists(p)) {
+        *out = dir;
+        return Q3_OK;
     }
+    if (make_dirs(root))
+        return q3_fail(Q3_ERR_IO, "cannot create the cache folder %s (set Q3_CACHE_DIR, or pass -m MODEL)", root);
     q3_config cfg;
     q3_synth_preset_qwen3_0_6b(&cfg);
     fprintf(stderr, "q3 %s: no model given: writing the synthetic Qwen3-0.6B (random BF16 weights) to %s ...\n", cmd,
             dir);
     double t0 = q3_now();
-    if (q3_synth_write(dir, 0, Q3_BF16, &cfg, cli_default_tokenizer_dir())) {
-        cli_error(cmd, "%s", q3_last_error());
-        return NULL;
-    }
+    q3_status st = q3_synth_write(dir, 0, Q3_BF16, &cfg, q3_default_tokenizer_dir());
+    if (st) return st;
     fprintf(stderr, "q3 %s: wrote it in %.1f s\n", cmd, q3_now() - t0);
-    return dir;
+    *out = dir;
+    return Q3_OK;
 }

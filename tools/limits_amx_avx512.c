@@ -6,7 +6,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "backend/cpu/limits.h"
+#include "tools/limits.h"
 
 double q3_limits_amx_bf16(long iters)
 {

@@ -1,6 +1,6 @@
 /* Token sampler: penalties, temperature, top-k, softmax, top-p, min-p, draw.
  * See sampler.h for the contract. */
-#include "text/sampler.h"
+#include "sample/sampler.h"
 #include "util/error.h"
 
 #include <math.h>
@@ -22,7 +22,7 @@ struct q3_sampler {
     float *work;       /* [n_vocab] penalized logits, then (dense) probabilities */
     int32_t *cand_id;  /* [n_vocab] kept ids (sparse) */
     float *cand_p;     /* [n_vocab] their logits, then probabilities (sparse) */
-    uint8_t *seen;     /* [n_vocab] marks while penalizing; all zero between calls */
+    int32_t *count;    /* [n_vocab] occurrences in the window while penalizing; all zero between calls */
     int32_t *history;  /* [penalty_last_n] ring of accepted ids */
     int hist_len;      /* ids in the ring */
     int hist_next;     /* where the next accepted id goes */
@@ -66,12 +66,14 @@ static double rng_uniform(uint64_t st[4]) { return (double)(rng_next(st) >> 11) 
 q3_sampler_params q3_sampler_defaults(int thinking)
 {
     q3_sampler_params p = {
+        .size = sizeof p,
         .temperature = thinking ? 0.6f : 0.7f,
         .top_k = 20,
         .top_p = thinking ? 0.95f : 0.8f,
         .min_p = 0.0f,
         .repeat_penalty = 1.0f,
         .presence_penalty = 0.0f,
+        .frequency_penalty = 0.0f,
         .penalty_last_n = 64,
         .seed = 0,
     };
@@ -95,6 +97,11 @@ q3_status q3_sampler_params_check(const q3_sampler_params *p)
                        (double)p->repeat_penalty);
     if (!isfinite(p->presence_penalty))
         return q3_fail(Q3_ERR_INVALID, "sampler: presence_penalty must be a finite number");
+    if (!isfinite(p->frequency_penalty))
+        return q3_fail(Q3_ERR_INVALID, "sampler: frequency_penalty must be a finite number");
+    if (p->size > sizeof *p)
+        return q3_fail(Q3_ERR_INVALID, "sampler: the parameters are %zu bytes, this library knows %zu: the "
+                       "program was built against a newer q3.h", p->size, sizeof *p);
     if (p->penalty_last_n < 0 || p->penalty_last_n > MAX_PENALTY_LAST_N)
         return q3_fail(Q3_ERR_INVALID, "sampler: penalty_last_n is %d, must be in [0, %d]",
                        p->penalty_last_n, MAX_PENALTY_LAST_N);
@@ -117,9 +124,9 @@ q3_status q3_sampler_new(const q3_sampler_params *p, int n_vocab, q3_sampler **o
     s->work = malloc(v * sizeof *s->work);
     s->cand_id = malloc(v * sizeof *s->cand_id);
     s->cand_p = malloc(v * sizeof *s->cand_p);
-    s->seen = calloc(v, 1);
+    s->count = calloc(v, sizeof *s->count);
     s->history = malloc((size_t)(p->penalty_last_n > 0 ? p->penalty_last_n : 1) * sizeof *s->history);
-    if (!s->work || !s->cand_id || !s->cand_p || !s->seen || !s->history) {
+    if (!s->work || !s->cand_id || !s->cand_p || !s->count || !s->history) {
         q3_sampler_free(s);
         return q3_fail(Q3_ERR_NOMEM, "sampler: out of memory for a vocabulary of %d", n_vocab);
     }
@@ -134,7 +141,7 @@ void q3_sampler_free(q3_sampler *s)
     free(s->work);
     free(s->cand_id);
     free(s->cand_p);
-    free(s->seen);
+    free(s->count);
     free(s->history);
     free(s);
 }
@@ -159,18 +166,19 @@ void q3_sampler_accept(q3_sampler *s, int32_t id)
 
 void q3_sampler_apply_penalties(q3_sampler *s, float *logits)
 {
-    float rp = s->p.repeat_penalty, pp = s->p.presence_penalty;
-    if (rp == 1.0f && pp == 0.0f) return;
-    /* The ring's first hist_len slots hold the window (order does not matter). */
+    float rp = s->p.repeat_penalty, pp = s->p.presence_penalty, fp = s->p.frequency_penalty;
+    if (rp == 1.0f && pp == 0.0f && fp == 0.0f) return;
+    /* The ring's first hist_len slots hold the window (order does not matter):
+     * count each id, then penalize each distinct id once, clearing its count. */
+    for (int i = 0; i < s->hist_len; i++) s->count[s->history[i]]++;
     for (int i = 0; i < s->hist_len; i++) {
-        int32_t id = s->history[i];
-        if (s->seen[id]) continue; /* each distinct id is penalized once */
-        s->seen[id] = 1;
+        int32_t id = s->history[i], c = s->count[id];
+        if (!c) continue;
+        s->count[id] = 0;
         float x = logits[id];
         if (rp != 1.0f) x = x > 0.0f ? x / rp : x * rp;
-        logits[id] = x - pp;
+        logits[id] = x - (fp * (float)c + pp);
     }
-    for (int i = 0; i < s->hist_len; i++) s->seen[s->history[i]] = 0;
 }
 
 /* ---- selection helpers -------------------------------------------------- */

@@ -32,7 +32,7 @@
 
 #include "model/dtype.h"
 #include "model/gguf.h"
-#include "model/gguf_write.h"
+#include "tools/gguf_write.h"
 #include "model/model.h"
 #include "q3.h"
 

@@ -1,6 +1,6 @@
 /* Drivers of the limit microbenchmarks: threads started together on a
  * spin barrier, wall-clock timing, best of several passes (see limits.h). */
-#include "backend/cpu/limits.h"
+#include "tools/limits.h"
 
 #include <pthread.h>
 #include <stdbool.h>

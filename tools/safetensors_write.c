@@ -1,6 +1,6 @@
 /* Writing one .safetensors file: declare tensors, write the header, fill the
  * data with positional writes, commit by rename. See safetensors_write.h. */
-#include "model/safetensors_write.h"
+#include "tools/safetensors_write.h"
 #include "util/error.h"
 #include "util/outfile.h"
 #include "util/strbuf.h"

@@ -1,7 +1,7 @@
 /* AVX-512 kernels of the limit microbenchmarks (see limits.h). */
 #include <immintrin.h>
 
-#include "backend/cpu/limits.h"
+#include "tools/limits.h"
 
 unsigned long long q3_limits_read_avx512(const void *p, size_t bytes, int streams, size_t prefetch)
 {

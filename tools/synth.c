@@ -1,8 +1,8 @@
 /* Synthetic Qwen3 checkpoints: presets, the tensor plan, parallel weight
  * generation, config.json, tokenizer copy. See synth.h for the contract. */
-#include "model/synth.h"
+#include "tools/synth.h"
 #include "model/layout.h"
-#include "model/safetensors_write.h"
+#include "tools/safetensors_write.h"
 #include "util/error.h"
 #include "util/file.h"
 #include "util/outfile.h"

@@ -1,7 +1,7 @@
 /* AVX2 kernels of the limit microbenchmarks (see limits.h). */
 #include <immintrin.h>
 
-#include "backend/cpu/limits.h"
+#include "tools/limits.h"
 
 unsigned long long q3_limits_read_avx2(const void *p, size_t bytes, int streams, size_t prefetch)
 {

@@ -1,6 +1,6 @@
 /* Converting a model to GGUF (see convert.h for what is written), and the
  * accuracy of quantized weights against the model they came from. */
-#include "model/convert.h"
+#include "tools/convert.h"
 
 #include <cjson/cJSON.h>
 #include <limits.h>
@@ -605,8 +605,7 @@ static int has_tokenizer_keys(const q3_gguf *g)
 q3_status q3_convert_model(const q3_model *m, const char *out_path, const q3_convert_opts *o)
 {
     q3_clear_error();
-    if (o->type != Q3_F32 && o->type != Q3_F16 && o->type != Q3_BF16 && o->type != Q3_Q8_0 && o->type != Q3_Q4_0 &&
-        !is_kquant(o->type))
+    if ((unsigned)o->type >= Q3_DTYPE_COUNT || !q3_traits(o->type)->from_f32) /* the types with a quantizer */
         return q3_fail(Q3_ERR_INVALID,
                        "q3 convert cannot write %s weights (f32, f16, bf16, q8_0, q4_0, q4_k_m, q4_k_s, q5_k_m, "
                        "q5_k_s, q6_k): pass --type", q3_dtype_name(o->type));

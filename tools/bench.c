@@ -1,4 +1,4 @@
-#include "run/bench.h"
+#include "tools/bench.h"
 
 #include <math.h>
 #include <stdlib.h>

@@ -2,8 +2,9 @@
  *
  * Pipeline, in this order (each stage can be switched off):
  *   1. penalties    repetition (HF / llama.cpp: a seen token's logit > 0 is
- *                   divided by the penalty, otherwise multiplied) and presence
- *                   (a constant subtracted from every seen token's logit), over
+ *                   divided by the penalty, otherwise multiplied), then presence
+ *                   and frequency (OpenAI's: logit - (frequency * count +
+ *                   presence), count = the id's occurrences in the window), over
  *                   the distinct ids among the last `penalty_last_n` accepted
  *                   tokens
  *   2. temperature  logits / T; T <= 0 means greedy argmax (lowest id on ties)
@@ -18,8 +19,8 @@
  * sampling never allocates. Top-k uses a bounded heap (O(V log k)), never a
  * full sort of the vocabulary. A sampler is not thread-safe; use one per
  * generation stream. */
-#ifndef Q3_TEXT_SAMPLER_H
-#define Q3_TEXT_SAMPLER_H
+#ifndef Q3_SAMPLE_SAMPLER_H
+#define Q3_SAMPLE_SAMPLER_H
 
 /* The sampler's API is public: include/q3.h. */
 #include "q3.h"

@@ -1,0 +1,353 @@
+/* OpenAI answers (see render.h): the error envelope, whole responses, SSE
+ * chunks, usage and logprobs. */
+#include "render.h"
+
+#include <cjson/cJSON.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+
+/* ---- the error envelope ----------------------------------------------------------- */
+
+int srv_err_set(srv_err *e, int status, const char *type, const char *code, const char *param, const char *fmt, ...)
+{
+    e->status = status;
+    e->type = type;
+    e->code = code;
+    snprintf(e->param, sizeof e->param, "%s", param ? param : "");
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->message, sizeof e->message, fmt, ap);
+    va_end(ap);
+    return status;
+}
+
+/* Appends item's unformatted JSON (cJSON escapes strings as JSON requires). */
+void srv_put_json(srv_buf *b, const cJSON *item)
+{
+    char *s = cJSON_PrintUnformatted(item);
+    if (!s) { b->oom = 1; return; }
+    srv_buf_puts(b, s);
+    cJSON_free(s);
+}
+
+void srv_err_json(const srv_err *e, srv_buf *b)
+{
+    cJSON *root = cJSON_CreateObject(), *err = cJSON_AddObjectToObject(root, "error");
+    cJSON_AddStringToObject(err, "message", e->message);
+    cJSON_AddStringToObject(err, "type", e->type ? e->type : "invalid_request_error");
+    if (e->param[0]) cJSON_AddStringToObject(err, "param", e->param);
+    else cJSON_AddNullToObject(err, "param");
+    if (e->code) cJSON_AddStringToObject(err, "code", e->code);
+    else cJSON_AddNumberToObject(err, "code", e->status);
+    srv_put_json(b, root);
+    cJSON_Delete(root);
+}
+
+/* The status of an error answer gives its type. */
+static const char *err_type(int status) { return status >= 500 ? "server_error" : "invalid_request_error"; }
+
+void srv_job_err(const srv_job *j, srv_err *e)
+{
+    if (j->res.state == SRV_JOB_GONE_QUEUED) /* only a client that half-closed its socket still reads this */
+        srv_err_set(e, 500, "invalid_request_error", NULL, NULL, "%s", j->res.err_msg);
+    else
+        srv_err_set(e, j->res.err_status, err_type(j->res.err_status), NULL, NULL, "%s", j->res.err_msg);
+}
+
+void srv_render_failure(srv_job *j)
+{
+    if (j->st.sse_state == SRV_SSE_ERROR_SENT) return;
+    srv_err e;
+    srv_job_err(j, &e);
+    srv_buf_puts(&j->st.sse, "data: ");
+    srv_err_json(&e, &j->st.sse);
+    srv_buf_puts(&j->st.sse, "\n\ndata: [DONE]\n\n");
+    j->st.sse_state = SRV_SSE_ERROR_SENT;
+}
+
+/* ---- pieces of an answer ---------------------------------------------------------- */
+
+static cJSON *usage_json(const srv_job *j)
+{
+    cJSON *u = cJSON_CreateObject();
+    cJSON_AddNumberToObject(u, "prompt_tokens", j->req.n_prompt);
+    cJSON_AddNumberToObject(u, "completion_tokens", j->res.n_completion);
+    cJSON_AddNumberToObject(u, "total_tokens", j->req.n_prompt + j->res.n_completion);
+    cJSON *d = cJSON_AddObjectToObject(u, "prompt_tokens_details");
+    cJSON_AddNumberToObject(d, "cached_tokens", j->res.n_cached);
+    return u;
+}
+
+static cJSON *chunk_head(const srv_job *j)
+{
+    cJSON *c = cJSON_CreateObject();
+    cJSON_AddStringToObject(c, "id", j->req.id);
+    cJSON_AddStringToObject(c, "object", j->req.kind == SRV_CHAT ? "chat.completion.chunk" : "text_completion");
+    cJSON_AddNumberToObject(c, "created", (double)j->req.created);
+    cJSON_AddStringToObject(c, "model", j->req.model_name);
+    return c;
+}
+
+static void sse_put(srv_job *j, cJSON *chunk)
+{
+    srv_buf_puts(&j->st.sse, "data: ");
+    srv_put_json(&j->st.sse, chunk);
+    srv_buf_puts(&j->st.sse, "\n\n");
+    cJSON_Delete(chunk);
+}
+
+/* A chunk with one choice; delta (chat) or text (completion) given by the caller. */
+static cJSON *chunk_choice(const srv_job *j, cJSON **choice)
+{
+    cJSON *c = chunk_head(j), *arr = cJSON_AddArrayToObject(c, "choices");
+    *choice = cJSON_CreateObject();
+    cJSON_AddItemToArray(arr, *choice);
+    cJSON_AddNumberToObject(*choice, "index", 0);
+    return c;
+}
+
+/* The bytes of a token (none for an unknown id or no tokenizer). */
+static const char *token_bytes(const q3_tokenizer *tok, int32_t id, size_t *n)
+{
+    const char *b = NULL;
+    *n = 0;
+    if (tok && q3_tokenizer_piece(tok, id, &b, n)) *n = 0;
+    return b;
+}
+
+/* A token's text as valid UTF-8 (bytes that are not part of a whole character
+ * become U+FFFD, as the library's detokenizer writes them), and its raw bytes. */
+static void token_text(const q3_tokenizer *tok, int32_t id, srv_buf *text, cJSON **bytes)
+{
+    size_t n = 0;
+    const char *b = token_bytes(tok, id, &n);
+    if (bytes) *bytes = cJSON_CreateArray();
+    q3_detokenizer *d = NULL;
+    const char *s;
+    size_t sl;
+    if (n && q3_detokenizer_new(tok, &d)) text->oom = 1;
+    if (d && !q3_detokenizer_push(d, id, &s, &sl)) srv_buf_put(text, s, sl);
+    if (d && !q3_detokenizer_flush(d, &s, &sl)) srv_buf_put(text, s, sl);
+    q3_detokenizer_free(d);
+    for (size_t i = 0; bytes && i < n; i++) cJSON_AddItemToArray(*bytes, cJSON_CreateNumber((unsigned char)b[i]));
+}
+
+static cJSON *lp_item(const q3_tokenizer *tok, int32_t id, float lp)
+{
+    cJSON *o = cJSON_CreateObject(), *bytes;
+    srv_buf t = {0};
+    token_text(tok, id, &t, &bytes);
+    cJSON_AddStringToObject(o, "token", t.data ? t.data : "");
+    cJSON_AddNumberToObject(o, "logprob", lp);
+    cJSON_AddItemToObject(o, "bytes", bytes);
+    free(t.data);
+    return o;
+}
+
+/* The logprobs object for entries [from, to): chat {"content": [...]}, or the
+ * completions form {"tokens", "token_logprobs", "top_logprobs", "text_offset"}. */
+static cJSON *logprobs_json(const srv_job *j, int from, int to)
+{
+    cJSON *o = cJSON_CreateObject();
+    if (j->req.kind == SRV_CHAT) {
+        cJSON *arr = cJSON_AddArrayToObject(o, "content");
+        for (int i = from; i < to; i++) {
+            const q3_token_logprob *l = &j->res.lp[i];
+            cJSON *it = lp_item(j->req.tok, l->id, l->logprob), *top = cJSON_AddArrayToObject(it, "top_logprobs");
+            for (int k = 0; k < l->n_top; k++) cJSON_AddItemToArray(top, lp_item(j->req.tok, l->top_id[k], l->top_logprob[k]));
+            cJSON_AddItemToArray(arr, it);
+        }
+        return o;
+    }
+    cJSON *toks = cJSON_AddArrayToObject(o, "tokens"), *lps = cJSON_AddArrayToObject(o, "token_logprobs");
+    cJSON *tops = cJSON_AddArrayToObject(o, "top_logprobs"), *offs = cJSON_AddArrayToObject(o, "text_offset");
+    size_t off = 0;
+    for (int i = 0; i < from; i++) {
+        size_t n = 0;
+        token_bytes(j->req.tok, j->res.lp[i].id, &n);
+        off += n;
+    }
+    for (int i = from; i < to; i++) {
+        const q3_token_logprob *l = &j->res.lp[i];
+        srv_buf t = {0};
+        token_text(j->req.tok, l->id, &t, NULL);
+        cJSON_AddItemToArray(toks, cJSON_CreateString(t.data ? t.data : ""));
+        cJSON_AddItemToArray(lps, cJSON_CreateNumber(l->logprob));
+        cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)off));
+        size_t n = 0;
+        token_bytes(j->req.tok, l->id, &n);
+        off += n;
+        free(t.data);
+        cJSON *top = cJSON_CreateObject();
+        for (int k = 0; k < l->n_top; k++) {
+            srv_buf tt = {0};
+            token_text(j->req.tok, l->top_id[k], &tt, NULL);
+            if (!cJSON_GetObjectItemCaseSensitive(top, tt.data ? tt.data : ""))
+                cJSON_AddNumberToObject(top, tt.data ? tt.data : "", l->top_logprob[k]);
+            free(tt.data);
+        }
+        cJSON_AddItemToArray(tops, top);
+    }
+    return o;
+}
+
+/* Stream chunks carry the entries not yet sent (j->mu held by the caller). */
+static void choice_logprobs(srv_job *j, cJSON *choice)
+{
+    if (!j->req.logprobs) {
+        cJSON_AddNullToObject(choice, "logprobs");
+        return;
+    }
+    cJSON_AddItemToObject(choice, "logprobs", logprobs_json(j, j->st.lp_sent, j->res.n_lp));
+    j->st.lp_sent = j->res.n_lp;
+}
+
+const char *srv_finish_wire(srv_finish f)
+{
+    switch (f) {
+    case SRV_FINISH_STOP:
+    case SRV_FINISH_STOP_STRING: return "stop";
+    case SRV_FINISH_LENGTH: return "length";
+    case SRV_FINISH_TOOL_CALLS: return "tool_calls";
+    case SRV_FINISH_NONE: break;
+    }
+    return NULL;
+}
+
+/* "finish_reason": the wire's word, or null while the answer goes on. */
+static void choice_tail(cJSON *choice, srv_finish f)
+{
+    const char *w = srv_finish_wire(f);
+    if (w) cJSON_AddStringToObject(choice, "finish_reason", w);
+    else cJSON_AddNullToObject(choice, "finish_reason");
+}
+
+/* ---- the answer as it comes: SSE chunks, or the whole answer's fields ------------- */
+
+void srv_stream_begin(srv_job *j)
+{
+    if (j->req.kind != SRV_CHAT) return;
+    cJSON *choice, *c = chunk_choice(j, &choice);
+    cJSON *d = cJSON_AddObjectToObject(choice, "delta");
+    cJSON_AddStringToObject(d, "role", "assistant");
+    cJSON_AddStringToObject(d, "content", "");
+    cJSON_AddNullToObject(choice, "logprobs");
+    choice_tail(choice, SRV_FINISH_NONE);
+    sse_put(j, c);
+}
+
+
+/* A piece of content (0) or reasoning (1): a chunk for a stream, else appended
+ * to the whole answer. */
+static void put_text(srv_job *j, int reasoning, const char *s, size_t n)
+{
+    if (!n) return;
+    if (!j->req.stream) {
+        srv_buf_put(reasoning ? &j->res.reasoning : &j->res.content, s, n);
+        return;
+    }
+    char *t = strndup(s, n);
+    if (!t) { j->st.sse.oom = 1; return; }
+    cJSON *choice, *c = chunk_choice(j, &choice);
+    if (j->req.kind == SRV_CHAT) {
+        cJSON *d = cJSON_AddObjectToObject(choice, "delta");
+        cJSON_AddStringToObject(d, reasoning ? "reasoning_content" : "content", t);
+    } else {
+        cJSON_AddStringToObject(choice, "text", t);
+    }
+    choice_logprobs(j, choice);
+    choice_tail(choice, SRV_FINISH_NONE);
+    sse_put(j, c);
+    free(t);
+}
+
+void srv_render_content(srv_job *j, const char *s, size_t n) { put_text(j, 0, s, n); }
+void srv_render_reasoning(srv_job *j, const char *s, size_t n) { put_text(j, 1, s, n); }
+
+void srv_render_tool_call(srv_job *j, char *name, char *arguments)
+{
+    int k = j->res.n_tool_calls++;
+    j->res.tool_calls[k].name = name;
+    j->res.tool_calls[k].arguments = arguments;
+    if (!j->req.stream) return;
+    cJSON *choice, *c = chunk_choice(j, &choice);
+    cJSON *d = cJSON_AddObjectToObject(choice, "delta"), *arr = cJSON_AddArrayToObject(d, "tool_calls");
+    cJSON *tc = cJSON_CreateObject();
+    cJSON_AddItemToArray(arr, tc);
+    char id[96];
+    snprintf(id, sizeof id, "call_%s_%d", j->req.id, k);
+    cJSON_AddNumberToObject(tc, "index", k);
+    cJSON_AddStringToObject(tc, "id", id);
+    cJSON_AddStringToObject(tc, "type", "function");
+    cJSON *f = cJSON_AddObjectToObject(tc, "function");
+    cJSON_AddStringToObject(f, "name", name);
+    cJSON_AddStringToObject(f, "arguments", arguments);
+    choice_logprobs(j, choice);
+    choice_tail(choice, SRV_FINISH_NONE);
+    sse_put(j, c);
+}
+
+void srv_render_end(srv_job *j)
+{
+    if (!j->req.stream) return;
+    cJSON *choice, *c = chunk_choice(j, &choice);
+    if (j->req.kind == SRV_CHAT) cJSON_AddObjectToObject(choice, "delta");
+    else cJSON_AddStringToObject(choice, "text", "");
+    choice_logprobs(j, choice);
+    choice_tail(choice, j->res.finish);
+    sse_put(j, c);
+    if (j->req.include_usage) {
+        c = chunk_head(j);
+        cJSON_AddArrayToObject(c, "choices");
+        cJSON_AddItemToObject(c, "usage", usage_json(j));
+        sse_put(j, c);
+    }
+    srv_buf_puts(&j->st.sse, "data: [DONE]\n\n");
+}
+
+/* ---- a whole answer --------------------------------------------------------------- */
+
+void srv_response_json(const srv_job *j, srv_buf *out)
+{
+    cJSON *r = cJSON_CreateObject();
+    cJSON_AddStringToObject(r, "id", j->req.id);
+    cJSON_AddStringToObject(r, "object", j->req.kind == SRV_CHAT ? "chat.completion" : "text_completion");
+    cJSON_AddNumberToObject(r, "created", (double)j->req.created);
+    cJSON_AddStringToObject(r, "model", j->req.model_name);
+    cJSON *arr = cJSON_AddArrayToObject(r, "choices"), *choice = cJSON_CreateObject();
+    cJSON_AddItemToArray(arr, choice);
+    cJSON_AddNumberToObject(choice, "index", 0);
+    const char *content = j->res.content.data ? j->res.content.data : "";
+    if (j->req.kind == SRV_CHAT) {
+        cJSON *m = cJSON_AddObjectToObject(choice, "message");
+        cJSON_AddStringToObject(m, "role", "assistant");
+        if (j->res.n_tool_calls && !j->res.content.len) cJSON_AddNullToObject(m, "content");
+        else cJSON_AddStringToObject(m, "content", content);
+        if (j->res.reasoning.len) cJSON_AddStringToObject(m, "reasoning_content", j->res.reasoning.data);
+        if (j->res.n_tool_calls) {
+            cJSON *tcs = cJSON_AddArrayToObject(m, "tool_calls");
+            for (int k = 0; k < j->res.n_tool_calls; k++) {
+                cJSON *tc = cJSON_CreateObject();
+                cJSON_AddItemToArray(tcs, tc);
+                char id[96];
+                snprintf(id, sizeof id, "call_%s_%d", j->req.id, k);
+                cJSON_AddStringToObject(tc, "id", id);
+                cJSON_AddStringToObject(tc, "type", "function");
+                cJSON *f = cJSON_AddObjectToObject(tc, "function");
+                cJSON_AddStringToObject(f, "name", j->res.tool_calls[k].name);
+                cJSON_AddStringToObject(f, "arguments", j->res.tool_calls[k].arguments);
+            }
+        }
+    } else {
+        cJSON_AddStringToObject(choice, "text", content);
+    }
+    if (j->req.logprobs) cJSON_AddItemToObject(choice, "logprobs", logprobs_json(j, 0, j->res.n_lp));
+    else cJSON_AddNullToObject(choice, "logprobs");
+    choice_tail(choice, j->res.finish != SRV_FINISH_NONE ? j->res.finish : SRV_FINISH_STOP);
+    cJSON_AddItemToObject(r, "usage", usage_json(j));
+    srv_put_json(out, r);
+    cJSON_Delete(r);
+}

@@ -1,0 +1,533 @@
+/* OpenAI request bodies (chat, completions, tokenize, detokenize) into jobs
+ * and answers, and the models list (see request.h). */
+#include "request.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+
+static int bad(srv_err *e, const char *param, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int bad(srv_err *e, const char *param, const char *fmt, ...)
+{
+    char msg[384];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    return srv_err_set(e, 400, "invalid_request_error", NULL, param, "%s", msg);
+}
+
+
+/* ---- field helpers -------------------------------------------------------- */
+
+static int is_known(const char *k, const char *const *known)
+{
+    for (int i = 0; known[i]; i++)
+        if (!strcmp(k, known[i])) return 1;
+    return 0;
+}
+
+static int check_fields(const cJSON *root, const char *const *known, srv_err *e)
+{
+    for (const cJSON *it = root->child; it; it = it->next)
+        if (!is_known(it->string, known))
+            return bad(e, it->string, "unknown field '%s' (q3 serve refuses what it would otherwise ignore)", it->string);
+    return 0;
+}
+
+/* A number field in [lo, hi]; absent or null leaves *out. */
+static int get_num(const cJSON *root, const char *name, double lo, double hi, double *out, srv_err *e)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, name);
+    if (!v || cJSON_IsNull(v)) return 0;
+    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble)) return bad(e, name, "'%s' must be a number", name);
+    if (v->valuedouble < lo || v->valuedouble > hi) return bad(e, name, "'%s' is %g, must be in [%g, %g]", name, v->valuedouble, lo, hi);
+    *out = v->valuedouble;
+    return 0;
+}
+
+static int get_int(const cJSON *root, const char *name, double lo, double hi, long long *out, srv_err *e)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, name);
+    if (!v || cJSON_IsNull(v)) return 0;
+    if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble)) return bad(e, name, "'%s' must be an integer", name);
+    if (v->valuedouble < lo || v->valuedouble > hi) return bad(e, name, "'%s' is %g, must be in [%.0f, %.0f]", name, v->valuedouble, lo, hi);
+    *out = (long long)v->valuedouble;
+    return 0;
+}
+
+static int get_bool(const cJSON *root, const char *name, int *out, srv_err *e)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, name);
+    if (!v || cJSON_IsNull(v)) return 0;
+    if (!cJSON_IsBool(v)) return bad(e, name, "'%s' must be true or false", name);
+    *out = cJSON_IsTrue(v);
+    return 0;
+}
+
+static uint64_t seed_counter;
+
+/* Sampling, limits, stop and stream options common to both endpoints. */
+static int parse_common(const srv_api *a, const cJSON *root, srv_job *j, int thinking, srv_err *e)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, "model");
+    if (v && !cJSON_IsNull(v)) {
+        if (!cJSON_IsString(v)) return bad(e, "model", "'model' must be a string");
+        if (strcmp(v->valuestring, a->model_name))
+            return srv_err_set(e, 404, "invalid_request_error", "model_not_found", "model",
+                               "The model `%.100s` does not exist (this server runs `%.100s`).", v->valuestring, a->model_name);
+    }
+    q3_sampler_params sp = q3_sampler_defaults(thinking);
+    sp.penalty_last_n = 0;
+    double x;
+    long long n;
+    x = sp.temperature; if (get_num(root, "temperature", 0, 2, &x, e)) return e->status; sp.temperature = (float)x;
+    x = sp.top_p; if (get_num(root, "top_p", 1e-9, 1, &x, e)) return e->status; sp.top_p = (float)x;
+    n = sp.top_k; if (get_int(root, "top_k", -1, 1e9, &n, e)) return e->status; sp.top_k = n < 0 ? 0 : (int)n;
+    x = sp.min_p; if (get_num(root, "min_p", 0, 1, &x, e)) return e->status; sp.min_p = (float)x;
+    x = 1; if (get_num(root, "repetition_penalty", 1e-6, 10, &x, e)) return e->status; sp.repeat_penalty = (float)x;
+    x = 0; if (get_num(root, "presence_penalty", -2, 2, &x, e)) return e->status; sp.presence_penalty = (float)x;
+    x = 0; if (get_num(root, "frequency_penalty", -2, 2, &x, e)) return e->status; sp.frequency_penalty = (float)x;
+    /* the penalties see the whole answer; the prompt too only with repetition_penalty (as llama.cpp's
+       does), so presence and frequency alone count the output, as OpenAI's do */
+    if (sp.repeat_penalty != 1.0f || sp.presence_penalty != 0 || sp.frequency_penalty != 0) sp.penalty_last_n = a->n_ctx;
+    j->req.no_prompt_penalty = sp.repeat_penalty == 1.0f;
+    v = cJSON_GetObjectItemCaseSensitive(root, "seed");
+    if (v && !cJSON_IsNull(v)) {
+        if (get_int(root, "seed", -9.2e18, 9.2e18, &n, e)) return e->status;
+        sp.seed = (uint64_t)n;
+    } else {
+        sp.seed = (uint64_t)time(NULL) * 0x9e3779b97f4a7c15ull + __atomic_add_fetch(&seed_counter, 1, __ATOMIC_RELAXED);
+    }
+    j->req.sp = sp;
+    n = 1;
+    if (get_int(root, "n", 1, 1, &n, e)) return bad(e, "n", "'n' must be 1 (q3 serve makes one choice per request)");
+    long long mt = 0;
+    if (get_int(root, "max_tokens", 1, 1e9, &mt, e)) return e->status;
+    if (get_int(root, "max_completion_tokens", 1, 1e9, &mt, e)) return e->status;
+    j->req.max_tokens = (int)mt;
+    v = cJSON_GetObjectItemCaseSensitive(root, "stop");
+    if (cJSON_IsString(v)) {
+        if (v->valuestring[0]) j->req.stop[j->req.n_stop++] = strdup(v->valuestring);
+    } else if (cJSON_IsArray(v)) {
+        if (cJSON_GetArraySize(v) > SRV_MAX_STOP) return bad(e, "stop", "at most %d stop strings", SRV_MAX_STOP);
+        for (const cJSON *s = v->child; s; s = s->next) {
+            if (!cJSON_IsString(s)) return bad(e, "stop", "'stop' must be a string or a list of strings");
+            if (s->valuestring[0]) j->req.stop[j->req.n_stop++] = strdup(s->valuestring);
+        }
+    } else if (v && !cJSON_IsNull(v)) {
+        return bad(e, "stop", "'stop' must be a string or a list of strings");
+    }
+    for (int i = 0; i < j->req.n_stop; i++)
+        if (!j->req.stop[i]) return srv_err_set(e, 500, "server_error", NULL, NULL, "out of memory");
+    if (get_bool(root, "stream", &j->req.stream, e)) return e->status;
+    v = cJSON_GetObjectItemCaseSensitive(root, "stream_options");
+    if (v && !cJSON_IsNull(v)) {
+        if (!cJSON_IsObject(v)) return bad(e, "stream_options", "'stream_options' must be an object");
+        if (!j->req.stream) return bad(e, "stream_options", "'stream_options' needs \"stream\": true");
+        static const char *const so_known[] = {"include_usage", "continuous_usage_stats", NULL};
+        if (check_fields(v, so_known, e)) return e->status;
+        if (get_bool(v, "include_usage", &j->req.include_usage, e)) return e->status;
+    }
+    j->req.tok = a->tok;
+    if (j->req.kind == SRV_CHAT) { /* logprobs: bool, top_logprobs: 0..20 */
+        if (get_bool(root, "logprobs", &j->req.logprobs, e)) return e->status;
+        long long top = 0;
+        if (get_int(root, "top_logprobs", 0, SRV_MAX_TOP_LOGPROBS, &top, e)) return e->status;
+        if (top > 0 && !j->req.logprobs) return bad(e, "top_logprobs", "'top_logprobs' needs \"logprobs\": true");
+        j->req.top_logprobs = (int)top;
+    } else { /* legacy completions: logprobs is the number of alternatives */
+        long long top = -1;
+        if (get_int(root, "logprobs", 0, SRV_MAX_TOP_LOGPROBS, &top, e)) return e->status;
+        j->req.logprobs = top >= 0;
+        j->req.top_logprobs = top > 0 ? (int)top : 0;
+    }
+    v = cJSON_GetObjectItemCaseSensitive(root, "logit_bias");
+    if (v && !cJSON_IsNull(v)) { /* {"token id": bias in [-100, 100]}, as OpenAI's */
+        if (!cJSON_IsObject(v)) return bad(e, "logit_bias", "'logit_bias' must be an object of token ids to biases");
+        int n = cJSON_GetArraySize(v);
+        if (n > SRV_MAX_LOGIT_BIAS) return bad(e, "logit_bias", "at most %d entries in 'logit_bias'", SRV_MAX_LOGIT_BIAS);
+        if (n && !(j->req.bias = malloc((size_t)n * sizeof *j->req.bias)))
+            return srv_err_set(e, 500, "server_error", NULL, NULL, "out of memory");
+        for (const cJSON *b = v->child; b; b = b->next) {
+            char *end;
+            long id = strtol(b->string, &end, 10);
+            if (!b->string[0] || *end || id < 0 || id >= a->vocab)
+                return bad(e, "logit_bias", "logit_bias key '%.40s' is not a token id (0..%d)", b->string, a->vocab - 1);
+            if (!cJSON_IsNumber(b) || !(b->valuedouble >= -100 && b->valuedouble <= 100))
+                return bad(e, "logit_bias", "logit_bias[%.40s] must be a number in [-100, 100]", b->string);
+            j->req.bias[j->req.n_bias++] = (srv_bias){.id = (int32_t)id, .bias = (float)b->valuedouble};
+        }
+    }
+    v = cJSON_GetObjectItemCaseSensitive(root, "user");
+    if (v && !cJSON_IsNull(v) && !cJSON_IsString(v)) return bad(e, "user", "'user' must be a string");
+    return 0;
+}
+
+/* The prompt fits with room for at least one token, and max_tokens fits after it. */
+static int check_length(const srv_api *a, srv_job *j, srv_err *e)
+{
+    if (j->req.n_prompt < 1) return bad(e, "messages", "the prompt is empty");
+    if (j->req.n_prompt >= a->n_ctx)
+        return srv_err_set(e, 400, "invalid_request_error", "context_length_exceeded", "messages",
+                           "This model's maximum context length is %d tokens. However, your request has %d input "
+                           "tokens. Please reduce the length of the input messages.", a->n_ctx, j->req.n_prompt);
+    int room = a->n_ctx - j->req.n_prompt;
+    if (j->req.max_tokens == 0) j->req.max_tokens = room;
+    else if (j->req.max_tokens > room)
+        return srv_err_set(e, 400, "invalid_request_error", "context_length_exceeded", "max_tokens",
+                           "This model's maximum context length is %d tokens. However, you requested %d tokens "
+                           "(%d in the messages, %d in the completion). Please reduce the length of the messages "
+                           "or completion.", a->n_ctx, j->req.n_prompt + j->req.max_tokens, j->req.n_prompt, j->req.max_tokens);
+    return 0;
+}
+
+/* Whether a JSON string in body[0..len) holds \u0000: cJSON's strings end at a
+ * NUL, so such a string would be cut short without a word ("abc\u0000def" read
+ * as "abc"); q3 refuses text with NUL characters instead. */
+static int has_nul_escape(const char *body, size_t len)
+{
+    int in_string = 0;
+    for (size_t i = 0; i < len; i++) {
+        if (!in_string) {
+            in_string = body[i] == '"';
+        } else if (body[i] == '"') {
+            in_string = 0;
+        } else if (body[i] == '\\' && i + 1 < len) {
+            if (body[i + 1] == 'u' && len - i >= 6 && !memcmp(body + i + 2, "0000", 4)) return 1;
+            i++; /* the escaped character */
+        }
+    }
+    return 0;
+}
+
+static cJSON *parse_body(const char *body, size_t len, srv_err *e)
+{
+    if (memchr(body, 0, len) || has_nul_escape(body, len)) {
+        bad(e, NULL, "a string in the body holds \\u0000 (a NUL character): q3 takes text without NUL characters");
+        return NULL;
+    }
+    cJSON *root = cJSON_ParseWithLength(body, len);
+    if (!root) {
+        bad(e, NULL, "the body is not valid JSON");
+        return NULL;
+    }
+    if (!cJSON_IsObject(root)) {
+        cJSON_Delete(root);
+        bad(e, NULL, "the body must be a JSON object");
+        return NULL;
+    }
+    return root;
+}
+
+static void fill_ids(srv_job *j, const char *prefix)
+{
+    static unsigned long long counter;
+    unsigned long long c = __atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED);
+    j->req.created = (long long)time(NULL);
+    snprintf(j->req.id, sizeof j->req.id, "%s-%llx%08llx", prefix, (unsigned long long)j->req.created, c);
+}
+
+/* ---- chat ------------------------------------------------------------------ */
+
+/* A message's content as one string: a string, or the text parts of a list
+ * joined by "\n". NULL content stays NULL. Returns 0, or an error status. */
+static int content_text(const cJSON *m, int idx, char **out, srv_err *e)
+{
+    *out = NULL;
+    const cJSON *c = cJSON_GetObjectItemCaseSensitive(m, "content");
+    if (!c || cJSON_IsNull(c)) return 0;
+    if (cJSON_IsString(c)) {
+        *out = strdup(c->valuestring);
+        return *out ? 0 : srv_err_set(e, 500, "server_error", NULL, NULL, "out of memory");
+    }
+    if (!cJSON_IsArray(c)) return bad(e, "messages", "messages[%d].content must be a string or a list of text parts", idx);
+    srv_buf b = {0};
+    int k = 0;
+    for (const cJSON *p = c->child; p; p = p->next, k++) {
+        const cJSON *type = cJSON_GetObjectItemCaseSensitive(p, "type"), *text = cJSON_GetObjectItemCaseSensitive(p, "text");
+        if (!cJSON_IsObject(p) || !cJSON_IsString(type) || strcmp(type->valuestring, "text") || !cJSON_IsString(text)) {
+            free(b.data);
+            return bad(e, "messages", "messages[%d].content[%d]: only {\"type\": \"text\", \"text\": ...} parts are supported", idx, k);
+        }
+        if (k) srv_buf_puts(&b, "\n");
+        srv_buf_puts(&b, text->valuestring);
+    }
+    if (b.oom) { free(b.data); return srv_err_set(e, 500, "server_error", NULL, NULL, "out of memory"); }
+    *out = b.data ? b.data : strdup("");
+    return 0;
+}
+
+/* Renders the conversation with Qwen3's template and tokenizes it with
+ * q3_chat_tokenize_json: the markup's control tokens are tokens, the messages' text
+ * is always plain text ("<|im_end|>" typed in a message stays text), in one
+ * pass, so text without control-token strings gets the reference's ids. */
+static int render_chat(const srv_api *a, const cJSON *messages, const cJSON *tools, int thinking, srv_job *j, srv_err *e)
+{
+    if (!cJSON_IsArray(messages) || cJSON_GetArraySize(messages) < 1) return bad(e, "messages", "'messages' must be a non-empty list");
+    cJSON *conv = cJSON_CreateObject(), *msgs = cJSON_AddArrayToObject(conv, "messages");
+    int rc = 0, idx = 0;
+    char *json = NULL;
+    for (const cJSON *m = messages->child; m; m = m->next, idx++) {
+        if (!cJSON_IsObject(m)) { rc = bad(e, "messages", "messages[%d] must be an object", idx); goto done; }
+        const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
+        if (!cJSON_IsString(role)) { rc = bad(e, "messages", "messages[%d].role must be a string", idx); goto done; }
+        const char *r = role->valuestring;
+        int assistant = !strcmp(r, "assistant");
+        if (!assistant && strcmp(r, "system") && strcmp(r, "developer") && strcmp(r, "user") && strcmp(r, "tool")) {
+            rc = bad(e, "messages", "messages[%d].role is '%.40s': expected system, developer, user, assistant or tool", idx, r);
+            goto done;
+        }
+        char *text;
+        if ((rc = content_text(m, idx, &text, e))) goto done;
+        if (!text && !assistant) { rc = bad(e, "messages", "messages[%d] (%s) has no content", idx, r); goto done; }
+        cJSON *copy = cJSON_CreateObject();
+        cJSON_AddItemToArray(msgs, copy);
+        cJSON_AddStringToObject(copy, "role", !strcmp(r, "developer") ? "system" : r);
+        cJSON_AddStringToObject(copy, "content", text ? text : ""); /* null beside tool_calls */
+        free(text);
+        if (assistant) {
+            static const char *const keep[] = {"reasoning_content", "tool_calls", NULL};
+            for (int k = 0; keep[k]; k++) {
+                const cJSON *f = cJSON_GetObjectItemCaseSensitive(m, keep[k]);
+                if (f && !cJSON_IsNull(f)) cJSON_AddItemToObject(copy, keep[k], cJSON_Duplicate(f, 1));
+            }
+        }
+    }
+    if (tools) cJSON_AddItemToObject(conv, "tools", cJSON_Duplicate(tools, 1));
+    if (thinking >= 0) cJSON_AddBoolToObject(conv, "enable_thinking", thinking);
+    cJSON_AddBoolToObject(conv, "add_generation_prompt", 1);
+    int32_t *ids = NULL;
+    size_t n = 0;
+    if (!(json = cJSON_PrintUnformatted(conv))) {
+        rc = srv_err_set(e, 500, "server_error", NULL, NULL, "out of memory");
+        goto done;
+    }
+    if (q3_chat_tokenize_json(a->tok, json, strlen(json), 0, &ids, &n)) {
+        rc = bad(e, "messages", "%s", q3_last_error());
+        goto done;
+    }
+    j->req.prompt = ids;
+    j->req.n_prompt = (int)n;
+done:
+    free(json);
+    cJSON_Delete(conv);
+    return rc;
+}
+
+int srv_parse_chat(const srv_api *a, const char *body, size_t len, srv_job *j, srv_err *e)
+{
+    static const char *const known[] = {
+        "model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "min_p",
+        "presence_penalty", "frequency_penalty", "repetition_penalty", "seed", "stop", "stream", "stream_options",
+        "chat_template_kwargs", "tools", "tool_choice", "parallel_tool_calls", "logprobs", "top_logprobs", "n",
+        "user", "response_format", "logit_bias", NULL};
+    cJSON *root = parse_body(body, len, e);
+    if (!root) return e->status;
+    int rc = check_fields(root, known, e);
+    j->req.kind = SRV_CHAT;
+    j->req.parse_reasoning = 1;
+    int thinking = -1;
+    const cJSON *kw = cJSON_GetObjectItemCaseSensitive(root, "chat_template_kwargs");
+    if (!rc && kw && !cJSON_IsNull(kw)) {
+        static const char *const kw_known[] = {"enable_thinking", NULL};
+        if (!cJSON_IsObject(kw)) rc = bad(e, "chat_template_kwargs", "'chat_template_kwargs' must be an object");
+        else if (!(rc = check_fields(kw, kw_known, e))) {
+            int t = -1;
+            rc = get_bool(kw, "enable_thinking", &t, e);
+            thinking = t;
+        }
+    }
+    const cJSON *rf = cJSON_GetObjectItemCaseSensitive(root, "response_format");
+    if (!rc && rf && !cJSON_IsNull(rf)) {
+        const cJSON *t = cJSON_GetObjectItemCaseSensitive(rf, "type");
+        if (!cJSON_IsObject(rf) || !cJSON_IsString(t) || strcmp(t->valuestring, "text"))
+            rc = bad(e, "response_format", "only response_format {\"type\": \"text\"} is supported");
+    }
+    const cJSON *tools = cJSON_GetObjectItemCaseSensitive(root, "tools");
+    if (!rc && tools && !cJSON_IsNull(tools)) {
+        if (!cJSON_IsArray(tools)) rc = bad(e, "tools", "'tools' must be a list");
+        for (const cJSON *t = tools->child; !rc && t; t = t->next) {
+            const cJSON *f = cJSON_GetObjectItemCaseSensitive(t, "function");
+            const cJSON *nm = cJSON_GetObjectItemCaseSensitive(f, "name");
+            if (!cJSON_IsObject(t) || !cJSON_IsObject(f) || !cJSON_IsString(nm))
+                rc = bad(e, "tools", "each tool must be {\"type\": \"function\", \"function\": {\"name\": ...}}");
+        }
+        if (!rc && cJSON_GetArraySize(tools) == 0) tools = NULL;
+    } else {
+        tools = NULL;
+    }
+    const cJSON *tc = cJSON_GetObjectItemCaseSensitive(root, "tool_choice");
+    if (!rc && tc && !cJSON_IsNull(tc)) {
+        if (cJSON_IsString(tc) && !strcmp(tc->valuestring, "none")) tools = NULL;
+        else if (!(cJSON_IsString(tc) && !strcmp(tc->valuestring, "auto")))
+            rc = bad(e, "tool_choice", "tool_choice must be \"auto\" or \"none\" (q3 serve does not force tool calls)");
+    }
+    j->req.parse_tools = tools != NULL;
+    if (!rc) rc = parse_common(a, root, j, thinking != 0, e);
+    if (!rc) {
+        const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(root, "messages");
+        if (!msgs) rc = bad(e, "messages", "'messages' is required");
+        else rc = render_chat(a, msgs, tools, thinking, j, e);
+    }
+    if (!rc) rc = check_length(a, j, e);
+    fill_ids(j, "chatcmpl");
+    cJSON_Delete(root);
+    return rc;
+}
+
+int srv_parse_completion(const srv_api *a, const char *body, size_t len, srv_job *j, srv_err *e)
+{
+    static const char *const known[] = {
+        "model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "min_p", "presence_penalty",
+        "frequency_penalty", "repetition_penalty", "seed", "stop", "stream", "stream_options", "n", "user",
+        "logprobs", "echo", "best_of", "suffix", "logit_bias", NULL};
+    cJSON *root = parse_body(body, len, e);
+    if (!root) return e->status;
+    j->req.kind = SRV_COMPLETION;
+    int rc = check_fields(root, known, e);
+    if (!rc) rc = parse_common(a, root, j, 0, e);
+    int echo = 0;
+    long long best_of = 1;
+    if (!rc && !(rc = get_bool(root, "echo", &echo, e)) && echo) rc = bad(e, "echo", "echo is not supported");
+    if (!rc && !(rc = get_int(root, "best_of", 1, 1e9, &best_of, e)) && best_of != 1) rc = bad(e, "best_of", "best_of must be 1");
+    const cJSON *sfx = cJSON_GetObjectItemCaseSensitive(root, "suffix");
+    if (!rc && sfx && !cJSON_IsNull(sfx)) rc = bad(e, "suffix", "suffix is not supported");
+    const cJSON *p = cJSON_GetObjectItemCaseSensitive(root, "prompt");
+    if (!rc) {
+        if (cJSON_IsArray(p) && cJSON_GetArraySize(p) == 1 && cJSON_IsString(p->child)) p = p->child;
+        if (cJSON_IsString(p)) {
+            int32_t *ids = NULL;
+            size_t n = 0;
+            if (q3_tokenizer_encode(a->tok, p->valuestring, strlen(p->valuestring), Q3_ENCODE_DEFAULT, &ids, &n)) rc = bad(e, "prompt", "%s", q3_last_error());
+            j->req.prompt = ids;
+            j->req.n_prompt = (int)n;
+        } else if (cJSON_IsArray(p) && cJSON_GetArraySize(p) > 0 && cJSON_IsNumber(p->child)) {
+            int n = cJSON_GetArraySize(p), k = 0;
+            if (n > a->n_ctx) n = a->n_ctx; /* longer is refused below anyway */
+            j->req.prompt = malloc((size_t)n * sizeof *j->req.prompt);
+            if (!j->req.prompt) rc = srv_err_set(e, 500, "server_error", NULL, NULL, "out of memory");
+            for (const cJSON *t = p->child; !rc && t; t = t->next, k++) {
+                if (!cJSON_IsNumber(t) || t->valuedouble != floor(t->valuedouble) || t->valuedouble < 0 || t->valuedouble >= a->vocab)
+                    rc = bad(e, "prompt", "prompt[%d] is not a token id in [0, %d)", k, a->vocab);
+                else if (k < n) j->req.prompt[k] = (int32_t)t->valuedouble;
+            }
+            j->req.n_prompt = cJSON_GetArraySize(p);
+        } else {
+            rc = bad(e, "prompt", "'prompt' must be a string or a non-empty list of token ids");
+        }
+    }
+    if (!rc) rc = check_length(a, j, e);
+    fill_ids(j, "cmpl");
+    cJSON_Delete(root);
+    return rc;
+}
+
+/* ---- tokenize / detokenize / models ----------------------------------------- */
+
+int srv_tokenize(const srv_api *a, const char *body, size_t len, srv_buf *out, srv_err *e)
+{
+    static const char *const known[] = {"model", "prompt", "messages", "add_special_tokens", "add_generation_prompt",
+                                        "chat_template_kwargs", "tools", NULL};
+    cJSON *root = parse_body(body, len, e);
+    if (!root) return e->status;
+    int rc = check_fields(root, known, e);
+    srv_job *j = srv_job_new();
+    if (!j) rc = srv_err_set(e, 500, "server_error", NULL, NULL, "out of memory");
+    const cJSON *p = cJSON_GetObjectItemCaseSensitive(root, "prompt"), *m = cJSON_GetObjectItemCaseSensitive(root, "messages");
+    if (!rc) {
+        if (cJSON_IsString(p)) {
+            int32_t *ids = NULL;
+            size_t n = 0;
+            if (q3_tokenizer_encode(a->tok, p->valuestring, strlen(p->valuestring), Q3_ENCODE_DEFAULT, &ids, &n)) rc = bad(e, "prompt", "%s", q3_last_error());
+            j->req.prompt = ids;
+            j->req.n_prompt = (int)n;
+        } else if (m) {
+            int thinking = -1;
+            const cJSON *kw = cJSON_GetObjectItemCaseSensitive(root, "chat_template_kwargs");
+            const cJSON *et = cJSON_GetObjectItemCaseSensitive(kw, "enable_thinking");
+            if (cJSON_IsBool(et)) thinking = cJSON_IsTrue(et);
+            const cJSON *tools = cJSON_GetObjectItemCaseSensitive(root, "tools");
+            rc = render_chat(a, m, cJSON_IsArray(tools) ? tools : NULL, thinking, j, e);
+        } else {
+            rc = bad(e, "prompt", "'prompt' (a string) or 'messages' is required");
+        }
+    }
+    if (!rc) {
+        cJSON *r = cJSON_CreateObject(), *arr = cJSON_AddArrayToObject(r, "tokens");
+        for (int i = 0; i < j->req.n_prompt; i++) cJSON_AddItemToArray(arr, cJSON_CreateNumber(j->req.prompt[i]));
+        cJSON_AddNumberToObject(r, "count", j->req.n_prompt);
+        cJSON_AddNumberToObject(r, "max_model_len", a->n_ctx);
+        srv_put_json(out, r);
+        cJSON_Delete(r);
+    }
+    if (j) srv_job_unref(j);
+    cJSON_Delete(root);
+    return rc;
+}
+
+int srv_detokenize(const srv_api *a, const char *body, size_t len, srv_buf *out, srv_err *e)
+{
+    static const char *const known[] = {"model", "tokens", NULL};
+    cJSON *root = parse_body(body, len, e);
+    if (!root) return e->status;
+    int rc = check_fields(root, known, e);
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(root, "tokens");
+    if (!rc && !cJSON_IsArray(t)) rc = bad(e, "tokens", "'tokens' must be a list of token ids");
+    int n = rc ? 0 : cJSON_GetArraySize(t), k = 0;
+    int32_t *ids = malloc((size_t)(n ? n : 1) * sizeof *ids);
+    if (!rc && !ids) rc = srv_err_set(e, 500, "server_error", NULL, NULL, "out of memory");
+    for (const cJSON *x = rc ? NULL : t->child; x && !rc; x = x->next, k++) {
+        if (!cJSON_IsNumber(x) || x->valuedouble != floor(x->valuedouble) || x->valuedouble < 0 || x->valuedouble >= a->vocab ||
+            q3_tokenizer_piece(a->tok, (int32_t)x->valuedouble, &(const char *){NULL}, &(size_t){0}))
+            rc = bad(e, "tokens", "tokens[%d] is not a token id of this tokenizer", k);
+        else ids[k] = (int32_t)x->valuedouble;
+    }
+    if (!rc) {
+        char *text = NULL;
+        size_t tl = 0;
+        if (q3_tokenizer_decode(a->tok, ids, (size_t)n, &text, &tl)) {
+            rc = bad(e, "tokens", "%s", q3_last_error());
+        } else {
+            /* lossy, as Hugging Face decodes: bytes that are not UTF-8 become U+FFFD */
+            q3_detokenizer *d = NULL;
+            srv_buf s = {0};
+            const char *piece;
+            size_t pl;
+            if (q3_detokenizer_new(a->tok, &d)) s.oom = 1;
+            for (int i = 0; d && i < n; i++)
+                if (!q3_detokenizer_push(d, ids[i], &piece, &pl)) srv_buf_put(&s, piece, pl);
+            if (d && !q3_detokenizer_flush(d, &piece, &pl)) srv_buf_put(&s, piece, pl);
+            q3_detokenizer_free(d);
+            cJSON *r = cJSON_CreateObject();
+            cJSON_AddStringToObject(r, "prompt", s.data ? s.data : "");
+            srv_put_json(out, r);
+            cJSON_Delete(r);
+            free(s.data);
+            free(text);
+        }
+    }
+    free(ids);
+    cJSON_Delete(root);
+    return rc;
+}
+
+void srv_models_json(const srv_api *a, long long created, srv_buf *out)
+{
+    cJSON *r = cJSON_CreateObject();
+    cJSON_AddStringToObject(r, "object", "list");
+    cJSON *data = cJSON_AddArrayToObject(r, "data"), *m = cJSON_CreateObject();
+    cJSON_AddItemToArray(data, m);
+    cJSON_AddStringToObject(m, "id", a->model_name);
+    cJSON_AddStringToObject(m, "object", "model");
+    cJSON_AddNumberToObject(m, "created", (double)created);
+    cJSON_AddStringToObject(m, "owned_by", "q3");
+    cJSON_AddNumberToObject(m, "max_model_len", a->n_ctx);
+    srv_put_json(out, r);
+    cJSON_Delete(r);
+}
