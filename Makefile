@@ -171,8 +171,9 @@ clean:
 
 # ---- fuzzing ----
 # libFuzzer targets (fuzz/fuzz_*.c), built with clang, ASan and UBSan into
-# build-fuzz/ from the parser sources only (src/util, src/model, src/text, and
-# src/server but its HTTP layer and engine: no libmicrohttpd).
+# build-fuzz/ from the parser sources only (src/util, src/model, src/text,
+# src/sample, the writers of tools/, and src/server but its HTTP layer and
+# engine: no libmicrohttpd).
 # `make fuzz-build` builds them; `make fuzz [FUZZ_SECONDS=60]` builds and runs
 # each for FUZZ_SECONDS (scripts/fuzz.sh); `make fuzz-seeds` rewrites the binary
 # seed files of fuzz/corpus/ (fuzz/make_seeds.c).
