@@ -3,7 +3,6 @@
 #include "run/generate.h"
 
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -64,6 +63,7 @@ struct q3_gen {
     int32_t pending;          /* the sampled token the next step decodes; -1: none */
     int done;
     float *logits;            /* [vocab] */
+    float *raw;               /* [vocab] the row before on_logits (logprobs with a processor only) */
     text_out text;
     q3_detokenizer *detok;
     /* channels (split_channels) */
@@ -117,7 +117,8 @@ q3_status q3_gen_new(q3_ctx *c, int seq, q3_sampler *smp, const q3_tokenizer *to
         if (l > g->text.hold + 1) g->text.hold = l - 1;
     }
     g->logits = malloc((size_t)g->vocab * sizeof *g->logits);
-    if (!g->logits || (tok && q3_detokenizer_new(tok, &g->detok))) {
+    if (opts.logprobs && opts.on_logits) g->raw = malloc((size_t)g->vocab * sizeof *g->raw);
+    if (!g->logits || (opts.logprobs && opts.on_logits && !g->raw) || (tok && q3_detokenizer_new(tok, &g->detok))) {
         q3_gen_free(g);
         return q3_fail(Q3_ERR_NOMEM, "out of memory");
     }
@@ -132,6 +133,7 @@ void q3_gen_free(q3_gen *g)
     free(g->text.buf);
     free(g->prompt);
     free(g->logits);
+    free(g->raw);
     free(g->r.ids);
     free(g->lp);
     free(g);
@@ -385,8 +387,6 @@ static q3_status after_logits(q3_gen *g)
         end(g, Q3_STOP_INTERRUPT);
         return Q3_OK;
     }
-    q3_token_logprob lp;
-    float *raw = NULL;
     if (g->o.logprobs) { /* of the raw row: before the processor and the sampler touch it */
         if (g->r.n_ids == g->cap_lp) {
             int cap = g->cap_lp ? 2 * g->cap_lp : 16;
@@ -398,17 +398,12 @@ static q3_status after_logits(q3_gen *g)
             g->lp = p;
             g->cap_lp = cap;
         }
-        if (g->o.on_logits && !(raw = malloc((size_t)g->vocab * sizeof *raw))) {
-            end(g, Q3_STOP_ERROR);
-            return q3_fail(Q3_ERR_NOMEM, "out of memory");
-        }
-        if (raw) memcpy(raw, g->logits, (size_t)g->vocab * sizeof *raw);
+        if (g->raw) memcpy(g->raw, g->logits, (size_t)g->vocab * sizeof *g->raw);
     }
     if (g->o.on_logits) {
         q3_status st = g->o.on_logits(g->o.user, g, g->logits, g->vocab);
         if (st) {
             snprintf(g->error, sizeof g->error, "%s", q3_last_error()[0] ? q3_last_error() : q3_status_name(st));
-            free(raw);
             finish_text(g);
             end(g, Q3_STOP_ERROR);
             return Q3_OK;
@@ -416,9 +411,7 @@ static q3_status after_logits(q3_gen *g)
     }
     int32_t id = q3_sampler_sample(g->smp, g->logits);
     if (g->o.logprobs) {
-        logprob_of(raw ? raw : g->logits, g->vocab, id, g->o.top_logprobs, &lp);
-        g->lp[g->r.n_ids] = lp;
-        free(raw);
+        logprob_of(g->raw ? g->raw : g->logits, g->vocab, id, g->o.top_logprobs, &g->lp[g->r.n_ids]);
     }
     q3_sampler_accept(g->smp, id);
     g->r.ids[g->r.n_ids++] = id;

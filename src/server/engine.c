@@ -16,7 +16,6 @@
 typedef struct slot {
     int busy;
     srv_job *job;
-    struct srv_engine *e;
     int seq;
     int need_blocks;       /* KV blocks reserved at admission (prompt + max_tokens) */
     q3_sampler *smp;
@@ -193,7 +192,6 @@ static int admit(srv_engine *e, slot *s, srv_job *j)
 {
     memset(s, 0, sizeof *s);
     s->job = j;
-    s->e = e;
     if (q3_seq_new(e->ctx, &s->seq)) return -1;
     q3_gen_opts o = q3_gen_opts_default();
     o.max_tokens = j->req.max_tokens;

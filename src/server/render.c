@@ -119,27 +119,25 @@ static const char *token_bytes(const q3_tokenizer *tok, int32_t id, size_t *n)
 }
 
 /* A token's text as valid UTF-8 (bytes that are not part of a whole character
- * become U+FFFD, as the library's detokenizer writes them), and its raw bytes. */
-static void token_text(const q3_tokenizer *tok, int32_t id, srv_buf *text, cJSON **bytes)
+ * become U+FFFD, as the library's detokenizer writes them), and its raw bytes.
+ * d: the caller's detokenizer of tok (NULL: no text), left afresh by the flush. */
+static void token_text(q3_detokenizer *d, const q3_tokenizer *tok, int32_t id, srv_buf *text, cJSON **bytes)
 {
     size_t n = 0;
     const char *b = token_bytes(tok, id, &n);
     if (bytes) *bytes = cJSON_CreateArray();
-    q3_detokenizer *d = NULL;
     const char *s;
     size_t sl;
-    if (n && q3_detokenizer_new(tok, &d)) text->oom = 1;
-    if (d && !q3_detokenizer_push(d, id, &s, &sl)) srv_buf_put(text, s, sl);
-    if (d && !q3_detokenizer_flush(d, &s, &sl)) srv_buf_put(text, s, sl);
-    q3_detokenizer_free(d);
+    if (n && d && !q3_detokenizer_push(d, id, &s, &sl)) srv_buf_put(text, s, sl);
+    if (n && d && !q3_detokenizer_flush(d, &s, &sl)) srv_buf_put(text, s, sl);
     for (size_t i = 0; bytes && i < n; i++) cJSON_AddItemToArray(*bytes, cJSON_CreateNumber((unsigned char)b[i]));
 }
 
-static cJSON *lp_item(const q3_tokenizer *tok, int32_t id, float lp)
+static cJSON *lp_item(q3_detokenizer *d, const q3_tokenizer *tok, int32_t id, float lp)
 {
     cJSON *o = cJSON_CreateObject(), *bytes;
     srv_buf t = {0};
-    token_text(tok, id, &t, &bytes);
+    token_text(d, tok, id, &t, &bytes);
     cJSON_AddStringToObject(o, "token", t.data ? t.data : "");
     cJSON_AddNumberToObject(o, "logprob", lp);
     cJSON_AddItemToObject(o, "bytes", bytes);
@@ -152,14 +150,17 @@ static cJSON *lp_item(const q3_tokenizer *tok, int32_t id, float lp)
 static cJSON *logprobs_json(const srv_job *j, int from, int to)
 {
     cJSON *o = cJSON_CreateObject();
+    q3_detokenizer *d = NULL; /* one for all the entries' texts */
+    if (j->req.tok && q3_detokenizer_new(j->req.tok, &d)) d = NULL;
     if (j->req.kind == SRV_CHAT) {
         cJSON *arr = cJSON_AddArrayToObject(o, "content");
         for (int i = from; i < to; i++) {
             const q3_token_logprob *l = &j->res.lp[i];
-            cJSON *it = lp_item(j->req.tok, l->id, l->logprob), *top = cJSON_AddArrayToObject(it, "top_logprobs");
-            for (int k = 0; k < l->n_top; k++) cJSON_AddItemToArray(top, lp_item(j->req.tok, l->top_id[k], l->top_logprob[k]));
+            cJSON *it = lp_item(d, j->req.tok, l->id, l->logprob), *top = cJSON_AddArrayToObject(it, "top_logprobs");
+            for (int k = 0; k < l->n_top; k++) cJSON_AddItemToArray(top, lp_item(d, j->req.tok, l->top_id[k], l->top_logprob[k]));
             cJSON_AddItemToArray(arr, it);
         }
+        q3_detokenizer_free(d);
         return o;
     }
     cJSON *toks = cJSON_AddArrayToObject(o, "tokens"), *lps = cJSON_AddArrayToObject(o, "token_logprobs");
@@ -173,7 +174,7 @@ static cJSON *logprobs_json(const srv_job *j, int from, int to)
     for (int i = from; i < to; i++) {
         const q3_token_logprob *l = &j->res.lp[i];
         srv_buf t = {0};
-        token_text(j->req.tok, l->id, &t, NULL);
+        token_text(d, j->req.tok, l->id, &t, NULL);
         cJSON_AddItemToArray(toks, cJSON_CreateString(t.data ? t.data : ""));
         cJSON_AddItemToArray(lps, cJSON_CreateNumber(l->logprob));
         cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)off));
@@ -184,13 +185,14 @@ static cJSON *logprobs_json(const srv_job *j, int from, int to)
         cJSON *top = cJSON_CreateObject();
         for (int k = 0; k < l->n_top; k++) {
             srv_buf tt = {0};
-            token_text(j->req.tok, l->top_id[k], &tt, NULL);
+            token_text(d, j->req.tok, l->top_id[k], &tt, NULL);
             if (!cJSON_GetObjectItemCaseSensitive(top, tt.data ? tt.data : ""))
                 cJSON_AddNumberToObject(top, tt.data ? tt.data : "", l->top_logprob[k]);
             free(tt.data);
         }
         cJSON_AddItemToArray(tops, top);
     }
+    q3_detokenizer_free(d);
     return o;
 }
 
