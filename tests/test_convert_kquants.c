@@ -375,7 +375,7 @@ static void test_mix(void)
         }
         n_lines++;
         char v[128];
-        int64_t shape[2];
+        int64_t shape[3];
         /* token_embd and output */
         q3_layout_shape(&q3_embed_layout, &c, shape);
         if (field(line, "token_embd", v, sizeof v)) {

@@ -209,7 +209,7 @@ static void run_quantized(const char *set, const char *unit)
 
 int main(void)
 {
-    const char *models[] = {"tiny", "small", "small-bf16"};
+    const char *models[] = {"tiny", "small", "small-bf16", "moe-tiny", "moe-small-bf16"};
     for (int u = 0; q3_backends[u]; u++) {
         const q3_backend *b = q3_backends[u];
         if (b->present && !b->present(b)) {

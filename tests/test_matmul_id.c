@@ -43,6 +43,7 @@ typedef struct idcase {
     q3_value values[N_VALUES];
     q3_op op;
     q3_tensor w;             /* [n_mat][n_out][n_in] */
+    void *views;             /* its matrices (q3_tensor_stack_views) */
     float *init[N_VALUES];
     int n_mat, n_out, n_in, k, rows, n_real;
     bool per_slot, weighted;
@@ -80,6 +81,7 @@ static void case_init(idcase *C, q3_dtype t, int n_mat, int n_out, int n_in, int
     q3_row_from_f32(t, f, data, n);
     free(f);
     C->w.data = data;
+    CHECK(q3_tensor_stack_views(&C->w, &C->views) == Q3_OK, "stack views");
     C->op = (q3_op){.kind = Q3_OP_MATMUL_ID, .layer = 0, .out = V_Y, .in = {V_X, V_IDS, weighted ? V_SW : -1},
                     .weight = &C->w};
     snprintf(C->op.name, sizeof C->op.name, "blk.0.ffn_up_exps");
@@ -88,7 +90,8 @@ static void case_init(idcase *C, q3_dtype t, int n_mat, int n_out, int n_in, int
 static void case_free(idcase *C)
 {
     for (int v = 0; v < N_VALUES; v++) free(C->init[v]);
-    q3_tensor_drop_packed(&C->w);
+    for (int m = 0; m < C->n_mat; m++) q3_tensor_drop_packed(q3_matmul_id_matrix(&C->w, m));
+    free(C->views);
     free((void *)C->w.data);
 }
 
@@ -136,22 +139,18 @@ static void plain_row(q3_unit *u, const q3_tensor *w, const float *x, int n_in, 
  * the count of values that differ in any bit. Rows past n_real: untouched. */
 static int against_plain(idcase *C, q3_unit *u, const float *out)
 {
-    q3_tensor *views = malloc((size_t)C->n_mat * sizeof *views);
-    for (int m = 0; m < C->n_mat; m++) views[m] = q3_matmul_id_matrix(&C->w, m);
     float *y = malloc((size_t)C->n_out * sizeof *y);
     int diff = 0, ycols = C->k * C->n_out, xcols = C->values[V_X].cols;
     for (int r = 0; r < C->n_real; r++)
         for (int j = 0; j < C->k; j++) {
             int m = (int)ids_of(C)[(size_t)r * C->k + j];
             const float *x = C->init[V_X] + (size_t)r * xcols + (C->per_slot ? (size_t)j * C->n_in : 0);
-            plain_row(u, &views[m], x, C->n_in, C->n_out, y);
+            plain_row(u, q3_matmul_id_matrix(&C->w, m), x, C->n_in, C->n_out, y);
             if (C->weighted)
                 for (int o = 0; o < C->n_out; o++) y[o] *= C->init[V_SW][(size_t)r * C->k + j];
             diff += memcmp(y, out + (size_t)r * ycols + (size_t)j * C->n_out, (size_t)C->n_out * sizeof *y) != 0;
         }
     for (size_t i = (size_t)C->n_real * ycols; i < (size_t)C->rows * ycols; i++) diff += out[i] != -12345.0f;
-    for (int m = 0; m < C->n_mat; m++) q3_tensor_drop_packed(&views[m]);
-    free(views);
     free(y);
     return diff;
 }
@@ -166,7 +165,7 @@ static double worst_rel(idcase *C, const float *cpu, const float *ref)
     for (int r = 0; r < C->n_real; r++)
         for (int j = 0; j < C->k; j++) {
             int m = (int)ids_of(C)[(size_t)r * C->k + j];
-            q3_tensor v = q3_matmul_id_matrix(&C->w, m);
+            q3_tensor v = *q3_matmul_id_matrix(&C->w, m);
             const float *x = C->init[V_X] + (size_t)r * xcols + (C->per_slot ? (size_t)j * C->n_in : 0);
             for (int o = 0; o < C->n_out; o++) {
                 q3_row_to_f32(v.dtype, (const char *)v.data + (size_t)o * q3_dtype_row_bytes(v.dtype, (size_t)C->n_in),

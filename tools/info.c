@@ -12,6 +12,7 @@
 
 static void count_dtype(const q3_tensor *t, size_t *bytes, size_t *count)
 {
+    if (!t) return; /* a dense model's MoE fields, a MoE model's dense MLP */
     bytes[t->dtype] += t->nbytes;
     count[t->dtype]++;
 }
@@ -51,8 +52,17 @@ static q3_status info_json(const char *path, const q3_model *m)
     cJSON_AddNumberToObject(o, "rms_eps", c->rms_eps);
     cJSON_AddBoolToObject(o, "tied_embeddings", c->tied_embeddings);
     if (c->torch_dtype[0]) cJSON_AddStringToObject(o, "torch_dtype", c->torch_dtype);
+    if (q3_config_is_moe(c)) {
+        cJSON *x = cJSON_AddObjectToObject(o, "experts");
+        cJSON_AddNumberToObject(x, "count", c->n_experts);
+        cJSON_AddNumberToObject(x, "per_token", c->n_experts_used);
+        cJSON_AddNumberToObject(x, "intermediate", c->expert_ffn_dim);
+        cJSON_AddBoolToObject(x, "norm_topk_prob", c->norm_topk_prob);
+    }
     cJSON_AddNumberToObject(o, "parameters", (double)q3_model_param_count(m));
+    cJSON_AddNumberToObject(o, "active_parameters", (double)q3_model_active_params(m));
     cJSON_AddNumberToObject(o, "weight_bytes", (double)q3_model_weight_bytes(m));
+    cJSON_AddNumberToObject(o, "active_bytes_per_token", (double)q3_model_active_bytes(m));
     size_t by[Q3_DTYPE_COUNT] = {0}, cnt[Q3_DTYPE_COUNT] = {0};
     count_all(m, by, cnt);
     cJSON *d = cJSON_AddObjectToObject(o, "dtypes");
@@ -87,7 +97,11 @@ q3_status q3_info_print(const char *path, int json)
     printf("model            %s\n", path);
     printf("layers           %d\n", c->n_layers);
     printf("hidden           %d\n", c->dim);
-    printf("intermediate     %d\n", c->ffn_dim);
+    if (q3_config_is_moe(c))
+        printf("experts          %d, %d per token (intermediate %d%s)\n", c->n_experts, c->n_experts_used,
+               c->expert_ffn_dim, c->norm_topk_prob ? ", chosen weights renormalized" : "");
+    else
+        printf("intermediate     %d\n", c->ffn_dim);
     printf("heads / kv heads %d / %d (head_dim %d)\n", c->n_heads, c->n_kv_heads, c->head_dim);
     printf("vocab            %d\n", c->vocab_size);
     printf("max context      %d\n", c->max_seq_len);
@@ -101,6 +115,9 @@ q3_status q3_info_print(const char *path, int json)
     size_t params = q3_model_param_count(m), bytes = q3_model_weight_bytes(m);
     printf("parameters       %zu (%.3f B)\n", params, (double)params / 1e9);
     printf("weight bytes     %zu (%.3f GB)\n", bytes, (double)bytes / 1e9);
+    size_t a_params = q3_model_active_params(m), a_bytes = q3_model_active_bytes(m);
+    printf("active / token   %zu parameters (%.3f B), %zu bytes (%.3f GB) read\n", a_params, (double)a_params / 1e9,
+           a_bytes, (double)a_bytes / 1e9);
     size_t by[Q3_DTYPE_COUNT] = {0}, cnt[Q3_DTYPE_COUNT] = {0};
     count_all(m, by, cnt);
     for (int d = 0; d < Q3_DTYPE_COUNT; d++)

@@ -73,7 +73,7 @@ q3_status q3_synth_preset(const char *name, q3_config *out)
 typedef struct tensor_spec {
     char name[96];
     int ndim;
-    int64_t shape[2];
+    int64_t shape[3];
     int is_norm; /* 1 + 0.05 N(0,1) instead of 0.02 N(0,1) */
 } tensor_spec;
 

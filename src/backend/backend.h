@@ -87,8 +87,21 @@ const char *q3_matmul_id_check(const q3_graph *g, const q3_op *op, q3_matmul_id_
  * message naming the op, row, slot and value) when one is not an integer in
  * [0, n_mat): units call it before they read any weight. */
 q3_status q3_matmul_id_ids(const q3_exec *e, const q3_op *op, const q3_matmul_id_shape *s, int rows, int32_t *ids);
-/* Matrix m of the stacked weight w as a 2-D [n_out][n_in] view (no packed copy). */
-q3_tensor q3_matmul_id_matrix(const q3_tensor *w, int m);
+/* Matrix m of the stacked weight w, a 2-D [n_out][n_in] tensor of its own
+ * (w->mats[m]: the check above has seen that they all exist). */
+const q3_tensor *q3_matmul_id_matrix(const q3_tensor *w, int m);
+
+/* ---- MOE_ROUTE and MOE_SUM (graph.h): one implementation for every unit (backend/moe.c) ---- */
+
+/* Why the op's values do not fit the op (NULL: they do). */
+const char *q3_moe_route_check(const q3_graph *g, const q3_op *op);
+const char *q3_moe_sum_check(const q3_graph *g, const q3_op *op);
+/* One row's choice: the k of n logits, ids and weights as the op defines
+ * them. Q3_ERR_INVALID (naming the op) on a logit that is not finite. */
+q3_status q3_moe_route_row(const q3_op *op, const float *logits, int n, int k, bool norm, float *ids, float *w);
+/* The ops over rows [0, rows) of e. */
+q3_status q3_moe_route(const q3_exec *e, const q3_op *op, int rows);
+q3_status q3_moe_sum(const q3_exec *e, const q3_op *op, int rows);
 
 extern q3_backend q3_backend_ref;
 extern q3_backend q3_backend_cpu;

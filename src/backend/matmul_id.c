@@ -27,7 +27,13 @@ const char *q3_matmul_id_check(const q3_graph *g, const q3_op *op, q3_matmul_id_
     if (op->in[2] >= 0 && g->values[op->in[2]].cols != s.k) return "an indexed matmul's slot weights are not [rows][k]";
     if (g->values[op->in[1]].rows < y->rows || x->rows < y->rows) return "an indexed matmul's ids or input have fewer rows than its output";
     s.mat_bytes = (size_t)s.n_out * q3_dtype_row_bytes(w->dtype, (size_t)s.n_in);
-    if (s.mat_bytes * (size_t)s.n_mat > w->nbytes) return "an indexed matmul's weight holds fewer bytes than its shape";
+    if (!w->mats) return "a stacked weight without its matrices (q3_tensor_stack_views)";
+    for (int m = 0; m < s.n_mat; m++) {
+        const q3_tensor *t = w->mats[m];
+        if (!t || t->ndim != 2 || t->dtype != w->dtype || t->shape[0] != s.n_out || t->shape[1] != s.n_in ||
+            t->nbytes < s.mat_bytes || !t->data)
+            return "a matrix of the stacked weight does not match the stack's dtype and shape";
+    }
     if (out) *out = s;
     return NULL;
 }
@@ -47,17 +53,4 @@ q3_status q3_matmul_id_ids(const q3_exec *e, const q3_op *op, const q3_matmul_id
     return Q3_OK;
 }
 
-q3_tensor q3_matmul_id_matrix(const q3_tensor *w, int m)
-{
-    q3_tensor t;
-    memset(&t, 0, sizeof t);
-    snprintf(t.name, sizeof t.name, "%.100s[%d]", w->name, m);
-    t.dtype = w->dtype;
-    t.ndim = 2;
-    t.shape[0] = w->shape[1];
-    t.shape[1] = w->shape[2];
-    t.nbytes = (size_t)w->shape[1] * q3_dtype_row_bytes(w->dtype, (size_t)w->shape[2]);
-    t.data = (const char *)w->data + (size_t)m * t.nbytes;
-    atomic_init(&t.packed, NULL);
-    return t;
-}
+const q3_tensor *q3_matmul_id_matrix(const q3_tensor *w, int m) { return w->mats[m]; }

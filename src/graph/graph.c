@@ -11,7 +11,8 @@ static const char *const kind_names[Q3_OP_KIND_COUNT] = {
     [Q3_OP_EMBED] = "embed",         [Q3_OP_RMSNORM] = "rmsnorm", [Q3_OP_HEAD_NORM] = "head_norm",
     [Q3_OP_ROPE] = "rope",           [Q3_OP_MATMUL] = "matmul",   [Q3_OP_KV_APPEND] = "kv_append",
     [Q3_OP_ATTENTION] = "attention", [Q3_OP_ADD] = "add",         [Q3_OP_SWIGLU] = "swiglu",
-    [Q3_OP_LAST_ROW] = "last_row",   [Q3_OP_MATMUL_ID] = "matmul_id",
+    [Q3_OP_LAST_ROW] = "last_row",   [Q3_OP_MATMUL_ID] = "matmul_id", [Q3_OP_MOE_ROUTE] = "moe_route",
+    [Q3_OP_MOE_SUM] = "moe_sum",
 };
 
 const char *q3_op_kind_name(q3_op_kind k) { return (unsigned)k < Q3_OP_KIND_COUNT ? kind_names[k] : "?"; }
@@ -61,6 +62,7 @@ static q3_op *op(builder *b, q3_op_kind kind, int layer, const char *name, int o
     else
         snprintf(o->name, sizeof o->name, "%s", name);
     o->out = out;
+    o->out2 = -1;
     o->in[0] = in0;
     o->in[1] = in1;
     o->in[2] = in2;
@@ -91,8 +93,19 @@ static q3_status build(const q3_model *m, q3_graph_kind kind, int rows, bool all
     int q = value(&b, rows, q_dim, "q");
     int att = value(&b, rows, q_dim, "att");
     int o = value(&b, rows, c->dim, "o");
-    int gate = value(&b, rows, c->ffn_dim, "gate");
-    int up = value(&b, rows, c->ffn_dim, "up");
+    const bool moe = q3_config_is_moe(c);
+    const int n_exp = c->n_experts, k_used = c->n_experts_used;
+    /* dense: gate, up [rows][ffn]; MoE: each row's k chosen experts side by side [rows][k * expert_ffn] */
+    const int ffn_cols = moe ? k_used * c->expert_ffn_dim : c->ffn_dim;
+    int gate = value(&b, rows, ffn_cols, "gate");
+    int up = value(&b, rows, ffn_cols, "up");
+    int router = -1, ids = -1, wts = -1, down = -1;
+    if (moe) {
+        router = value(&b, rows, n_exp, "router");
+        ids = value(&b, rows, k_used, "expert_ids");
+        wts = value(&b, rows, k_used, "expert_weights");
+        down = value(&b, rows, k_used * c->dim, "expert_down");
+    }
     int k_dec = -1, v_dec = -1;
     if (!prefill) {
         k_dec = value(&b, rows, kv_dim, "k");
@@ -127,10 +140,20 @@ static q3_status build(const q3_model *m, q3_graph_kind kind, int rows, bool all
         op(&b, Q3_OP_MATMUL, l, "attn_output", o, att, -1, -1, L->wo);
         op(&b, Q3_OP_ADD, l, "attn_residual", x, x, o, -1, NULL);
         op(&b, Q3_OP_RMSNORM, l, "ffn_norm", h, x, -1, -1, L->ffn_norm);
-        op(&b, Q3_OP_MATMUL, l, "ffn_gate", gate, h, -1, -1, L->w_gate);
-        op(&b, Q3_OP_MATMUL, l, "ffn_up", up, h, -1, -1, L->w_up);
-        op(&b, Q3_OP_SWIGLU, l, "ffn_swiglu", gate, gate, up, -1, NULL);
-        op(&b, Q3_OP_MATMUL, l, "ffn_down", o, gate, -1, -1, L->w_down);
+        if (moe) { /* route, then the chosen experts' SwiGLU MLPs, weighted and summed */
+            op(&b, Q3_OP_MATMUL, l, "ffn_gate_inp", router, h, -1, -1, L->router);
+            op(&b, Q3_OP_MOE_ROUTE, l, "ffn_route", ids, router, -1, -1, NULL)->out2 = wts;
+            op(&b, Q3_OP_MATMUL_ID, l, "ffn_gate_exps", gate, h, ids, -1, L->exp_gate);
+            op(&b, Q3_OP_MATMUL_ID, l, "ffn_up_exps", up, h, ids, -1, L->exp_up);
+            op(&b, Q3_OP_SWIGLU, l, "ffn_swiglu", gate, gate, up, -1, NULL);
+            op(&b, Q3_OP_MATMUL_ID, l, "ffn_down_exps", down, gate, ids, wts, L->exp_down);
+            op(&b, Q3_OP_MOE_SUM, l, "ffn_moe_sum", o, down, -1, -1, NULL);
+        } else {
+            op(&b, Q3_OP_MATMUL, l, "ffn_gate", gate, h, -1, -1, L->w_gate);
+            op(&b, Q3_OP_MATMUL, l, "ffn_up", up, h, -1, -1, L->w_up);
+            op(&b, Q3_OP_SWIGLU, l, "ffn_swiglu", gate, gate, up, -1, NULL);
+            op(&b, Q3_OP_MATMUL, l, "ffn_down", o, gate, -1, -1, L->w_down);
+        }
         op(&b, Q3_OP_ADD, l, "ffn_residual", x, x, o, -1, NULL);
     }
     op(&b, Q3_OP_RMSNORM, -1, "output_norm", h, x, -1, -1, m->w.out_norm);

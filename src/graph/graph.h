@@ -33,6 +33,14 @@ typedef enum q3_op_kind {
                         outputs are bit for bit what MATMUL on that matrix gives it,
                         whatever the batch; an id out of range fails the run
                         (Q3_ERR_INVALID), never reads outside the weight          */
+    Q3_OP_MOE_ROUTE, /* a mixture-of-experts router's choice: in0 = the router's logits
+                        [rows][n_experts]; out = ids [rows][k] (the k largest logits,
+                        largest first, ties to the lower expert index, as floats),
+                        out2 = their weights [rows][k]: the softmax over all experts
+                        of the chosen ones, divided by their sum when the config's
+                        norm_topk_prob is set; computed in double, rounded once      */
+    Q3_OP_MOE_SUM,   /* out[r][i] = sum over slots j = 0..k-1, in order, of
+                        in0[r][j * cols + i]: the chosen experts' (weighted) outputs  */
     Q3_OP_KIND_COUNT
 } q3_op_kind;
 
@@ -48,8 +56,9 @@ typedef struct q3_op {
     char name[48];            /* e.g. "blk.3.attn_q", "output", "token_embd" */
     int layer;                /* -1 outside the layers */
     int out;                  /* value id written */
+    int out2;                 /* a second value written (MOE_ROUTE's weights), else -1 */
     int in[3];                /* value ids read, -1 = none */
-    const q3_tensor *weight;  /* EMBED, RMSNORM, HEAD_NORM, MATMUL; else NULL */
+    const q3_tensor *weight;  /* EMBED, RMSNORM, HEAD_NORM, MATMUL, MATMUL_ID; else NULL */
     bool mutates_state;       /* writes state that outlives the graph (KV_APPEND) */
     bool reads_state;         /* reads the session's KV cache (ATTENTION) */
 } q3_op;

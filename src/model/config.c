@@ -49,28 +49,68 @@ static q3_status get_float(const cJSON *root, const char *path, const char *key,
     return Q3_OK;
 }
 
-/* Accepts model_type "qwen3" or architectures containing "Qwen3ForCausalLM". */
-static q3_status check_architecture(const cJSON *root, const char *path)
+/* Accepts model_type "qwen3" / "qwen3_moe", or architectures naming
+ * Qwen3ForCausalLM / Qwen3MoeForCausalLM; *moe says which. */
+static q3_status check_architecture(const cJSON *root, const char *path, bool *moe)
 {
     const cJSON *mt = cJSON_GetObjectItemCaseSensitive(root, "model_type");
     const cJSON *arch = cJSON_GetObjectItemCaseSensitive(root, "architectures");
     const char *found = NULL;
     if (cJSON_IsString(mt)) {
-        if (!strcmp(mt->valuestring, "qwen3")) return Q3_OK;
+        if (!strcmp(mt->valuestring, "qwen3") || !strcmp(mt->valuestring, "qwen3_moe")) {
+            *moe = !strcmp(mt->valuestring, "qwen3_moe");
+            return Q3_OK;
+        }
         found = mt->valuestring;
     }
     if (cJSON_IsArray(arch)) {
         const cJSON *a;
         cJSON_ArrayForEach(a, arch) {
-            if (cJSON_IsString(a) && !strcmp(a->valuestring, "Qwen3ForCausalLM") && !found) return Q3_OK;
-            if (cJSON_IsString(a) && !found) found = a->valuestring;
+            if (!cJSON_IsString(a) || found) continue;
+            if (!strcmp(a->valuestring, "Qwen3ForCausalLM") || !strcmp(a->valuestring, "Qwen3MoeForCausalLM")) {
+                *moe = !strcmp(a->valuestring, "Qwen3MoeForCausalLM");
+                return Q3_OK;
+            }
+            found = a->valuestring;
         }
     }
     if (found)
         return q3_fail(Q3_ERR_UNSUPPORTED,
-                       "%s: architecture \"%s\" is not Qwen3 (q3 runs dense Qwen3 models: model_type \"qwen3\")",
+                       "%s: architecture \"%s\" is not Qwen3 (q3 runs Qwen3 models: model_type \"qwen3\" or "
+                       "\"qwen3_moe\")",
                        path, found);
     return q3_fail(Q3_ERR_FORMAT, "%s: no \"model_type\" or \"architectures\" field", path);
+}
+
+/* The mixture-of-experts fields of a qwen3_moe config. Every layer must be a
+ * MoE layer: dense layers mixed in (mlp_only_layers, decoder_sparse_step > 1)
+ * are refused, as no released Qwen3 MoE has them. The training-only fields
+ * (router_aux_loss_coef, output_router_logits) are ignored. */
+static q3_status parse_moe(const cJSON *root, const char *path, q3_config *c)
+{
+    q3_status st;
+    if ((st = get_int(root, path, "num_experts", &c->n_experts, 1, 0)) ||
+        (st = get_int(root, path, "num_experts_per_tok", &c->n_experts_used, 1, 0)) ||
+        (st = get_int(root, path, "moe_intermediate_size", &c->expert_ffn_dim, 1, 0)))
+        return st;
+    const cJSON *norm = cJSON_GetObjectItemCaseSensitive(root, "norm_topk_prob");
+    if (norm && !cJSON_IsNull(norm) && !cJSON_IsBool(norm))
+        return q3_fail(Q3_ERR_FORMAT, "%s: field \"norm_topk_prob\" must be true or false", path);
+    c->norm_topk_prob = norm && cJSON_IsTrue(norm); /* transformers' default is false */
+    int step;
+    if ((st = get_int(root, path, "decoder_sparse_step", &step, 0, 1))) return st;
+    if (step != 1)
+        return q3_fail(Q3_ERR_UNSUPPORTED,
+                       "%s: field \"decoder_sparse_step\" is %d: q3 runs Qwen3 MoE models whose every layer is a "
+                       "mixture of experts (1)",
+                       path, step);
+    const cJSON *mlp_only = cJSON_GetObjectItemCaseSensitive(root, "mlp_only_layers");
+    if (mlp_only && !cJSON_IsNull(mlp_only) && !(cJSON_IsArray(mlp_only) && cJSON_GetArraySize(mlp_only) == 0))
+        return q3_fail(Q3_ERR_UNSUPPORTED,
+                       "%s: field \"mlp_only_layers\" is not empty: q3 does not implement dense layers inside a "
+                       "mixture-of-experts model",
+                       path);
+    return Q3_OK;
 }
 
 /* ---- fields that change the math ------------------------------------------ */
@@ -225,11 +265,14 @@ q3_status q3_config_parse_json(const char *text, const char *path, q3_config *c)
         st = q3_fail(Q3_ERR_FORMAT, "%s: key \"%.60s\" appears twice in one object", path, dup);
         goto done;
     }
-    if ((st = check_architecture(root, path))) goto done;
+    bool moe = false;
+    if ((st = check_architecture(root, path, &moe))) goto done;
     if ((st = check_unimplemented(root, path))) goto done;
     if ((st = get_int(root, path, "num_hidden_layers", &c->n_layers, 1, 0))) goto done;
     if ((st = get_int(root, path, "hidden_size", &c->dim, 1, 0))) goto done;
-    if ((st = get_int(root, path, "intermediate_size", &c->ffn_dim, 1, 0))) goto done;
+    if (moe && (st = parse_moe(root, path, c))) goto done;
+    /* a MoE model's dense intermediate_size is unused (and optional) */
+    if ((st = get_int(root, path, "intermediate_size", &c->ffn_dim, !moe, c->expert_ffn_dim))) goto done;
     if ((st = get_int(root, path, "num_attention_heads", &c->n_heads, 1, 0))) goto done;
     if ((st = get_int(root, path, "num_key_value_heads", &c->n_kv_heads, 0, c->n_heads))) goto done;
     if ((st = get_int(root, path, "vocab_size", &c->vocab_size, 1, 0))) goto done;
@@ -267,6 +310,13 @@ q3_status q3_config_validate(const q3_config *c, const char *src)
     if ((long long)c->n_heads * c->head_dim > (1 << 20) || c->dim > (1 << 20) || c->ffn_dim > (1 << 22) ||
         c->n_layers > 4096 || c->vocab_size > (1 << 24))
         return q3_fail(Q3_ERR_INVALID, "%s: sizes are implausibly large for a Qwen3 model", src);
+    if (c->n_experts < 0 || c->n_experts > 4096 ||
+        (c->n_experts && (c->n_experts_used < 1 || c->n_experts_used > c->n_experts || c->expert_ffn_dim < 1 ||
+                          c->expert_ffn_dim > (1 << 22))))
+        return q3_fail(Q3_ERR_INVALID,
+                       "%s: mixture-of-experts sizes out of range (%d experts, %d per token, expert intermediate "
+                       "size %d; 1 <= per token <= experts <= 4096)",
+                       src, c->n_experts, c->n_experts_used, c->expert_ffn_dim);
     if (!(c->rms_eps > 0 && c->rms_eps < 1))
         return q3_fail(Q3_ERR_INVALID, "%s: rms_norm_eps %g is out of range", src, c->rms_eps);
     if (!(c->rope_theta > 0 && isfinite(c->rope_theta)))

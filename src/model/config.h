@@ -1,4 +1,5 @@
-/* The hyper-parameters of a dense Qwen3 model, from config.json or GGUF metadata. */
+/* The hyper-parameters of a Qwen3 model (dense, or mixture-of-experts), from
+ * config.json or GGUF metadata. */
 #ifndef Q3_MODEL_CONFIG_H
 #define Q3_MODEL_CONFIG_H
 
@@ -25,7 +26,7 @@ typedef struct q3_rope_scaling {
 typedef struct q3_config {
     int n_layers;          /* num_hidden_layers */
     int dim;               /* hidden_size */
-    int ffn_dim;           /* intermediate_size */
+    int ffn_dim;           /* intermediate_size (a dense layer's MLP; unused by a MoE model) */
     int n_heads;           /* num_attention_heads */
     int n_kv_heads;        /* num_key_value_heads (divides n_heads) */
     int head_dim;          /* head_dim (n_heads * head_dim may differ from dim) */
@@ -36,7 +37,17 @@ typedef struct q3_config {
     q3_rope_scaling rope_scaling; /* rope_scaling (all zero: none) */
     bool tied_embeddings;  /* tie_word_embeddings: no lm_head, the embedding is reused */
     char torch_dtype[16];  /* "bfloat16", "float32", ... as the file says */
+    /* Mixture of experts (Qwen3MoeForCausalLM, GGUF "qwen3moe"): every layer's
+       MLP is a router and n_experts experts, n_experts_used of them per token.
+       n_experts == 0: a dense model. */
+    int n_experts;         /* num_experts */
+    int n_experts_used;    /* num_experts_per_tok */
+    int expert_ffn_dim;    /* moe_intermediate_size */
+    bool norm_topk_prob;   /* the chosen experts' weights divided by their sum */
 } q3_config;
+
+/* A mixture-of-experts model. */
+static inline bool q3_config_is_moe(const q3_config *c) { return c->n_experts > 0; }
 
 /* Parses and validates a config.json; `path` names the file in messages. */
 q3_status q3_config_parse_json(const char *text, const char *path, q3_config *out);

@@ -4,6 +4,7 @@
 
 #include <cjson/cJSON.h>
 #include <limits.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,7 +32,7 @@ q3_status q3_model_bind_tensor(const char *source, const q3_tensor *t, const cha
     int ok = t->ndim == ndim;
     for (int i = 0; ok && i < ndim; i++) ok = t->shape[i] == shape[i];
     if (!ok) {
-        char want[96], got[96];
+        char want[128], got[128];
         shape_str(want, sizeof want, ndim, shape);
         shape_str(got, sizeof got, t->ndim, t->shape);
         return q3_fail(Q3_ERR_FORMAT, "%s: tensor \"%s\" has shape %s, expected %s from the config", source, name,
@@ -40,9 +41,9 @@ q3_status q3_model_bind_tensor(const char *source, const q3_tensor *t, const cha
     if (ndim == 1 && !q3_dtype_is_plain(t->dtype))
         return q3_fail(Q3_ERR_UNSUPPORTED, "%s: norm tensor \"%s\" has dtype %s (F32, F16 or BF16 expected)", source,
                        name, q3_dtype_name(t->dtype));
-    if (ndim == 2 && shape[1] % (int64_t)q3_dtype_block_values(t->dtype))
+    if (ndim >= 2 && shape[ndim - 1] % (int64_t)q3_dtype_block_values(t->dtype))
         return q3_fail(Q3_ERR_FORMAT, "%s: tensor \"%s\": rows of %lld are not whole %s blocks", source, name,
-                       (long long)shape[1], q3_dtype_name(t->dtype));
+                       (long long)shape[ndim - 1], q3_dtype_name(t->dtype));
     *out = t;
     return Q3_OK;
 }
@@ -86,9 +87,96 @@ static const q3_tensor *find_any(const q3_model *m, const char *name)
 
 static q3_status bind(q3_model *m, const char *name, const q3_tensor_layout *t, const q3_tensor **out)
 {
-    int64_t shape[2];
+    int64_t shape[3];
     int ndim = q3_layout_shape(t, &m->cfg, shape);
     return q3_model_bind_tensor(m->path, find_any(m, name), name, ndim, shape, out);
+}
+
+/* ---- expert stacks ------------------------------------------------------------ */
+
+void q3_tensor_stack_fill(q3_tensor *stack, q3_tensor *views, const q3_tensor **ptrs)
+{
+    int n_mat = (int)stack->shape[0];
+    size_t mat_bytes = (size_t)stack->shape[1] * q3_dtype_row_bytes(stack->dtype, (size_t)stack->shape[2]);
+    for (int e = 0; e < n_mat; e++) {
+        q3_tensor *v = &views[e];
+        memset(v, 0, sizeof *v);
+        snprintf(v->name, sizeof v->name, "%.100s[%d]", stack->name, e);
+        v->dtype = stack->dtype;
+        v->ndim = 2;
+        v->shape[0] = stack->shape[1];
+        v->shape[1] = stack->shape[2];
+        v->nbytes = mat_bytes;
+        v->data = (const char *)stack->data + (size_t)e * mat_bytes;
+        atomic_init(&v->packed, NULL);
+        ptrs[e] = v;
+    }
+    stack->mats = ptrs;
+}
+
+q3_status q3_tensor_stack_views(q3_tensor *stack, void **mem)
+{
+    size_t n = (size_t)stack->shape[0];
+    char *p = malloc(n * (sizeof(q3_tensor) + sizeof(q3_tensor *)));
+    *mem = p;
+    if (!p) return q3_fail(Q3_ERR_NOMEM, "out of memory for the matrices of %s", stack->name);
+    q3_tensor_stack_fill(stack, (q3_tensor *)p, (const q3_tensor **)(p + n * sizeof(q3_tensor)));
+    return Q3_OK;
+}
+
+q3_status q3_model_alloc_stacks(q3_model *m)
+{
+    const q3_config *c = &m->cfg;
+    size_t n_stacks = (size_t)c->n_layers * 3, n_mats = n_stacks * (size_t)c->n_experts;
+    m->stacks = calloc(n_stacks, sizeof *m->stacks);
+    m->stack_mem = calloc(n_mats, sizeof(q3_tensor) + sizeof(q3_tensor *));
+    if (!m->stacks || !m->stack_mem) return q3_fail(Q3_ERR_NOMEM, "out of memory for %zu expert matrices", n_mats);
+    return Q3_OK;
+}
+
+q3_tensor *q3_model_stack_slot(q3_model *m, int l, int s, q3_tensor **views, const q3_tensor ***ptrs)
+{
+    size_t E = (size_t)m->cfg.n_experts, i = (size_t)l * 3 + (size_t)s, n_mats = (size_t)m->cfg.n_layers * 3 * E;
+    *views = (q3_tensor *)m->stack_mem + i * E;
+    *ptrs = (const q3_tensor **)((q3_tensor *)m->stack_mem + n_mats) + i * E;
+    return &m->stacks[i];
+}
+
+/* A folder's experts are separate tensors ("mlp.experts.E.gate_proj.weight"):
+ * each is bound as a 2-D weight, all of one dtype, and the stack is a
+ * descriptor over them (no data of its own). */
+static q3_status bind_hf_stack(q3_model *m, int l, int s, const q3_tensor_layout *t, const q3_tensor **out)
+{
+    q3_tensor *views;
+    const q3_tensor **ptrs;
+    q3_tensor *stack = q3_model_stack_slot(m, l, s, &views, &ptrs);
+    int64_t shape[3];
+    q3_layout_shape(t, &m->cfg, shape);
+    q3_tensor_layout one = *t;
+    one.stack = Q3_DIM_NONE;
+    size_t total = 0;
+    for (int e = 0; e < m->cfg.n_experts; e++) {
+        char name[160];
+        q3_layout_name(t, l, e, 0, name, sizeof name);
+        q3_status st = bind(m, name, &one, &ptrs[e]);
+        if (st) return st;
+        if (ptrs[e]->dtype != ptrs[0]->dtype)
+            return q3_fail(Q3_ERR_UNSUPPORTED, "%s: tensor \"%s\" is %s but expert 0's is %s: q3 needs one dtype for "
+                           "the experts of a layer's projection",
+                           m->path, name, q3_dtype_name(ptrs[e]->dtype), q3_dtype_name(ptrs[0]->dtype));
+        total += ptrs[e]->nbytes;
+    }
+    snprintf(stack->name, sizeof stack->name, "model.layers.%d.%s", l, t->hf);
+    char *fmt = strstr(stack->name, "%d");
+    if (fmt) memmove(fmt + 1, fmt + 2, strlen(fmt + 2) + 1), fmt[0] = '*'; /* "mlp.experts.*.gate_proj.weight" */
+    stack->dtype = ptrs[0]->dtype;
+    stack->ndim = 3;
+    memcpy(stack->shape, shape, sizeof shape);
+    stack->nbytes = total;
+    stack->mats = ptrs;
+    *out = stack;
+    (void)views;
+    return Q3_OK;
 }
 
 static q3_status bind_hf_weights(q3_model *m)
@@ -109,12 +197,20 @@ static q3_status bind_hf_weights(q3_model *m)
     }
     w->layers = calloc((size_t)c->n_layers, sizeof *w->layers);
     if (!w->layers) return q3_fail(Q3_ERR_NOMEM, "out of memory");
+    if (q3_config_is_moe(c) && (st = q3_model_alloc_stacks(m))) return st;
+    const q3_tensor_layout *ts[Q3_LAYER_TENSORS + Q3_MOE_TENSORS];
+    int fields[Q3_LAYER_TENSORS + Q3_MOE_TENSORS], n = q3_layer_tensors(c, ts, fields);
     for (int l = 0; l < c->n_layers; l++) {
-        const q3_tensor **fields = (const q3_tensor **)&w->layers[l]; /* q3_layer_layout order */
-        for (size_t i = 0; i < Q3_LAYER_TENSORS; i++) {
-            char name[128];
-            q3_layer_tensor_name(l, i, 0, name, sizeof name);
-            if ((st = bind(m, name, &q3_layer_layout[i], &fields[i]))) return st;
+        const q3_tensor **f = (const q3_tensor **)&w->layers[l]; /* q3_layer_layout, q3_moe_layout order */
+        for (int i = 0, s = 0; i < n; i++) {
+            char name[160];
+            if (ts[i]->stack != Q3_DIM_NONE) {
+                st = bind_hf_stack(m, l, s++, ts[i], &f[fields[i]]);
+            } else {
+                q3_layout_name(ts[i], l, 0, 0, name, sizeof name);
+                st = bind(m, name, ts[i], &f[fields[i]]);
+            }
+            if (st) return st;
         }
     }
     return Q3_OK;
@@ -339,9 +435,13 @@ void q3_model_close(q3_model *m)
     /* compute units' packed copies of the weights (matmuls: the layers' and the LM head) */
     for (int l = 0; m->w.layers && l < m->cfg.n_layers; l++) {
         const q3_layer_weights *L = &m->w.layers[l];
-        const q3_tensor *ts[] = {L->wq, L->wk, L->wv, L->wo, L->w_gate, L->w_up, L->w_down};
+        const q3_tensor *ts[] = {L->wq, L->wk, L->wv, L->wo, L->w_gate, L->w_up, L->w_down, L->router};
         for (size_t i = 0; i < sizeof ts / sizeof *ts; i++)
             if (ts[i]) q3_tensor_drop_packed(ts[i]);
+        const q3_tensor *stacks[] = {L->exp_gate, L->exp_up, L->exp_down};
+        for (size_t i = 0; i < 3; i++)
+            for (int e = 0; stacks[i] && stacks[i]->mats && e < stacks[i]->shape[0]; e++)
+                if (stacks[i]->mats[e]) q3_tensor_drop_packed(stacks[i]->mats[e]);
     }
     if (m->w.lm_head) q3_tensor_drop_packed(m->w.lm_head);
     for (int i = 0; i < m->n_files; i++) q3_safetensors_close(&m->files[i]);
@@ -349,6 +449,8 @@ void q3_model_close(q3_model *m)
     for (size_t i = 0; i < m->n_weight_map; i++) free(m->weight_map[i].tensor);
     free(m->weight_map);
     free(m->w.layers);
+    free(m->stacks);
+    free(m->stack_mem);
     q3_gguf_close(m->gguf);
     free(m->path);
     free(m);
@@ -357,31 +459,44 @@ void q3_model_close(q3_model *m)
 int q3_model_vocab_size(const q3_model *m) { return m->cfg.vocab_size; }
 int q3_model_max_context(const q3_model *m) { return m->cfg.max_seq_len; }
 
-static void each_tensor(const q3_model *m, void (*fn)(const q3_tensor *, void *), void *arg)
+/* fn(t, share, arg) for every bound weight once, share = the fraction of it
+ * one token reads (experts: used / total; the embedding: one row). */
+static void each_tensor(const q3_model *m, void (*fn)(const q3_tensor *, double, void *), void *arg)
 {
     const q3_weights *w = &m->w;
-    fn(w->embed, arg);
-    fn(w->out_norm, arg);
-    if (w->lm_head != w->embed) fn(w->lm_head, arg);
-    for (int l = 0; l < m->cfg.n_layers; l++) {
+    const q3_config *c = &m->cfg;
+    bool tied = w->lm_head == w->embed;
+    fn(w->embed, tied ? 1.0 : 1.0 / (double)c->vocab_size, arg);
+    fn(w->out_norm, 1.0, arg);
+    if (!tied) fn(w->lm_head, 1.0, arg);
+    for (int l = 0; l < c->n_layers; l++) {
         const q3_tensor *const *t = (const q3_tensor *const *)&w->layers[l];
-        for (size_t i = 0; i < sizeof(q3_layer_weights) / sizeof(void *); i++) fn(t[i], arg);
+        for (size_t i = 0; i < sizeof(q3_layer_weights) / sizeof(void *); i++)
+            if (t[i]) fn(t[i], t[i]->ndim == 3 ? (double)c->n_experts_used / (double)c->n_experts : 1.0, arg);
     }
 }
 
-static void add_bytes(const q3_tensor *t, void *arg) { *(size_t *)arg += t->nbytes; }
-static void add_params(const q3_tensor *t, void *arg) { *(size_t *)arg += q3_tensor_numel(t); }
+typedef struct tally {
+    double total, active;
+    bool params;
+} tally;
 
-size_t q3_model_weight_bytes(const q3_model *m)
+static void add(const q3_tensor *t, double share, void *arg)
 {
-    size_t n = 0;
-    each_tensor(m, add_bytes, &n);
-    return n;
+    tally *s = arg;
+    double n = s->params ? (double)q3_tensor_numel(t) : (double)t->nbytes;
+    s->total += n;
+    s->active += n * share;
 }
 
-size_t q3_model_param_count(const q3_model *m)
+static tally count(const q3_model *m, bool params)
 {
-    size_t n = 0;
-    each_tensor(m, add_params, &n);
-    return n;
+    tally s = {.params = params};
+    each_tensor(m, add, &s);
+    return s;
 }
+
+size_t q3_model_weight_bytes(const q3_model *m) { return (size_t)count(m, false).total; }
+size_t q3_model_param_count(const q3_model *m) { return (size_t)count(m, true).total; }
+size_t q3_model_active_bytes(const q3_model *m) { return (size_t)count(m, false).active; }
+size_t q3_model_active_params(const q3_model *m) { return (size_t)count(m, true).active; }

@@ -18,6 +18,11 @@ typedef struct q3_layer_weights {
     const q3_tensor *w_gate;    /* [ffn_dim][dim]                 gate_proj */
     const q3_tensor *w_up;      /* [ffn_dim][dim]                 up_proj */
     const q3_tensor *w_down;    /* [dim][ffn_dim]                 down_proj */
+    /* a mixture-of-experts layer instead of the three above (NULL in a dense model) */
+    const q3_tensor *router;    /* [n_experts][dim]               mlp.gate */
+    const q3_tensor *exp_gate;  /* [n_experts][expert_ffn][dim]   mlp.experts.E.gate_proj, stacked */
+    const q3_tensor *exp_up;    /* [n_experts][expert_ffn][dim]   mlp.experts.E.up_proj, stacked */
+    const q3_tensor *exp_down;  /* [n_experts][dim][expert_ffn]   mlp.experts.E.down_proj, stacked */
 } q3_layer_weights;
 
 typedef struct q3_weights {
@@ -38,6 +43,10 @@ struct q3_model {
                                             index's weight_map names for each tensor (NULL: no index) */
     size_t n_weight_map;
     void *gguf;                 /* an open q3_gguf when loaded from GGUF */
+    q3_tensor *stacks;          /* [n_layers][3] a MoE model's expert stacks (gate, up, down), each with
+                                   mats set: views into a GGUF's 3-D tensor, or the folder's per-expert
+                                   tensors (then data is NULL) */
+    void *stack_mem;            /* the matrices' views and pointer arrays */
 };
 
 /* Looks a weight up by name across the shards and checks its dtype family
@@ -46,8 +55,23 @@ struct q3_model {
 q3_status q3_model_bind_tensor(const char *source, const q3_tensor *t, const char *name, int ndim,
                                const int64_t *shape, const q3_tensor **out);
 
+/* Sets stack->mats to views of its n_mat contiguous matrices ([n_mat][rows][cols]
+ * at stack->data), made in *mem (the caller frees it after the stack). */
+q3_status q3_tensor_stack_views(q3_tensor *stack, void **mem);
+/* The same into the caller's views[n_mat] and ptrs[n_mat]. */
+void q3_tensor_stack_fill(q3_tensor *stack, q3_tensor *views, const q3_tensor **ptrs);
+/* The loaders' expert stacks: m->stacks and their views for a MoE config, and
+ * stack s (0 gate, 1 up, 2 down) of layer l with its views and pointers. */
+q3_status q3_model_alloc_stacks(q3_model *m);
+q3_tensor *q3_model_stack_slot(q3_model *m, int l, int s, q3_tensor **views, const q3_tensor ***ptrs);
+
 /* Total bytes and parameters of the bound weights (lm_head counted once when tied). */
 size_t q3_model_weight_bytes(const q3_model *m);
 size_t q3_model_param_count(const q3_model *m);
+/* Bytes and parameters one token reads: every weight but the experts, and
+ * n_experts_used of each layer's experts (the embedding counted as one row).
+ * Equal to the totals, less the embedding's other rows, for a dense model. */
+size_t q3_model_active_bytes(const q3_model *m);
+size_t q3_model_active_params(const q3_model *m);
 
 #endif

@@ -22,6 +22,11 @@ typedef struct q3_tensor {
        compare-and-swap, so concurrent contexts share one copy; freed by
        q3_tensor_drop_packed (the model does it for its weights). */
     _Atomic(void *) packed;
+    /* A stacked weight (ndim 3, [n_mat][rows][cols]: a mixture-of-experts
+       layer's experts): its matrices as 2-D tensors of their own (views into
+       data, or the file's separate tensors, each with its own packed copy).
+       NULL for every other tensor. */
+    const struct q3_tensor *const *mats;
 } q3_tensor;
 
 /* Frees t's packed copy, if any (t is otherwise unchanged). */

@@ -145,9 +145,9 @@ static q3_status matmul_id(const q3_exec *e, const q3_op *op)
         int used = 0;
         for (int i = 0; i < rows * s.k && !used; i++) used = ids[i] == m;
         if (!used) continue;
-        q3_tensor w = q3_matmul_id_matrix(op->weight, m);
+        const q3_tensor *w = q3_matmul_id_matrix(op->weight, m);
         for (int o = 0; o < s.n_out; o++) {
-            weight_row(&w, (size_t)o, wr);
+            weight_row(w, (size_t)o, wr);
             for (int r = 0; r < rows; r++)
                 for (int j = 0; j < s.k; j++) {
                     if (ids[(size_t)r * s.k + j] != m) continue;
@@ -285,6 +285,8 @@ static const char *ref_refuses(const q3_backend *b, const q3_graph *g, const q3_
 {
     if (op->weight && op->weight->dtype >= Q3_DTYPE_COUNT) return "unknown weight dtype";
     if (op->kind == Q3_OP_MATMUL_ID) return q3_matmul_id_check(g, op, NULL);
+    if (op->kind == Q3_OP_MOE_ROUTE) return q3_moe_route_check(g, op);
+    if (op->kind == Q3_OP_MOE_SUM) return q3_moe_sum_check(g, op);
     return NULL;
 }
 
@@ -302,6 +304,8 @@ static q3_status ref_run(void *impl, const q3_exec *e, const q3_op *op)
     case Q3_OP_SWIGLU: return swiglu(e, op);
     case Q3_OP_LAST_ROW: return last_row(e, op);
     case Q3_OP_MATMUL_ID: return matmul_id(e, op);
+    case Q3_OP_MOE_ROUTE: return q3_moe_route(e, op, live_rows(e, op->out));
+    case Q3_OP_MOE_SUM: return q3_moe_sum(e, op, live_rows(e, op->out));
     case Q3_OP_KIND_COUNT: break;
     }
     return q3_fail(Q3_ERR_UNSUPPORTED, "op %s: unknown kind", op->name);
