@@ -65,6 +65,16 @@ INCDIR   ?= $(PREFIX)/include
 BINDIR   ?= $(PREFIX)/bin
 PCDIR    ?= $(LIBDIR)/pkgconfig
 
+# Stamps of what the outputs are built with, rewritten only when it changes:
+# objects depend on their flags (`make WERROR=1 test` after `make` rebuilds
+# with -Werror), q3.pc on the install directories (a second `make install
+# PREFIX=B` does not install the first prefix's q3.pc).
+FLAGS_STAMP := $(BUILD)/flags.stamp
+DIRS_STAMP  := $(BUILD)/dirs.stamp
+stamp = $(shell mkdir -p $(BUILD); [ "$$(cat $(1) 2>/dev/null)" = '$(2)' ] || printf '%s\n' '$(2)' > $(1))
+$(call stamp,$(FLAGS_STAMP),$(CC) $(BASE) $(WARN) $(CFLAGS) $(LDFLAGS) $(AVX512_FLAGS) $(AVX2_FLAGS))
+$(call stamp,$(DIRS_STAMP),$(PREFIX) $(LIBDIR) $(INCDIR))
+
 all: $(BUILD)/q3 $(BUILD)/libq3.so $(TEST_BIN) $(BENCH_BIN)
 
 $(BUILD)/libq3.a: $(LIB_OBJ)
@@ -84,7 +94,7 @@ $(BUILD)/libq3.so: $(LIB_OBJ)
 	ln -sf libq3.so.$(VERSION) $@.$(SOMAJOR)
 	ln -sf libq3.so.$(VERSION) $@
 
-$(BUILD)/q3.pc: Makefile include/q3.h
+$(BUILD)/q3.pc: Makefile include/q3.h $(DIRS_STAMP)
 	@mkdir -p $(@D)
 	printf '%s\n' 'prefix=$(PREFIX)' 'libdir=$(LIBDIR)' 'includedir=$(INCDIR)' '' \
 	  'Name: q3' 'Description: a Qwen3 inference engine in C' 'Version: $(VERSION)' \
@@ -108,30 +118,30 @@ uninstall:
 $(BUILD)/q3: $(CLI_OBJ) $(SERVER_OBJ) $(TOOLS_LIB) $(BUILD)/libq3.a
 	$(CC) $(LDFLAGS) -o $@ $(CLI_OBJ) $(SERVER_OBJ) $(TOOLS_LIB) $(BUILD)/libq3.a $(SERVER_LIBS) $(LDLIBS)
 
-$(BUILD)/tests/%: tests/%.c $(TOOLS_LIB) $(BUILD)/libq3.a $(SERVER_OBJ) tests/test.h
+$(BUILD)/tests/%: tests/%.c $(TOOLS_LIB) $(BUILD)/libq3.a $(SERVER_OBJ) tests/test.h $(FLAGS_STAMP)
 	@mkdir -p $(@D)
 	$(CC) $(BASE) $(WARN) $(CFLAGS) $(LDFLAGS) -Itests -o $@ $< $(SERVER_OBJ) $(TOOLS_LIB) $(BUILD)/libq3.a $(SERVER_LIBS) $(LDLIBS)
 
-$(BUILD)/bench/%: bench/%.c $(TOOLS_LIB) $(BUILD)/libq3.a
+$(BUILD)/bench/%: bench/%.c $(TOOLS_LIB) $(BUILD)/libq3.a $(FLAGS_STAMP)
 	@mkdir -p $(@D)
 	$(CC) $(BASE) $(WARN) $(CFLAGS) $(LDFLAGS) -o $@ $< $(TOOLS_LIB) $(BUILD)/libq3.a $(LDLIBS)
 
-$(BUILD)/%_avx512.o: %_avx512.c Makefile
+$(BUILD)/%_avx512.o: %_avx512.c Makefile $(FLAGS_STAMP)
 	@mkdir -p $(@D)
 	$(CC) $(BASE) $(WARN) $(CFLAGS) $(AVX512_FLAGS) -c -o $@ $<
 
-$(BUILD)/%_avx2.o: %_avx2.c Makefile
+$(BUILD)/%_avx2.o: %_avx2.c Makefile $(FLAGS_STAMP)
 	@mkdir -p $(@D)
 	$(CC) $(BASE) $(WARN) $(CFLAGS) $(AVX2_FLAGS) -c -o $@ $<
 
 # The server is a client of the library: it sees include/q3.h and its own
 # folder, nothing of src/ (no -Isrc), so a non-public header cannot creep in.
-$(BUILD)/src/server/%.o: src/server/%.c Makefile
+$(BUILD)/src/server/%.o: src/server/%.c Makefile $(FLAGS_STAMP)
 	@mkdir -p $(@D)
 	$(CC) $(filter-out -Isrc -I.,$(BASE)) $(WARN) $(CFLAGS) -c -o $@ $<
 
-# Objects depend on the Makefile too: a change of flags rebuilds them.
-$(BUILD)/%.o: %.c Makefile
+# Objects depend on the Makefile and the flags stamp: a change of flags rebuilds them.
+$(BUILD)/%.o: %.c Makefile $(FLAGS_STAMP)
 	@mkdir -p $(@D)
 	$(CC) $(BASE) $(WARN) $(CFLAGS) -c -o $@ $<
 
