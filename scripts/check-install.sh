@@ -48,6 +48,12 @@ for kind in shared static; do
   got1=$(printf '%s\n' "$out" | awk '/^\[1\] /{sub(/^\[1\] /,""); p=1} /^\[[0-9]+ tokens/{if(p){exit}} p{print}')
   [ "$got1" = "$want64" ] && ok || { fail "batch ($kind): answer 1 differs from q3 run alone"; printf 'want: %s\ngot:  %s\n' "$want64" "$got1"; }
 done
+# a second install to another prefix from the same tree: its q3.pc names that prefix, not the first
+prefix2="$tmp/prefix2"
+if make -s install PREFIX="$prefix2" BUILD="$BUILD" >"$tmp/install2.log" 2>&1; then ok; else fail "make install (second prefix)"; cat "$tmp/install2.log"; fi
+[ "$(PKG_CONFIG_PATH="$prefix2/lib/pkgconfig" pkg-config --variable=prefix q3)" = "$prefix2" ] && ok ||
+  fail "the second prefix's q3.pc says prefix=$(PKG_CONFIG_PATH="$prefix2/lib/pkgconfig" pkg-config --variable=prefix q3)"
+make -s uninstall PREFIX="$prefix2" BUILD="$BUILD" >/dev/null 2>&1
 make -s uninstall PREFIX="$prefix" BUILD="$BUILD" >/dev/null 2>&1
 left=$(find "$prefix" -type f | wc -l)
 [ "$left" -eq 0 ] && ok || fail "uninstall left $left files"
