@@ -478,6 +478,28 @@ static void test_run_cli(q3_model *m, q3_tokenizer *tok)
     }
 }
 
+/* q3 chat on the GGUF (its template falls back to Qwen3's): two turns, the
+ * first the text q3 run gives the same message. */
+static void test_chat_cli(void)
+{
+    const char *build = getenv("BUILD") ? getenv("BUILD") : "build";
+    char cmd[1024];
+    int st, st2;
+    snprintf(cmd, sizeof cmd, "printf 'hello\\nagain\\n' | ./%s/q3 chat -m " MOE_GGUF " -n 6 --temp 0 -t 1 2>/dev/null", build);
+    char *chat = sh(cmd, &st);
+    snprintf(cmd, sizeof cmd, "./%s/q3 run -m " MOE_GGUF " -p hello -n 6 --temp 0 -t 1 --no-perf 2>/dev/null", build);
+    char *run = sh(cmd, &st2);
+    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0 && WIFEXITED(st2) && WEXITSTATUS(st2) == 0, "chat %d, run %d", st, st2);
+    char *nl = strchr(chat, '\n');
+    size_t rl = strlen(run);
+    while (rl && run[rl - 1] == '\n') run[--rl] = 0;
+    CHECK(nl && nl > chat && (size_t)(nl - chat) == rl && !strncmp(chat, run, rl), "chat's first answer is run's: '%s' vs '%s'",
+          chat, run);
+    CHECK(nl && strchr(nl + 1, '\n'), "chat answered the second turn: '%s'", chat);
+    free(chat);
+    free(run);
+}
+
 /* One /v1/completions answer: its text and completion tokens. */
 typedef struct answer {
     const char *body;
@@ -606,6 +628,7 @@ int main(void)
         CHECK(0, "open the GGUF and its tokenizer: %s", q3_last_error());
     } else {
         test_run_cli(m, tok);
+        test_chat_cli();
         test_serve(m, tok);
         q3_tokenizer_free(tok);
         q3_model_close(m);
