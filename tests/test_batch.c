@@ -120,8 +120,10 @@ static int rows_differ(const job *a, const job *b, int vocab)
     return n;
 }
 
-/* model: a golden folder; file: the model in it to open (NULL: the folder itself) */
-static void batch_model(const char *model, const char *file, const char *unit, const char *kv)
+/* model: a golden folder; file: the model in it to open (NULL: the folder itself);
+ * slots: sequences at once in the batched run (few cases: fewer slots, so that
+ * later jobs find their case's prefix cached) */
+static void batch_model_slots(const char *model, const char *file, const char *unit, const char *kv, int slots)
 {
     char dir[256], path[320];
     snprintf(dir, sizeof dir, TEST_DATA "/golden/%s", model);
@@ -177,8 +179,8 @@ static void batch_model(const char *model, const char *file, const char *unit, c
         q3_ctx_free(ctx);
     }
 
-    /* batched: up to 5 at once, chunks of 16 (others' prefill chunks share their steps), prefix reuse on */
-    q3_ctx_opts o = {.n_ctx = 512, .chunk = 16, .max_seqs = 5, .backend = unit, .kv_dtype = kv};
+    /* batched: up to `slots` (5) at once, chunks of 16 (others' prefill chunks share their steps), prefix reuse on */
+    q3_ctx_opts o = {.n_ctx = 512, .chunk = 16, .max_seqs = slots, .backend = unit, .kv_dtype = kv};
     q3_ctx *ctx;
     CHECK(q3_ctx_new(m, &o, &ctx) == Q3_OK, "ctx: %s", q3_last_error());
     if (ctx) {
@@ -208,6 +210,11 @@ static void batch_model(const char *model, const char *file, const char *unit, c
     free(batch);
     for (int i = 0; i < n_cases; i++) golden_free(&cases[i]);
     q3_model_close(m);
+}
+
+static void batch_model(const char *model, const char *file, const char *unit, const char *kv)
+{
+    batch_model_slots(model, file, unit, kv, 5);
 }
 
 /* Fork and truncate: a sequence forked mid-way and both continued with the
@@ -559,6 +566,12 @@ int main(void)
     batch_model("small-q4_0", "model-q4_0.gguf", "cpu", "bf16");
     batch_model("small", NULL, "cpu", "q8_0");
     batch_model("small-q8_0", "model-q8_0.gguf", "cpu", "q8_0");
+    /* mixture of experts: a step's rows grouped by expert, each still its own sequence alone */
+    batch_model_slots("moe-tiny", NULL, "ref", "f32", 3);
+    batch_model_slots("moe-tiny", NULL, "cpu", NULL, 3);
+    batch_model_slots("moe-tiny", "model-f32.gguf", "cpu", "f32", 3);
+    batch_model_slots("moe-small-bf16", NULL, "cpu", NULL, 3);
+    batch_model_slots("moe-small-bf16", "model-bf16.gguf", "cpu", "q8_0", 3);
     fork_truncate("cpu");
     fork_truncate("ref");
     bad_steps();

@@ -7,6 +7,7 @@
 #include <string.h>
 #include <sys/wait.h>
 
+#include "backend/backend.h"
 #include "golden.h"
 #include "schema.h"
 #include "temps.h"
@@ -70,6 +71,133 @@ static void check_limits(const cJSON *doc)
               rn->valuedouble);
 }
 
+static double num(const cJSON *o, const char *a, const char *b)
+{
+    const cJSON *x = cJSON_GetObjectItem(o, a);
+    if (b) x = cJSON_GetObjectItem(x, b);
+    return cJSON_IsNumber(x) ? x->valuedouble : -1;
+}
+
+/* q3 probe and q3 bench on a mixture-of-experts model (moe-tiny: 3 layers,
+ * 8 experts, 2 a token): probe lists where matmul_id, moe_route and moe_sum
+ * land and each unit's reason to refuse them; bench reports the active bytes
+ * (less than the weights), streams them per decode token, and in --batch
+ * counts the distinct experts a layer reads (k for one row, growing with B,
+ * never more than min(E, B k)) beside E(1-(1-k/E)^B). */
+static void moe(const cJSON *probe_schema, const cJSON *bench_schema, const cJSON *batch_schema)
+{
+    char err[600];
+    int st;
+    const char *on = q3_backend_cpu.present(&q3_backend_cpu) ? "cpu" : "ref";
+    char *out = run("probe -m " TEST_DATA "/golden/moe-tiny --chunk 16 --json --no-profile --compute-units all", &st);
+    cJSON *doc = cJSON_Parse(out);
+    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0 && doc, "moe probe --json: %.200s", out);
+    if (doc) {
+        CHECK(schema_validate(probe_schema, doc, err, sizeof err) == 0, "moe probe schema: %s", err);
+        const cJSON *g;
+        int graphs = 0;
+        cJSON_ArrayForEach(g, cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(doc, "policies"), 0), "graphs")) {
+            graphs++;
+            int found = 0;
+            const cJSON *k;
+            cJSON_ArrayForEach(k, cJSON_GetObjectItem(g, "by_kind")) {
+                const char *kind = cJSON_GetObjectItem(k, "kind")->valuestring;
+                int want = !strcmp(kind, "matmul_id") ? 9 : !strcmp(kind, "moe_route") || !strcmp(kind, "moe_sum") ? 3 : 0;
+                if (!want) continue;
+                found++;
+                int ops = (int)num(k, "ops", NULL), placed = (int)num(k, "placement", on);
+                const cJSON *why = cJSON_GetObjectItem(cJSON_GetObjectItem(k, "refusals"), "cuda");
+                CHECK(ops == want && placed == want, "%s: %d ops, %d on %s (want %d)", kind, ops, placed, on, want);
+                CHECK(cJSON_IsString(why) && !strcmp(why->valuestring, "device absent"), "%s: cuda's reason: %s", kind,
+                      cJSON_IsString(why) ? why->valuestring : "(none)");
+            }
+            CHECK(found == 3, "the graph lists the three MoE kinds: %d", found);
+        }
+        CHECK(graphs == 2, "prefill and decode");
+    }
+    cJSON_Delete(doc);
+    free(out);
+    out = run("probe -m " TEST_DATA "/golden/moe-tiny --chunk 16 --compute-units cpu_and_gpu --no-profile", &st);
+    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0 && strstr(out, "moe_route") && strstr(out, "moe_sum") &&
+          strstr(out, "matmul_id") && strstr(out, "cuda refuses: device absent"), "moe probe text: %.600s", out);
+    free(out);
+    /* a profiled run of each graph on the reference unit */
+    out = run("probe -m " TEST_DATA "/golden/moe-tiny --chunk 16 --json --compute-units ref", &st);
+    doc = cJSON_Parse(out);
+    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0 && doc, "moe probe profile: %.200s", out);
+    const cJSON *g;
+    int profiled = 0;
+    cJSON_ArrayForEach(g, cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(doc, "policies"), 0), "graphs"))
+        profiled += num(g, "profile", "ms_per_run") > 0 &&
+                    cJSON_GetObjectItem(cJSON_GetObjectItem(cJSON_GetObjectItem(g, "profile"), "share_by_kind"), "matmul_id");
+    CHECK(profiled == 2, "both MoE graphs profiled, matmul_id's share among them: %d", profiled);
+    cJSON_Delete(doc);
+    free(out);
+
+    /* bench: the active bytes, streamed per decode token */
+    char args[512];
+    snprintf(args, sizeof args, "bench -m " TEST_DATA "/golden/moe-tiny --compute-units %s --chunk 8 --gen 4 --repeats 1 "
+             "--no-limits --json", on);
+    out = run(args, &st);
+    doc = cJSON_Parse(out);
+    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0 && doc, "moe bench --json: %.200s", out);
+    if (doc) {
+        CHECK(schema_validate(bench_schema, doc, err, sizeof err) == 0, "moe bench schema: %s", err);
+        double w = num(doc, "model", "weight_bytes"), a = num(doc, "model", "active_bytes");
+        CHECK(num(doc, "model", "n_experts") == 8 && num(doc, "model", "n_experts_used") == 2, "experts in the model table");
+        /* moe-tiny: 3 layers of 8 experts of 3 F32 [96][128] matrices; a token reads 2 of them, and one embedding row */
+        double expert = 3.0 * 96 * 128 * 4, row = 128 * 4;
+        CHECK(a > 0 && fabs((w - a) - (3 * 6 * expert + 1023 * row)) < 0.5, "active bytes %.0f of %.0f", a, w);
+        cJSON *r0 = cJSON_GetArrayItem(cJSON_GetObjectItem(doc, "runs"), 0);
+        double dw = num(r0, "decode_weight_bytes", NULL), dk = num(r0, "decode_kv_bytes", NULL), db = num(r0, "decode_bytes", NULL);
+        CHECK(dw == a && dk > 0 && fabs(db - (dw + dk)) < 1, "decode streams the active bytes and K/V: %g %g %g", dw, dk, db);
+        cJSON_Delete(doc);
+    }
+    free(out);
+    /* split-phase table */
+    out = run("bench -m " TEST_DATA "/golden/moe-tiny --prefill-on ref --decode-on ref --chunk 8 --gen 3 --repeats 1 --no-limits", &st);
+    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0 && strstr(out, "RTFx") && strstr(out, "mixture of experts, 2 of 8") &&
+          strstr(out, "GB active"), "moe split-phase table: %.400s", out);
+    free(out);
+
+    /* --batch: the experts a step reads */
+    snprintf(args, sizeof args, "bench -m " TEST_DATA "/golden/moe-tiny --compute-units %s --batch 1,2,4,16 --depth 9 --gen 4 "
+             "--no-limits --json", on);
+    out = run(args, &st);
+    doc = cJSON_Parse(out);
+    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0 && doc, "moe bench --batch: %.200s", out);
+    if (doc) {
+        CHECK(schema_validate(batch_schema, doc, err, sizeof err) == 0, "moe bench-batch schema: %s", err);
+        const cJSON *bs = cJSON_GetObjectItem(doc, "batches");
+        double m[4], e[4], w[4];
+        int B[4] = {1, 2, 4, 16};
+        for (int i = 0; i < 4; i++) {
+            const cJSON *b = cJSON_GetArrayItem(bs, i);
+            m[i] = num(b, "experts_measured", NULL), e[i] = num(b, "experts_expected", NULL), w[i] = num(b, "weight_bytes", NULL);
+            double want = 8 * (1 - pow(1 - 2.0 / 8, B[i]));
+            CHECK(fabs(e[i] - want) < 1e-9, "B %d: expected %g experts, formula %g", B[i], e[i], want);
+            double most = 2.0 * B[i] < 8 ? 2.0 * B[i] : 8;
+            CHECK(m[i] >= 2 && m[i] <= most, "B %d: %g distinct experts a layer, in [2, %g]", B[i], m[i], most);
+        }
+        CHECK(m[0] == 2, "one row reads its k experts: %g", m[0]);
+        CHECK(m[3] > m[0], "16 rows read more experts than one: %g", m[3]);
+        /* the bytes follow the counted union: one expert (3 layers' worth) per expert more */
+        double expert = 3.0 * (3.0 * 96 * 128 * 4);
+        for (int i = 1; i < 4; i++)
+            CHECK(fabs((w[i] - w[0]) - (m[i] - m[0]) * expert) < 1, "B %d: %g bytes more for %g experts more", B[i], w[i] - w[0],
+                  m[i] - m[0]);
+        cJSON_Delete(doc);
+    }
+    free(out);
+    /* a dense model has none of it */
+    out = run("bench -m " TEST_DATA "/golden/tiny --batch 1,2 --depth 4 --gen 2 --no-limits --json", &st);
+    doc = cJSON_Parse(out);
+    CHECK(doc && !cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(doc, "batches"), 1), "experts_measured") &&
+          !cJSON_GetObjectItem(doc, "n_experts"), "dense --batch: no expert counts");
+    cJSON_Delete(doc);
+    free(out);
+}
+
 int main(void)
 {
     snprintf(q3_bin, sizeof q3_bin, "./%s/q3", getenv("BUILD") ? getenv("BUILD") : "build");
@@ -101,6 +229,13 @@ int main(void)
         CHECK(fabs(rtfx - tps / 15.0) < 1e-9 * (1 + rtfx), "RTFx = tok/s / drain");
         CHECK(cJSON_GetArraySize(cJSON_GetObjectItem(doc, "runs")) == 1, "one run");
         check_limits(doc);
+        /* dense: a token reads every weight but the embedding's other rows (small: untied), K/V beside;
+           the bound is those bytes over the measured read bandwidth */
+        double w = num(doc, "model", "weight_bytes"), a = num(doc, "model", "active_bytes");
+        CHECK(fabs((w - a) - 4095.0 * 256 * 4) < 0.5, "dense active bytes %.0f of %.0f: all but 4095 embedding rows", a, w);
+        double db = num(r0, "decode_bytes", NULL), bw = num(doc, "machine", "read_gb_s");
+        CHECK(num(r0, "decode_weight_bytes", NULL) == a && db > a, "dense decode bytes %g: the active %g and K/V", db, a);
+        CHECK(bw > 0 && fabs(num(r0, "decode_bound_ms", NULL) - db / (bw * 1e6)) < 1e-9 * db, "decode bound = bytes / bandwidth");
         /* the checker itself can fail: a document missing a field is refused */
         cJSON_DeleteItemFromObject(r0, "rtfx");
         CHECK(schema_validate(bench_schema, doc, err, sizeof err) != 0, "schema refuses a run without rtfx");
@@ -195,6 +330,10 @@ int main(void)
     out = run("bench -m " TEST_DATA "/golden/tiny --batch 300 --no-limits", &st);
     CHECK(WIFEXITED(st) && WEXITSTATUS(st) != 0, "--batch 300 refused");
     free(out);
+    cJSON *b2 = load_schema("docs/bench.schema.json"), *p2 = load_schema("docs/probe.schema.json");
+    if (b2 && p2 && batch_schema) moe(p2, b2, batch_schema);
+    cJSON_Delete(b2);
+    cJSON_Delete(p2);
     cJSON_Delete(batch_schema);
     TEST_DONE();
 }

@@ -1,6 +1,7 @@
 #include "tools/bench.h"
 
 #include <math.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -104,12 +105,12 @@ q3_status q3_bench_run(q3_model *m, const q3_bench_opts *o, q3_bench_result *r)
     }
     q3_stats_compute(ms, gen, &r->decode_ms);
     r->decode_tok_s = 1e3 / r->decode_ms.mean;
-    /* bytes a decode token streams: every matrix once (the embedding only as the
-       LM head when tied), norms, and the K/V of the positions it attends to */
-    size_t w = q3_model_weight_bytes(m);
-    if (m->w.lm_head != m->w.embed) w -= m->w.embed->nbytes;
-    double kv = (double)(depth + gen / 2) * (double)s->ctx->kv.row_bytes * 2.0 * m->cfg.n_layers;
-    r->decode_bytes = (double)w + kv;
+    /* bytes a decode token streams: what one token reads of the weights (every
+       matrix once, a MoE layer's chosen experts only, one embedding row unless
+       it is the LM head too), and the K/V of the positions it attends to */
+    r->active_bytes = (double)q3_model_active_bytes(m);
+    r->kv_bytes = (double)(depth + gen / 2) * (double)s->ctx->kv.row_bytes * 2.0 * m->cfg.n_layers;
+    r->decode_bytes = r->active_bytes + r->kv_bytes;
 done:
     if (st) {
         free(r->generated);
@@ -122,13 +123,60 @@ done:
     return st;
 }
 
-/* Weight bytes one decode step streams: every matrix once (the embedding only
- * as the LM head when tied) and the norms. */
-static double step_weight_bytes(const q3_model *m)
+double q3_bench_experts_expected(int n, int k, int rows)
 {
-    size_t w = q3_model_weight_bytes(m);
-    if (m->w.lm_head != m->w.embed) w -= m->w.embed->nbytes;
-    return (double)w;
+    if (n <= 0 || k <= 0) return 0;
+    return n * (1.0 - pow(1.0 - (double)k / n, rows));
+}
+
+/* Bytes of one expert (gate, up and down) of layer l. */
+static double expert_bytes(const q3_model *m, int l)
+{
+    const q3_layer_weights *L = &m->w.layers[l];
+    if (!L->exp_gate) return 0;
+    return (double)(L->exp_gate->nbytes + L->exp_up->nbytes + L->exp_down->nbytes) / m->cfg.n_experts;
+}
+
+/* Weight bytes one decode step of B rows streams, each matrix read once for
+ * all rows: what one token reads (q3_model_active_bytes) with each MoE
+ * layer's k experts replaced by the `experts` distinct ones the rows chose. */
+static double step_weight_bytes(const q3_model *m, double experts)
+{
+    double w = (double)q3_model_active_bytes(m);
+    for (int l = 0; l < m->cfg.n_layers; l++) w += (experts - m->cfg.n_experts_used) * expert_bytes(m, l);
+    return w;
+}
+
+/* ---- a tap on the decode runner's units: the router's choices, counted ----
+ * Each unit instance of the decode runner is replaced, for the timed steps,
+ * by one that runs the op on it and, after a MOE_ROUTE, counts the distinct
+ * experts of the step's live rows (its ids output). Nothing in src/ changes:
+ * the runner calls whichever unit its table names. */
+typedef struct expert_tap {
+    q3_backend b;      /* the inner unit's descriptor with run() replaced */
+    q3_unit u;         /* what the runner calls */
+    q3_unit *inner;
+    double distinct;   /* sum over routed layers and steps */
+    long routes;       /* MOE_ROUTE ops counted */
+} expert_tap;
+
+static q3_status tap_run(void *impl, const q3_exec *e, const q3_op *op)
+{
+    expert_tap *t = impl;
+    q3_status st = t->inner->b->run(t->inner->impl, e, op);
+    if (st || op->kind != Q3_OP_MOE_ROUTE) return st;
+    const q3_value *ids = &e->g->values[op->out];
+    int n_exp = e->g->values[op->in[0]].cols, rows = ids->rows == 1 ? 1 : e->n_real, seen = 0;
+    unsigned char used[4096];
+    if (n_exp > (int)sizeof used) return st;
+    memset(used, 0, (size_t)n_exp);
+    for (size_t i = 0; i < (size_t)rows * (size_t)ids->cols; i++) {
+        int x = (int)e->buf[op->out][i];
+        if (x >= 0 && x < n_exp && !used[x]++) seen++;
+    }
+    t->distinct += seen;
+    t->routes++;
+    return st;
 }
 
 q3_status q3_bench_batch(q3_model *m, const q3_bench_opts *o, const int *batches, int n, q3_batch_result *out)
@@ -177,7 +225,16 @@ q3_status q3_bench_batch(q3_model *m, const q3_bench_opts *o, const int *batches
         tokens[0] = b; /* its own first token: the prefix cache keeps the copies apart */
         q3_kv_seq_commit(&c->kv, seq[b], tokens, depth);
     }
-    double wbytes = step_weight_bytes(m);
+    bool moe = q3_config_is_moe(&m->cfg);
+    expert_tap taps[Q3_PLAN_MAX_UNITS];
+    q3_unit *saved[Q3_PLAN_MAX_UNITS];
+    int n_units = c->run_decode.plan.n_units;
+    for (int u = 0; u < n_units; u++) {
+        saved[u] = c->run_decode.unit[u];
+        taps[u] = (expert_tap){.b = *saved[u]->b, .inner = saved[u]};
+        taps[u].b.run = tap_run;
+        taps[u].u = (q3_unit){.b = &taps[u].b, .impl = &taps[u], .n_threads = saved[u]->n_threads};
+    }
     double kv_row = 2.0 * m->cfg.n_layers * (double)c->kv.row_bytes; /* K and V of one position */
     for (int i = 0; i < n; i++) {
         int B = batches[i];
@@ -186,22 +243,39 @@ q3_status q3_bench_batch(q3_model *m, const q3_bench_opts *o, const int *batches
         r->batch = B;
         for (int b = 0; b < B; b++)
             if ((st = q3_seq_truncate(c, seq[b], depth))) goto done;
+        for (int u = 0; u < n_units; u++) taps[u].distinct = 0, taps[u].routes = 0;
         for (int step = -1; step < gen; step++) {
             for (int b = 0; b < B; b++)
                 rows[b] = (q3_decode_row){.seq = seq[b], .token = tokens[(depth + step + 1 + 7 * b) % n_ctx]};
             q3_step s = {.decode = rows, .n_decode = B, .prefill_seq = -1};
+            /* the timed steps of a MoE model run through the taps (one indirect call more an op) */
+            for (int u = 0; moe && step == 0 && u < n_units; u++) c->run_decode.unit[u] = &taps[u].u;
             double t0 = q3_now();
-            if ((st = q3_ctx_step(c, &s))) goto done;
+            st = q3_ctx_step(c, &s);
             if (step >= 0) ms[step] = 1e3 * (q3_now() - t0);
+            if (st) break;
         }
+        for (int u = 0; u < n_units; u++) c->run_decode.unit[u] = saved[u];
+        if (st) goto done;
         q3_stats_compute(ms, gen, &r->step_ms);
         r->tok_s = B * 1e3 / r->step_ms.mean;
-        r->weight_bytes = wbytes;
+        if (moe) {
+            double distinct = 0;
+            long routes = 0;
+            for (int u = 0; u < n_units; u++) distinct += taps[u].distinct, routes += taps[u].routes;
+            r->experts_measured = routes ? distinct / routes : 0;
+            r->experts_expected = q3_bench_experts_expected(m->cfg.n_experts, m->cfg.n_experts_used, B);
+        }
+        r->weight_bytes = step_weight_bytes(m, moe ? r->experts_measured : m->cfg.n_experts_used);
         r->kv_bytes = (double)B * (depth + 1 + gen / 2.0) * kv_row;
         double mm = 0;
-        for (int op = 0; op < c->decode.n_ops; op++)
-            if (c->decode.ops[op].kind == Q3_OP_MATMUL)
-                mm += 2.0 * (double)c->decode.ops[op].weight->shape[0] * (double)c->decode.ops[op].weight->shape[1];
+        for (int op = 0; op < c->decode.n_ops; op++) {
+            const q3_op *o = &c->decode.ops[op];
+            if (o->kind == Q3_OP_MATMUL)
+                mm += 2.0 * (double)o->weight->shape[0] * (double)o->weight->shape[1];
+            else if (o->kind == Q3_OP_MATMUL_ID) /* k experts a row */
+                mm += 2.0 * m->cfg.n_experts_used * (double)o->weight->shape[1] * (double)o->weight->shape[2];
+        }
         r->flops = B * (mm + 4.0 * (depth + 1 + gen / 2.0) * m->cfg.n_heads * m->cfg.head_dim * m->cfg.n_layers);
     }
 done:

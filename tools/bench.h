@@ -33,6 +33,9 @@ typedef struct q3_bench_result {
     double handoff_ms;         /* per chunk: prefill K/V into the cache */
     double prefill_flops;      /* per prefill run */
     double decode_bytes;       /* weight + KV bytes streamed per decode token */
+    double active_bytes;       /* the weight part: what one token reads (q3_model_active_bytes: a MoE
+                                  model's n_experts_used experts a layer, one embedding row) */
+    double kv_bytes;           /* the K/V part, at the mean depth of the timed tokens */
     int32_t *generated;        /* [n_generated] greedy ids (caller frees) */
     int n_generated;
 } q3_bench_result;
@@ -45,10 +48,20 @@ typedef struct q3_batch_result {
     int batch;                 /* B */
     q3_stats step_ms;          /* per step of B rows */
     double tok_s;              /* B / mean step */
-    double weight_bytes;       /* weight bytes a step streams (once for all rows) */
+    double weight_bytes;       /* weight bytes a step streams (once for all rows; a MoE model's
+                                  experts: the union the rows chose, as experts_measured) */
     double kv_bytes;           /* K/V bytes a step reads (every row's own cache, mean depth) */
     double flops;              /* multiply-adds x 2 of a step */
+    /* a mixture-of-experts model (0 for a dense one): distinct experts a layer
+       reads in a step of B rows */
+    double experts_expected;   /* under uniform routing: E (1 - (1 - k/E)^B) */
+    double experts_measured;   /* counted from the router's choices (MOE_ROUTE's ids) of every
+                                  layer of every timed step, mean per layer and step */
 } q3_batch_result;
+
+/* Distinct experts of n (k chosen per row, uniformly) that B rows choose
+ * between them, expected: n (1 - (1 - k/n)^B). */
+double q3_bench_experts_expected(int n, int k, int rows);
 
 q3_status q3_bench_batch(q3_model *m, const q3_bench_opts *o, const int *batches, int n, q3_batch_result *out);
 void q3_stats_compute(const double *ms, int n, q3_stats *out);

@@ -5,6 +5,7 @@
 
 #include <cjson/cJSON.h>
 #include <limits.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -170,6 +171,7 @@ static q3_status bench_batch(const char *model, q3_bench_opts *o, const int *bat
     o->prefill_unit = o->decode_unit = unit;
     if (o->gen == 64) o->gen = 16; /* the default --gen: 16 steps per batch size */
     q3_batch_result res[32];
+    bool moe = q3_config_is_moe(&m->cfg);
     if (!json) fprintf(stderr, "  measuring batched decode at depth %d ...\n", o->depth);
     if ((st = q3_bench_batch(m, o, batches, nb, res))) {
         q3_model_close(m);
@@ -202,12 +204,21 @@ static q3_status bench_batch(const char *model, q3_bench_opts *o, const int *bat
         cJSON_AddNumberToObject(root, "peak_gflop_s", peak);
         cJSON_AddStringToObject(root, "peak_instruction", peak_name);
         cJSON_AddNumberToObject(root, "peak_rss_bytes", peak_rss);
+        if (moe) {
+            cJSON_AddNumberToObject(root, "n_experts", m->cfg.n_experts);
+            cJSON_AddNumberToObject(root, "n_experts_used", m->cfg.n_experts_used);
+        }
         jr = cJSON_AddArrayToObject(root, "batches");
     } else {
         printf("q3 bench --batch: %s, depth %d, %d steps per batch size, %d threads, cpu kernels %s; read %.1f GB/s, %s peak %.0f GFLOP/s "
-               "(measured after)\n\n", model, o->depth, o->gen, nth, q3_cpu_default_isa_name(), bw, peak_name, peak);
-        printf("%5s %10s %10s %10s %8s %11s %10s %9s %-10s %8s\n", "B", "tok/s", "vs B=1", "ms/step", "p99",
+               "(measured after)\n", model, o->depth, o->gen, nth, q3_cpu_default_isa_name(), bw, peak_name, peak);
+        if (moe)
+            printf("mixture of experts: %d experts a layer, %d a token; a step reads the union of its rows' experts\n",
+                   m->cfg.n_experts, m->cfg.n_experts_used);
+        printf("\n%5s %10s %10s %10s %8s %11s %10s %9s %-10s %8s", "B", "tok/s", "vs B=1", "ms/step", "p99",
                "GB/step", "(KV GB)", "bound ms", "limit", "reached");
+        if (moe) printf(" %17s", "experts/layer");
+        printf("\n");
     }
     for (int i = 0; i < nb; i++) {
         const q3_batch_result *r = &res[i];
@@ -230,11 +241,17 @@ static q3_status bench_batch(const char *model, q3_bench_opts *o, const int *bat
                 cJSON_AddStringToObject(x, "limit", limit);
                 cJSON_AddNumberToObject(x, "fraction_of_bound", bound / r->step_ms.mean);
             }
+            if (moe) {
+                cJSON_AddNumberToObject(x, "experts_measured", r->experts_measured);
+                cJSON_AddNumberToObject(x, "experts_expected", r->experts_expected);
+            }
             cJSON_AddItemToArray(jr, x);
         } else {
-            printf("%5d %10.1f %9.2fx %10.2f %8.2f %11.3f %10.3f %9.2f %-10s %7.0f%%\n", r->batch, r->tok_s, speedup,
+            printf("%5d %10.1f %9.2fx %10.2f %8.2f %11.3f %10.3f %9.2f %-10s %7.0f%%", r->batch, r->tok_s, speedup,
                    r->step_ms.p50, r->step_ms.p99, bytes / 1e9, r->kv_bytes / 1e9, bound, limits ? limit : "-",
                    limits ? 100 * bound / r->step_ms.mean : 0);
+            if (moe) printf(" %8.2f (%6.2f)", r->experts_measured, r->experts_expected);
+            printf("\n");
         }
     }
     if (json) {
@@ -246,6 +263,10 @@ static q3_status bench_batch(const char *model, q3_bench_opts *o, const int *bat
         printf("\n'vs B=1': aggregate tok/s against the first batch size of the list, same run; 'reached': the bound "
                "(bytes / read bandwidth, or FLOPs / peak) over the mean step time. Peak resident memory %.0f MB.\n",
                peak_rss / 1e6);
+        if (moe)
+            printf("'experts/layer': distinct experts a layer read per step, counted from the router's choices of the timed "
+                   "steps (random tokens), and in parentheses E(1-(1-k/E)^B), uniform routing; GB/step counts the counted "
+                   "union.\n");
     }
     q3_model_close(m);
     return Q3_OK;
@@ -316,11 +337,17 @@ q3_status q3_bench_report(q3_bench_report_opts *ro)
         free(lg);
     }
     size_t wbytes = q3_model_weight_bytes(m), params = q3_model_param_count(m);
-    if (!json)
-        printf("q3 bench: %s (%.2f B params, %.2f GB of weights), chunk %d, prompt %d, depth %d, %d decode tokens, "
-               "drain %.0f tok/s; %d threads, cpu kernels %s\n",
-               model, (double)params / 1e9, (double)wbytes / 1e9, o.chunk, o.prompt_len > 0 ? o.prompt_len : o.chunk,
-               o.depth, o.gen, drain, q3_cpu_default_threads(), q3_cpu_default_isa_name());
+    size_t abytes = q3_model_active_bytes(m), aparams = q3_model_active_params(m);
+    bool moe = q3_config_is_moe(&m->cfg);
+    if (!json) {
+        printf("q3 bench: %s (%.2f B params, %.2f GB of weights", model, (double)params / 1e9, (double)wbytes / 1e9);
+        if (moe)
+            printf("; mixture of experts, %d of %d a layer: %.2f B params, %.2f GB active per token", m->cfg.n_experts_used,
+                   m->cfg.n_experts, (double)aparams / 1e9, (double)abytes / 1e9);
+        printf("), chunk %d, prompt %d, depth %d, %d decode tokens, drain %.0f tok/s; %d threads, cpu kernels %s\n",
+               o.chunk, o.prompt_len > 0 ? o.prompt_len : o.chunk, o.depth, o.gen, drain, q3_cpu_default_threads(),
+               q3_cpu_default_isa_name());
+    }
     for (int i = 0; i < n_runs; i++) {
         o.prefill_unit = runs[i].prefill_unit;
         o.decode_unit = runs[i].decode_unit;
@@ -380,9 +407,11 @@ q3_status q3_bench_report(q3_bench_report_opts *ro)
                    "K/V hand-off %.2f ms per chunk\n",
                    runs[i].prefill_unit, r->prompt_len, r->n_chunks, r->prefill_flops / (r->prefill_ms.p50 * 1e6),
                    r->prefill_flops / 1e9, r->prefill_ms.min, r->prefill_ms.max, r->prefill_ms.n, r->handoff_ms);
-            printf("%s: decode streams %.2f GB per token = %.1f GB/s (mean; spread %.2f-%.2f ms over %d tokens)\n",
-                   runs[i].decode_unit, r->decode_bytes / 1e9, r->decode_bytes / (r->decode_ms.mean * 1e6),
-                   r->decode_ms.min, r->decode_ms.max, r->decode_ms.n);
+            printf("%s: decode streams %.3f GB per token (weights %.3f GB%s, K/V %.3f GB) = %.1f GB/s (mean; spread "
+                   "%.2f-%.2f ms over %d tokens)\n",
+                   runs[i].decode_unit, r->decode_bytes / 1e9, r->active_bytes / 1e9, moe ? " active" : "",
+                   r->kv_bytes / 1e9, r->decode_bytes / (r->decode_ms.mean * 1e6), r->decode_ms.min, r->decode_ms.max,
+                   r->decode_ms.n);
             if (runs[i].sample) printf("%s: sample (greedy, random weights): %.200s\n", runs[i].decode_unit, runs[i].sample);
         }
         if (limits) {
@@ -394,9 +423,13 @@ q3_status q3_bench_report(q3_bench_report_opts *ro)
                    peak[Q3_LIMIT_DOT_INT8]);
             for (int i = 0; i < n_runs; i++) {
                 const q3_bench_result *r = &runs[i].r;
+                double bound_ms = r->decode_bytes / (bw * 1e6);
                 printf("%s: decode (mean) at %.0f%% of the measured read bandwidth; prefill at %.0f%% of the %s peak\n",
                        runs[i].decode_unit, 100 * r->decode_bytes / (r->decode_ms.mean * 1e6) / bw,
                        100 * r->prefill_flops / (r->prefill_ms.p50 * 1e6) / prefill_peak, prefill_peak_name);
+                printf("%s: decode bound %.3f ms/token = %.1f tok/s (%s + K/V bytes / read bandwidth); measured "
+                       "mean %.3f ms\n", runs[i].decode_unit, bound_ms, 1e3 / bound_ms, moe ? "active weight" : "weight",
+                       r->decode_ms.mean);
             }
         }
         printf("\nopen + first token of a 16-token prompt: %.1f ms; peak resident memory %.0f MB "
@@ -408,6 +441,12 @@ q3_status q3_bench_report(q3_bench_report_opts *ro)
         cJSON_AddStringToObject(jm, "path", model);
         cJSON_AddNumberToObject(jm, "params", (double)params);
         cJSON_AddNumberToObject(jm, "weight_bytes", (double)wbytes);
+        cJSON_AddNumberToObject(jm, "active_params", (double)aparams);
+        cJSON_AddNumberToObject(jm, "active_bytes", (double)abytes);
+        if (moe) {
+            cJSON_AddNumberToObject(jm, "n_experts", m->cfg.n_experts);
+            cJSON_AddNumberToObject(jm, "n_experts_used", m->cfg.n_experts_used);
+        }
         cJSON *jc = cJSON_AddObjectToObject(root, "settings");
         cJSON_AddNumberToObject(jc, "chunk", o.chunk);
         cJSON_AddNumberToObject(jc, "gen", o.gen);
@@ -447,7 +486,11 @@ q3_status q3_bench_report(q3_bench_report_opts *ro)
             cJSON_AddNumberToObject(x, "handoff_ms", r->handoff_ms);
             cJSON_AddNumberToObject(x, "prefill_gflop_s", r->prefill_flops / (r->prefill_ms.p50 * 1e6));
             cJSON_AddNumberToObject(x, "decode_gb_s", r->decode_bytes / (r->decode_ms.mean * 1e6));
+            cJSON_AddNumberToObject(x, "decode_bytes", r->decode_bytes);
+            cJSON_AddNumberToObject(x, "decode_weight_bytes", r->active_bytes);
+            cJSON_AddNumberToObject(x, "decode_kv_bytes", r->kv_bytes);
             if (limits && bw > 0 && prefill_peak > 0) {
+                cJSON_AddNumberToObject(x, "decode_bound_ms", r->decode_bytes / (bw * 1e6));
                 cJSON_AddNumberToObject(x, "decode_fraction_of_bandwidth", r->decode_bytes / (r->decode_ms.mean * 1e6) / bw);
                 cJSON_AddNumberToObject(x, "prefill_fraction_of_peak",
                                         r->prefill_flops / (r->prefill_ms.p50 * 1e6) / prefill_peak);

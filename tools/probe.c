@@ -131,6 +131,39 @@ static cJSON *probe_graph(const q3_graph *g, const char *gname, const q3_policy 
         else if (!po->json && asked == p.n_ops)
             printf("           %s admits the whole %s graph\n", units[u]->name, gname);
     }
+    /* by op kind: where each kind's ops landed and why each unit passed over them (the
+       first reason per unit); the text lists the mixture-of-experts kinds */
+    cJSON *jk = cJSON_AddArrayToObject(jg, "by_kind");
+    for (int k = 0; k < Q3_OP_KIND_COUNT; k++) {
+        int n_k = 0, on[Q3_PLAN_MAX_UNITS] = {0};
+        const char *why[Q3_PLAN_MAX_UNITS] = {0};
+        for (int i = 0; i < p.n_ops; i++) {
+            if (g->ops[i].kind != (q3_op_kind)k) continue;
+            n_k++;
+            on[p.unit_of[i]]++;
+            for (int u = 0; u < n; u++)
+                if (!why[u]) why[u] = p.refusal[(size_t)i * (size_t)n + (size_t)u];
+        }
+        if (!n_k) continue;
+        cJSON *x = cJSON_CreateObject();
+        cJSON_AddStringToObject(x, "kind", q3_op_kind_name((q3_op_kind)k));
+        cJSON_AddNumberToObject(x, "ops", n_k);
+        cJSON *xp = cJSON_AddObjectToObject(x, "placement"), *xr = cJSON_AddObjectToObject(x, "refusals");
+        for (int u = 0; u < n; u++) {
+            if (on[u]) cJSON_AddNumberToObject(xp, units[u]->name, on[u]);
+            if (why[u]) cJSON_AddStringToObject(xr, units[u]->name, why[u]);
+        }
+        cJSON_AddItemToArray(jk, x);
+        bool moe = k == Q3_OP_MATMUL_ID || k == Q3_OP_MOE_ROUTE || k == Q3_OP_MOE_SUM;
+        if (po->json || !moe) continue;
+        printf("           %-9s %3d ops:", q3_op_kind_name((q3_op_kind)k), n_k);
+        const char *sep = " ";
+        for (int u = 0; u < n; u++)
+            if (on[u]) printf("%s%d on %s", sep, on[u], units[u]->name), sep = ", ";
+        for (int u = 0; u < n; u++)
+            if (why[u]) printf("; %s refuses: %s", units[u]->name, why[u]);
+        printf("\n");
+    }
     /* fallbacks: ops not on the policy's first present unit, grouped by kind and reason */
     int first = 0;
     while (first < n - 1 && units[first]->present && !units[first]->present(units[first])) first++;

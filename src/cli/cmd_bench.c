@@ -46,7 +46,8 @@ int cmd_bench(int argc, char **argv)
                 "batched decode instead, e.g. 1,2,4,8: for each B, B sequences at --depth\n"
                 "(default 512) decoded together, one row each per step: aggregate tok/s,\n"
                 "ms per step, bytes a step reads and the bound they give at the measured\n"
-                "bandwidth (or the arithmetic peak, whichever is slower)"),
+                "bandwidth (or the arithmetic peak, whichever is slower); a mixture-of-experts\n"
+                "model: the distinct experts a layer read per step, counted and expected"),
         CLI_OPT("json", 0, CLI_FLAG, &json, NULL, "one JSON object (docs/bench.schema.json)"),
         CLI_OPT("svg", 0, CLI_STR, &svg, "FILE", "also draw the table as a bar chart"),
         CLI_OPT("no-limits", 0, CLI_FLAG, &no_limits, NULL,
