@@ -699,8 +699,7 @@ static q3_status add_model(q3_gguf_writer *w, const q3_model *m, const q3_conver
     return st;
 }
 
-/* The base name of a path without a trailing ".gguf" or slashes, into out. */
-static void base_name(const char *path, char *out, size_t n)
+void q3_convert_base_name(const char *path, char *out, size_t n)
 {
     size_t len = strlen(path);
     while (len > 1 && path[len - 1] == '/') len--;
@@ -750,7 +749,7 @@ q3_status q3_convert_model(const q3_model *m, const char *out_path, const q3_con
 
     char name[256];
     if (o->name) snprintf(name, sizeof name, "%s", o->name);
-    else base_name(m->path, name, sizeof name);
+    else q3_convert_base_name(m->path, name, sizeof name);
 
     q3_gguf_writer *w;
     q3_status st = q3_gguf_writer_new(&w);

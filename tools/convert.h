@@ -133,6 +133,10 @@ size_t q3_convert_plan_count(const q3_config *c);
  * their files list the same tensors in the same order and types. */
 q3_status q3_convert_plan(const q3_convert_opts *o, const q3_config *c, q3_convert_entry *out);
 
+/* The base name of a path without a trailing ".gguf" or slashes, into out: the
+ * default general.name. */
+void q3_convert_base_name(const char *path, char *out, size_t n);
+
 /* Converts an open model (from a folder or a GGUF) to a GGUF file at out_path
  * (written under a unique temporary name, renamed when complete). Fails with Q3_ERR_INVALID (a type
  * q3 cannot write), Q3_ERR_IO (no tokenizer found, an unwritable path) or whatever
