@@ -16,8 +16,8 @@ int cmd_synth(int argc, char **argv)
     int no_tokenizer = 0, layers = 0, quiet = 0;
     const cli_opt tab[] = {
         CLI_OPT("output", 'o', CLI_STR, &out_dir, "PATH",
-                "output folder (created if missing; files in it are replaced), or with\n"
-                "--type the GGUF file (written under a unique temporary name, renamed when complete)",
+                "output folder (created if missing; files in it are replaced),\n"
+                "or with --type the GGUF file (renamed into place when complete)",
                 .flags = CLI_REQUIRED),
         CLI_OPT("seed", 's', CLI_LLONG, &seed, "N", "weights depend only on the seed, dtype and config (default 0)",
                 .lo = 0, .hi = (double)LLONG_MAX),
@@ -38,7 +38,8 @@ int cmd_synth(int argc, char **argv)
         CLI_OPT("quiet", 'q', CLI_FLAG, &quiet, NULL, "with --type: no progress on stderr"),
         CLI_OPT("config", 0, CLI_FILE, &config_path, "FILE", "take the shapes from a Qwen3 config.json instead of a preset"),
         CLI_OPT("tokenizer", 0, CLI_FILE, &tokenizer_dir, "DIR",
-                "copy DIR/tokenizer.json and tokenizer_config.json alongside (default: the\n"
+                "copy DIR/tokenizer.json and tokenizer_config.json alongside, or with\n"
+                "--type embed that tokenizer (default: the\n"
                 "built-in Qwen3 tokenizer when its vocabulary fits the model's, so that\n"
                 "q3 run -m DIR works)"),
         CLI_OPT("no-tokenizer", 0, CLI_FLAG, &no_tokenizer, NULL, "write no tokenizer"),
