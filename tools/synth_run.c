@@ -1,5 +1,7 @@
 /* q3 synth's work: writes a Qwen3 checkpoint folder with deterministic random
- * weights (Qwen3-0.6B's shapes by default) and says what it wrote. */
+ * weights (Qwen3-0.6B's shapes by default; dense or mixture-of-experts presets),
+ * or with a --type that model as a GGUF streamed from the generator, and says
+ * what it wrote. */
 #include "tools/synth_run.h"
 
 #include <limits.h>
