@@ -91,25 +91,48 @@ static int name_ends(const char *name, const char *suffix)
     return n >= k && !strcmp(name + n - k, suffix);
 }
 
+/* A layer tensor of this kind: "blk.N.<kind>.weight" (kind "ffn_down" also matches
+ * "ffn_down_exps", as llama-quantize's categories match a name's substring). */
+static int is_kind(const char *name, const char *kind, int with_exps)
+{
+    char a[64], b[64];
+    snprintf(a, sizeof a, ".%s.weight", kind);
+    snprintf(b, sizeof b, ".%s_exps.weight", kind);
+    return name_ends(name, a) || (with_exps && name_ends(name, b));
+}
+
 q3_status q3_convert_pick_type(const q3_convert_opts *o, const q3_config *c, int tied, const char *name, int ndim,
                                const int64_t *shape, q3_dtype *out)
 {
-    if (!is_kquant(o->type) || ndim < 2) {
+    /* the router stays F32 in every type: llama.cpp's converter keeps ffn_gate_inp F32 and
+       llama-quantize never quantizes it (tensor_allows_quantization) */
+    if (ndim < 2 || name_ends(name, ".ffn_gate_inp.weight")) {
+        *out = Q3_F32;
+        return Q3_OK;
+    }
+    if (!is_kquant(o->type)) {
         *out = q3_convert_tensor_type(o->type, ndim, shape);
         return Q3_OK;
     }
     int64_t cols = shape[ndim - 1];
-    int layer = -1, n = c->n_layers, m_mix = o->kmix == Q3_KMIX_M;
+    int layer = -1, n = c->n_layers, m_mix = o->kmix == Q3_KMIX_M, q4 = o->type == Q3_Q4_K;
+    /* llama-quantize's Mixtral rules: hparams.n_expert == 8 exactly */
+    int eight = c->n_experts == 8;
     if (sscanf(name, "blk.%d.", &layer) != 1) layer = -1;
     q3_dtype t = o->type;
     if (!strcmp(name, q3_lm_head_layout.gguf) || (tied && !strcmp(name, q3_embed_layout.gguf))) {
         t = cols % 256 ? Q3_Q8_0 : Q3_Q6_K;
-    } else if (layer >= 0 && name_ends(name, ".attn_v.weight")) {
-        if (m_mix && (o->type == Q3_Q4_K || o->type == Q3_Q5_K) && more_bits(layer, n)) t = Q3_Q6_K;
-        else if (!m_mix && o->type == Q3_Q4_K && layer < 4) t = Q3_Q5_K;
-    } else if (layer >= 0 && name_ends(name, ".ffn_down.weight")) {
-        if (m_mix && (o->type == Q3_Q4_K || o->type == Q3_Q5_K) && more_bits(layer, n)) t = Q3_Q6_K;
-        else if (!m_mix && o->type == Q3_Q4_K && layer < n / 8) t = Q3_Q5_K;
+    } else if (layer >= 0 && is_kind(name, "attn_v", 0)) {
+        if (m_mix && (q4 || o->type == Q3_Q5_K) && more_bits(layer, n)) t = Q3_Q6_K;
+        else if (!m_mix && q4 && layer < 4) t = Q3_Q5_K;
+        if (eight) t = Q3_Q8_0;
+    } else if (layer >= 0 && is_kind(name, "attn_k", 0)) {
+        if (eight) t = Q3_Q8_0;
+    } else if (layer >= 0 && is_kind(name, "attn_output", 0)) {
+        if (eight && q4) t = Q3_Q5_K; /* Q4_K_M and Q4_K_S */
+    } else if (layer >= 0 && is_kind(name, "ffn_down", 1)) {
+        if (m_mix && (q4 || o->type == Q3_Q5_K) && more_bits(layer, n)) t = Q3_Q6_K;
+        else if (!m_mix && q4 && layer < n / 8) t = Q3_Q5_K;
     }
     if (cols % (int64_t)q3_dtype_block_values(t)) { /* rows not of whole blocks: llama-quantize's fallback */
         const char *lacking = t == Q3_Q4_K ? "Q5_0" : t == Q3_Q5_K ? "Q5_1" : NULL;
@@ -396,7 +419,8 @@ static q3_status add_chat_templates(q3_gguf_writer *w, const char *dir, const cJ
     return Q3_OK;
 }
 
-q3_status q3_convert_add_tokenizer(q3_gguf_writer *w, const char *dir, const char *config_json, int vocab_size)
+/* The tokenizer metadata; config (may be NULL) is the model's config.json, parsed. */
+static q3_status add_tokenizer(q3_gguf_writer *w, const char *dir, const cJSON *config, int vocab_size)
 {
     char path[PATH_MAX];
     snprintf(path, sizeof path, "%s/tokenizer.json", dir);
@@ -404,7 +428,7 @@ q3_status q3_convert_add_tokenizer(q3_gguf_writer *w, const char *dir, const cha
     q3_status pst = q3_regular_or_absent(path, &present);
     if (pst) return pst;
     if (!present) return q3_fail(Q3_ERR_IO, "%s: no tokenizer.json in the folder", dir);
-    cJSON *root = NULL, *tcfg = NULL, *config = NULL;
+    cJSON *root = NULL, *tcfg = NULL;
     tok_build b = {.json_path = path, .vocab_size = vocab_size};
     q3_status st = read_json(path, &root);
     if (!st) st = build_vocab(&b, root);
@@ -412,8 +436,6 @@ q3_status q3_convert_add_tokenizer(q3_gguf_writer *w, const char *dir, const cha
     snprintf(cfg_path, sizeof cfg_path, "%s/tokenizer_config.json", dir);
     /* optional, but a FIFO or a device in their place is an error rather than silently skipped */
     if (!st && !(st = q3_regular_or_absent(cfg_path, &present)) && present) st = read_json(cfg_path, &tcfg);
-    if (!st && config_json && !(st = q3_regular_or_absent(config_json, &present)) && present)
-        st = read_json(config_json, &config);
     if (st) goto done;
 
     if ((st = q3_gguf_writer_add_str(w, "tokenizer.ggml.model", "gpt2")) ||
@@ -442,20 +464,134 @@ done:
     tok_build_free(&b);
     cJSON_Delete(root);
     cJSON_Delete(tcfg);
+    return st;
+}
+
+q3_status q3_convert_add_tokenizer(q3_gguf_writer *w, const char *dir, const char *config_json, int vocab_size)
+{
+    cJSON *config = NULL;
+    int present;
+    q3_status st = Q3_OK;
+    if (config_json && !(st = q3_regular_or_absent(config_json, &present)) && present) st = read_json(config_json, &config);
+    if (!st) st = add_tokenizer(w, dir, config, vocab_size);
     cJSON_Delete(config);
+    return st;
+}
+
+q3_status q3_convert_add_tokenizer_text(q3_gguf_writer *w, const char *dir, const char *config_text, int vocab_size)
+{
+    cJSON *config = config_text ? cJSON_Parse(config_text) : NULL;
+    if (config_text && !config) return q3_fail(Q3_ERR_FORMAT, "the model's config.json is not JSON");
+    q3_status st = add_tokenizer(w, dir, config, vocab_size);
+    cJSON_Delete(config);
+    return st;
+}
+
+/* ---- the file's plan: metadata and tensors --------------------------------------- */
+
+q3_status q3_convert_check_config(const q3_config *c, const char *source)
+{
+    if (q3_config_is_moe(c) && !c->norm_topk_prob)
+        return q3_fail(Q3_ERR_UNSUPPORTED,
+                       "%s: norm_topk_prob is false (the chosen experts' weights are not divided by their sum); "
+                       "llama.cpp's qwen3moe always renormalizes them, so a GGUF of this model would compute "
+                       "something else: q3 will not write it",
+                       source);
+    return Q3_OK;
+}
+
+q3_status q3_convert_add_metadata(q3_gguf_writer *w, const q3_config *c, const q3_convert_opts *o, const char *name)
+{
+    const char *arch = q3_config_is_moe(c) ? "qwen3moe" : "qwen3";
+    char k[96];
+    q3_status st;
+#define KEY(suffix) (snprintf(k, sizeof k, "%s.%s", arch, suffix), k)
+    if ((st = q3_gguf_writer_add_str(w, "general.architecture", arch)) ||
+        (st = q3_gguf_writer_add_str(w, "general.type", "model")) ||
+        (st = q3_gguf_writer_add_str(w, "general.name", name)) ||
+        (st = q3_gguf_writer_add_u32(w, KEY("context_length"), (uint32_t)c->max_seq_len)) ||
+        /* llama.cpp sizes the vocabulary from this key when the file has no tokenizer */
+        (st = q3_gguf_writer_add_u32(w, KEY("vocab_size"), (uint32_t)c->vocab_size)) ||
+        (st = q3_gguf_writer_add_u32(w, KEY("embedding_length"), (uint32_t)c->dim)) ||
+        (st = q3_gguf_writer_add_u32(w, KEY("block_count"), (uint32_t)c->n_layers)) ||
+        (st = q3_gguf_writer_add_u32(w, KEY("feed_forward_length"), (uint32_t)c->ffn_dim)))
+        return st;
+    if (q3_config_is_moe(c) && /* as llama.cpp's converter writes a Qwen3-MoE */
+        ((st = q3_gguf_writer_add_u32(w, KEY("expert_feed_forward_length"), (uint32_t)c->expert_ffn_dim)) ||
+         (st = q3_gguf_writer_add_u32(w, KEY("expert_count"), (uint32_t)c->n_experts)) ||
+         (st = q3_gguf_writer_add_u32(w, KEY("expert_used_count"), (uint32_t)c->n_experts_used))))
+        return st;
+    if ((st = q3_gguf_writer_add_u32(w, KEY("attention.head_count"), (uint32_t)c->n_heads)) ||
+        (st = q3_gguf_writer_add_u32(w, KEY("attention.head_count_kv"), (uint32_t)c->n_kv_heads)) ||
+        (st = q3_gguf_writer_add_u32(w, KEY("attention.key_length"), (uint32_t)c->head_dim)) ||
+        (st = q3_gguf_writer_add_u32(w, KEY("attention.value_length"), (uint32_t)c->head_dim)) ||
+        (st = q3_gguf_writer_add_f32(w, KEY("rope.freq_base"), c->rope_theta)) ||
+        (st = q3_gguf_writer_add_f32(w, KEY("attention.layer_norm_rms_epsilon"), c->rms_eps)) ||
+        (st = q3_gguf_writer_add_u32(w, "general.file_type", q3_convert_file_type(o->type, o->kmix))) ||
+        (st = q3_gguf_writer_add_u32(w, "general.quantization_version", 2)))
+        return st;
+    const q3_rope_scaling *y = &c->rope_scaling;
+    if (y->type == Q3_ROPE_YARN) { /* the keys llama.cpp reads; a non-default extra has no key there */
+        if (y->attn_factor > 0 || y->mscale > 0 || y->mscale_all_dim > 0 || !y->truncate)
+            return q3_fail(Q3_ERR_UNSUPPORTED,
+                           "convert: YaRN with attention_factor, mscale or truncate=false has no GGUF key "
+                           "llama.cpp reads; q3 will not write a GGUF that computes something else");
+        if ((st = q3_gguf_writer_add_str(w, KEY("rope.scaling.type"), "yarn")) ||
+            (st = q3_gguf_writer_add_f32(w, KEY("rope.scaling.factor"), y->factor)) ||
+            (st = q3_gguf_writer_add_u32(w, KEY("rope.scaling.original_context_length"), (uint32_t)y->orig_ctx)) ||
+            (y->beta_fast != 32 && (st = q3_gguf_writer_add_f32(w, KEY("rope.scaling.yarn_beta_fast"), y->beta_fast))) ||
+            (y->beta_slow != 1 && (st = q3_gguf_writer_add_f32(w, KEY("rope.scaling.yarn_beta_slow"), y->beta_slow))))
+            return st;
+    }
+#undef KEY
+    return Q3_OK;
+}
+
+size_t q3_convert_plan_count(const q3_config *c)
+{
+    const q3_tensor_layout *ts[Q3_LAYER_TENSORS + Q3_MOE_TENSORS];
+    int fields[Q3_LAYER_TENSORS + Q3_MOE_TENSORS];
+    return 2 + !c->tied_embeddings + (size_t)c->n_layers * (size_t)q3_layer_tensors(c, ts, fields);
+}
+
+/* One entry of the plan: the layout, its names and shapes, the type. */
+static q3_status plan_entry(const q3_convert_opts *o, const q3_config *c, const q3_tensor_layout *t, int layer,
+                            int field, q3_convert_entry *e)
+{
+    memset(e, 0, sizeof *e);
+    e->layout = t;
+    e->layer = layer;
+    e->field = field;
+    if (layer >= 0) q3_layout_name(t, layer, 0, 1, e->name, sizeof e->name);
+    else snprintf(e->name, sizeof e->name, "%s", t->gguf);
+    e->ndim = q3_layout_shape(t, c, e->shape);
+    return q3_convert_pick_type(o, c, c->tied_embeddings, e->name, e->ndim, e->shape, &e->type);
+}
+
+q3_status q3_convert_plan(const q3_convert_opts *o, const q3_config *c, q3_convert_entry *out)
+{
+    const q3_tensor_layout *ts[Q3_LAYER_TENSORS + Q3_MOE_TENSORS];
+    int fields[Q3_LAYER_TENSORS + Q3_MOE_TENSORS], n = q3_layer_tensors(c, ts, fields);
+    q3_convert_entry *e = out;
+    q3_status st = plan_entry(o, c, &q3_embed_layout, -1, -1, e++);
+    for (int l = 0; l < c->n_layers && !st; l++)
+        for (int i = 0; i < n && !st; i++) st = plan_entry(o, c, ts[i], l, fields[i], e++);
+    if (!st) st = plan_entry(o, c, &q3_out_norm_layout, -1, -1, e++);
+    if (!st && !c->tied_embeddings) st = plan_entry(o, c, &q3_lm_head_layout, -1, -1, e++);
     return st;
 }
 
 /* ---- tensors ------------------------------------------------------------------------ */
 
 typedef struct tensor_job {
-    const q3_tensor *src;
+    const q3_tensor *src; /* a matrix or vector, or a stack (its mats) */
     q3_dtype dst;
 } tensor_job;
 
-/* Rows [r0, r1) of a tensor converted into its file type. */
+/* Rows [r0, r1) of one matrix converted into the file type. */
 typedef struct row_range {
-    const tensor_job *job;
+    const q3_tensor *t;
+    q3_dtype dt;
     void *dst;
     size_t r0, r1;
     q3_status st;
@@ -464,8 +600,8 @@ typedef struct row_range {
 static void *convert_rows(void *arg)
 {
     row_range *rr = arg;
-    const q3_tensor *t = rr->job->src;
-    q3_dtype dt = rr->job->dst;
+    const q3_tensor *t = rr->t;
+    q3_dtype dt = rr->dt;
     size_t cols = (size_t)t->shape[t->ndim - 1];
     size_t src_row = q3_dtype_row_bytes(t->dtype, cols), dst_row = q3_dtype_row_bytes(dt, cols);
     float *buf = malloc(cols * sizeof *buf);
@@ -484,20 +620,18 @@ static void *convert_rows(void *arg)
 #define CONVERT_MAX_THREADS 8
 #define CONVERT_VALUES_PER_THREAD (1u << 20)
 
-/* Converts a tensor into its file type: a copy when the type is unchanged, else row
- * by row (through F32), on up to CONVERT_MAX_THREADS threads for large tensors. */
-static q3_status fill_tensor(void *user, void *dst, size_t nbytes)
+/* Converts one matrix (or vector) t into dst in type dt: a copy when the type is
+ * unchanged, else row by row (through F32), on up to CONVERT_MAX_THREADS threads for
+ * large tensors. */
+static q3_status convert_matrix(const q3_tensor *t, q3_dtype dt, void *dst)
 {
-    const tensor_job *j = user;
-    const q3_tensor *t = j->src;
-    if (t->dtype == j->dst) {
-        if (nbytes != t->nbytes) return q3_fail(Q3_ERR_INVALID, "tensor \"%s\": size mismatch", t->name);
-        memcpy(dst, t->data, nbytes);
+    size_t cols = (size_t)t->shape[t->ndim - 1], rows = q3_tensor_numel(t) / cols;
+    if (t->dtype == dt) {
+        size_t n = rows * q3_dtype_row_bytes(dt, cols);
+        if (n > t->nbytes) return q3_fail(Q3_ERR_INVALID, "tensor \"%s\": size mismatch", t->name);
+        memcpy(dst, t->data, n);
         return Q3_OK;
     }
-    size_t cols = (size_t)t->shape[t->ndim - 1], rows = q3_tensor_numel(t) / cols;
-    if (rows * q3_dtype_row_bytes(j->dst, cols) != nbytes)
-        return q3_fail(Q3_ERR_INVALID, "tensor \"%s\": size mismatch", t->name);
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
     size_t nt = q3_tensor_numel(t) / CONVERT_VALUES_PER_THREAD;
     if (nt > (size_t)(cpus > 0 ? cpus : 1)) nt = (size_t)(cpus > 0 ? cpus : 1);
@@ -508,7 +642,7 @@ static q3_status fill_tensor(void *user, void *dst, size_t nbytes)
     pthread_t th[CONVERT_MAX_THREADS];
     int started[CONVERT_MAX_THREADS] = {0};
     for (size_t i = 0; i < nt; i++) {
-        rr[i] = (row_range){.job = j, .dst = dst, .r0 = rows * i / nt, .r1 = rows * (i + 1) / nt};
+        rr[i] = (row_range){.t = t, .dt = dt, .dst = dst, .r0 = rows * i / nt, .r1 = rows * (i + 1) / nt};
         if (i) started[i] = pthread_create(&th[i], NULL, convert_rows, &rr[i]) == 0;
     }
     convert_rows(&rr[0]);
@@ -521,71 +655,51 @@ static q3_status fill_tensor(void *user, void *dst, size_t nbytes)
     return st;
 }
 
-static q3_status add_tensor(q3_gguf_writer *w, tensor_job *jobs, size_t *n, const q3_tensor *t, const char *name,
-                            const q3_convert_opts *o, const q3_model *m)
+/* Makes a tensor's file bytes: one matrix, or a stack's matrices one after another
+ * (expert-major, as llama.cpp's 3-D expert tensors are laid out); a stack is read
+ * through its mats only (a folder's stack has no data of its own). */
+static q3_status fill_tensor(void *user, void *dst, size_t nbytes)
 {
-    tensor_job *j = &jobs[(*n)++];
-    j->src = t;
-    q3_status st = q3_convert_pick_type(o, &m->cfg, m->w.lm_head == m->w.embed, name, t->ndim, t->shape, &j->dst);
-    return st ? st : q3_gguf_writer_add_tensor_fn(w, name, j->dst, t->ndim, t->shape, fill_tensor, j);
-}
-
-static q3_status add_model(q3_gguf_writer *w, const q3_model *m, const q3_convert_opts *o, const char *name,
-                           tensor_job *jobs)
-{
-    const q3_config *c = &m->cfg;
-    q3_status st;
-    if ((st = q3_gguf_writer_add_str(w, "general.architecture", "qwen3")) ||
-        (st = q3_gguf_writer_add_str(w, "general.type", "model")) ||
-        (st = q3_gguf_writer_add_str(w, "general.name", name)) ||
-        (st = q3_gguf_writer_add_u32(w, "qwen3.context_length", (uint32_t)c->max_seq_len)) ||
-        /* llama.cpp sizes the vocabulary from this key when the file has no tokenizer */
-        (st = q3_gguf_writer_add_u32(w, "qwen3.vocab_size", (uint32_t)c->vocab_size)) ||
-        (st = q3_gguf_writer_add_u32(w, "qwen3.embedding_length", (uint32_t)c->dim)) ||
-        (st = q3_gguf_writer_add_u32(w, "qwen3.block_count", (uint32_t)c->n_layers)) ||
-        (st = q3_gguf_writer_add_u32(w, "qwen3.feed_forward_length", (uint32_t)c->ffn_dim)) ||
-        (st = q3_gguf_writer_add_u32(w, "qwen3.attention.head_count", (uint32_t)c->n_heads)) ||
-        (st = q3_gguf_writer_add_u32(w, "qwen3.attention.head_count_kv", (uint32_t)c->n_kv_heads)) ||
-        (st = q3_gguf_writer_add_u32(w, "qwen3.attention.key_length", (uint32_t)c->head_dim)) ||
-        (st = q3_gguf_writer_add_u32(w, "qwen3.attention.value_length", (uint32_t)c->head_dim)) ||
-        (st = q3_gguf_writer_add_f32(w, "qwen3.rope.freq_base", c->rope_theta)) ||
-        (st = q3_gguf_writer_add_f32(w, "qwen3.attention.layer_norm_rms_epsilon", c->rms_eps)) ||
-        (st = q3_gguf_writer_add_u32(w, "general.file_type", q3_convert_file_type(o->type, o->kmix))) ||
-        (st = q3_gguf_writer_add_u32(w, "general.quantization_version", 2)))
-        return st;
-    const q3_rope_scaling *y = &c->rope_scaling;
-    if (y->type == Q3_ROPE_YARN) { /* the keys llama.cpp reads; a non-default extra has no key there */
-        if (y->attn_factor > 0 || y->mscale > 0 || y->mscale_all_dim > 0 || !y->truncate)
-            return q3_fail(Q3_ERR_UNSUPPORTED,
-                           "convert: YaRN with attention_factor, mscale or truncate=false has no GGUF key "
-                           "llama.cpp reads; q3 will not write a GGUF that computes something else");
-        if ((st = q3_gguf_writer_add_str(w, "qwen3.rope.scaling.type", "yarn")) ||
-            (st = q3_gguf_writer_add_f32(w, "qwen3.rope.scaling.factor", y->factor)) ||
-            (st = q3_gguf_writer_add_u32(w, "qwen3.rope.scaling.original_context_length", (uint32_t)y->orig_ctx)) ||
-            (y->beta_fast != 32 && (st = q3_gguf_writer_add_f32(w, "qwen3.rope.scaling.yarn_beta_fast", y->beta_fast))) ||
-            (y->beta_slow != 1 && (st = q3_gguf_writer_add_f32(w, "qwen3.rope.scaling.yarn_beta_slow", y->beta_slow))))
-            return st;
+    const tensor_job *j = user;
+    const q3_tensor *t = j->src;
+    size_t n_mat = t->mats ? (size_t)t->shape[0] : 1, done = 0;
+    for (size_t e = 0; e < n_mat; e++) {
+        const q3_tensor *mat = t->mats ? t->mats[e] : t;
+        size_t cols = (size_t)mat->shape[mat->ndim - 1], rows = q3_tensor_numel(mat) / cols;
+        size_t bytes = rows * q3_dtype_row_bytes(j->dst, cols);
+        if (done + bytes > nbytes) return q3_fail(Q3_ERR_INVALID, "tensor \"%s\": size mismatch", t->name);
+        q3_status st = convert_matrix(mat, j->dst, (char *)dst + done);
+        if (st) return st;
+        done += bytes;
     }
-
-    const q3_weights *wt = &m->w;
-    size_t n = 0;
-    char tn[64];
-    if ((st = add_tensor(w, jobs, &n, wt->embed, q3_embed_layout.gguf, o, m))) return st;
-    for (int l = 0; l < c->n_layers; l++) {
-        const q3_tensor *const *lt = (const q3_tensor *const *)&wt->layers[l]; /* q3_layer_layout order */
-        for (size_t i = 0; i < Q3_LAYER_TENSORS; i++) {
-            q3_layer_tensor_name(l, i, 1, tn, sizeof tn);
-            if ((st = add_tensor(w, jobs, &n, lt[i], tn, o, m))) return st;
-        }
-    }
-    if ((st = add_tensor(w, jobs, &n, wt->out_norm, q3_out_norm_layout.gguf, o, m))) return st;
-    if (wt->lm_head != wt->embed && (st = add_tensor(w, jobs, &n, wt->lm_head, q3_lm_head_layout.gguf, o, m)))
-        return st;
+    if (done != nbytes) return q3_fail(Q3_ERR_INVALID, "tensor \"%s\": size mismatch", t->name);
     return Q3_OK;
 }
 
-/* The base name of a path without a trailing ".gguf" or slashes, into out. */
-static void base_name(const char *path, char *out, size_t n)
+/* The model's tensor of plan entry e. */
+static const q3_tensor *source_of(const q3_model *m, const q3_convert_entry *e)
+{
+    if (e->layer >= 0) return ((const q3_tensor *const *)&m->w.layers[e->layer])[e->field];
+    if (e->layout == &q3_embed_layout) return m->w.embed;
+    if (e->layout == &q3_out_norm_layout) return m->w.out_norm;
+    return m->w.lm_head;
+}
+
+static q3_status add_model(q3_gguf_writer *w, const q3_model *m, const q3_convert_opts *o, const char *name,
+                           const q3_convert_entry *plan, size_t n_plan, tensor_job *jobs)
+{
+    q3_status st = q3_convert_add_metadata(w, &m->cfg, o, name);
+    for (size_t i = 0; i < n_plan && !st; i++) {
+        const q3_convert_entry *e = &plan[i];
+        const q3_tensor *t = source_of(m, e);
+        if (!t) return q3_fail(Q3_ERR_INVALID, "convert: the model has no tensor for %s", e->name);
+        jobs[i] = (tensor_job){.src = t, .dst = e->type};
+        st = q3_gguf_writer_add_tensor_fn(w, e->name, e->type, e->ndim, e->shape, fill_tensor, &jobs[i]);
+    }
+    return st;
+}
+
+void q3_convert_base_name(const char *path, char *out, size_t n)
 {
     size_t len = strlen(path);
     while (len > 1 && path[len - 1] == '/') len--;
@@ -609,6 +723,8 @@ q3_status q3_convert_model(const q3_model *m, const char *out_path, const q3_con
         return q3_fail(Q3_ERR_INVALID,
                        "q3 convert cannot write %s weights (f32, f16, bf16, q8_0, q4_0, q4_k_m, q4_k_s, q5_k_m, "
                        "q5_k_s, q6_k): pass --type", q3_dtype_name(o->type));
+    q3_status cst = q3_convert_check_config(&m->cfg, m->path);
+    if (cst) return cst;
     const q3_gguf *src_gguf = m->gguf;
     int folder = q3_is_dir(m->path);
     char tok_dir[PATH_MAX] = "", config_json[PATH_MAX] = "";
@@ -633,17 +749,22 @@ q3_status q3_convert_model(const q3_model *m, const char *out_path, const q3_con
 
     char name[256];
     if (o->name) snprintf(name, sizeof name, "%s", o->name);
-    else base_name(m->path, name, sizeof name);
+    else q3_convert_base_name(m->path, name, sizeof name);
 
     q3_gguf_writer *w;
     q3_status st = q3_gguf_writer_new(&w);
     if (st) return st;
-    tensor_job *jobs = calloc(3 + 11 * (size_t)m->cfg.n_layers, sizeof *jobs);
-    if (!jobs) {
+    size_t n_plan = q3_convert_plan_count(&m->cfg);
+    tensor_job *jobs = calloc(n_plan, sizeof *jobs);
+    q3_convert_entry *plan = calloc(n_plan, sizeof *plan);
+    if (!jobs || !plan) {
         q3_gguf_writer_free(w);
+        free(jobs);
+        free(plan);
         return q3_fail(Q3_ERR_NOMEM, "out of memory");
     }
-    st = add_model(w, m, o, name, jobs);
+    st = q3_convert_plan(o, &m->cfg, plan);
+    if (!st) st = add_model(w, m, o, name, plan, n_plan, jobs);
     if (!st) {
         if (o->no_tokenizer) {
             st = q3_gguf_writer_add_str(w, "tokenizer.ggml.model", "none");
@@ -659,6 +780,7 @@ q3_status q3_convert_model(const q3_model *m, const char *out_path, const q3_con
     if (!st) st = q3_gguf_writer_write(w, out_path, o->progress, o->user);
     q3_gguf_writer_free(w);
     free(jobs);
+    free(plan);
     return st;
 }
 

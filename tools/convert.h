@@ -1,4 +1,5 @@
-/* Converting a model to a GGUF file that llama.cpp and q3 load (arch qwen3),
+/* Converting a model to a GGUF file that llama.cpp and q3 load (arch qwen3, or qwen3moe
+ * for a mixture of experts),
  * and measuring what quantization costs in accuracy.
  *
  * What is written, in order (as llama.cpp's convert_hf_to_gguf.py writes Qwen3):
@@ -17,6 +18,12 @@
  *   tensors with llama.cpp's names: token_embd, blk.N.{attn_norm, attn_q, attn_k, attn_v,
  *         attn_output, attn_q_norm, attn_k_norm, ffn_norm, ffn_gate, ffn_up, ffn_down},
  *         output_norm, output (only when the embeddings are not tied); ".weight" each.
+ *   A mixture of experts (qwen3moe): qwen3moe.* keys, with expert_feed_forward_length,
+ *         expert_count and expert_used_count after feed_forward_length; each layer has
+ *         blk.N.ffn_gate_inp (the router, [n_experts][hidden], F32 in every type, as
+ *         llama.cpp's converter keeps it and llama-quantize leaves it) and the experts
+ *         stacked as blk.N.ffn_{gate,up,down}_exps, 3-D tensors in llama.cpp's layout
+ *         (GGUF ne = [cols, rows, n_experts], expert-major data) instead of ffn_gate/up/down.
  * Norms (1-D) are F32. With F32, F16, BF16, Q8_0 or Q4_0 every 2-D weight is in that
  * type, except that a matrix whose rows are not whole 32-value blocks stays F16 when
  * Q8_0/Q4_0 is asked for (as llama.cpp's converter falls back). With Q4_K, Q5_K or Q6_K
@@ -33,6 +40,7 @@
 #include "model/dtype.h"
 #include "model/gguf.h"
 #include "tools/gguf_write.h"
+#include "model/layout.h"
 #include "model/model.h"
 #include "q3.h"
 
@@ -81,12 +89,53 @@ q3_dtype q3_convert_tensor_type(q3_dtype want, int ndim, const int64_t *shape);
  * Q6_K, or Q8_0 when its rows are not whole 256-value super-blocks; attn_v and ffn_down
  * of layer i Q6_K in the _M mixes where i < n/8, i >= 7n/8 or (i - n/8) % 3 == 2
  * (n layers); in Q4_K_S, Q5_K for attn_v of layers 0-3 and ffn_down of layers below
- * n/8; everything else the base type. A matrix whose rows are not whole super-blocks
- * then falls back as there: Q6_K to Q8_0, Q4_K to Q5_0, Q5_K to Q5_1, and to F16 when
+ * n/8; everything else the base type. For a mixture of experts the stacks take the rule
+ * of their kind (ffn_down_exps that of ffn_down; ffn_gate_exps and ffn_up_exps the base
+ * type), and with exactly 8 experts (llama-quantize's Mixtral rule, hparams.n_expert ==
+ * 8) attn_v and attn_k are Q8_0 and, in Q4_K_M/Q4_K_S, attn_output Q5_K. The router
+ * (ffn_gate_inp) is F32 in every type, the norms too. A matrix whose rows are not whole
+ * super-blocks then falls back as there: Q6_K to Q8_0, Q4_K to Q5_0, Q5_K to Q5_1, and to F16 when
  * not even whole 32-value blocks. Fails with Q3_ERR_UNSUPPORTED where that is Q5_0 or
  * Q5_1 (q3 has neither; no released Qwen3 has such rows), naming the tensor. */
 q3_status q3_convert_pick_type(const q3_convert_opts *o, const q3_config *c, int tied, const char *name, int ndim,
                                const int64_t *shape, q3_dtype *out);
+
+/* A q3_config q3 writes as a GGUF: Q3_OK, or Q3_ERR_UNSUPPORTED for a mixture of
+ * experts whose norm_topk_prob is false (llama.cpp's qwen3moe always renormalizes the
+ * chosen experts' weights; q3's GGUF loader assumes so too). source names the model in
+ * the message. */
+q3_status q3_convert_check_config(const q3_config *c, const char *source);
+
+/* Adds general.architecture ("qwen3", or "qwen3moe" for a mixture of experts),
+ * general.type, general.name (name), the <arch>.* hyper-parameters (with a MoE's
+ * expert_feed_forward_length, expert_count, expert_used_count), general.file_type of
+ * o's type and general.quantization_version, in that order. */
+q3_status q3_convert_add_metadata(q3_gguf_writer *w, const q3_config *c, const q3_convert_opts *o, const char *name);
+
+/* One tensor of the GGUF q3 writes for a config: the file's tensors in file order are
+ * token_embd, each layer's (q3_layer_tensors order: attention and norms, then the dense
+ * MLP or the router and the three expert stacks), output_norm, output (untied only). */
+typedef struct q3_convert_entry {
+    char name[64];                  /* the GGUF name ("blk.3.ffn_down_exps.weight") */
+    const q3_tensor_layout *layout; /* model/layout.h */
+    int layer;                      /* -1 for a whole-model tensor */
+    int field;                      /* index into q3_layer_weights (as a pointer array); -1 outside layers */
+    int ndim;                       /* 1, 2, or 3 for an expert stack */
+    int64_t shape[3];               /* row-major ([n_experts][rows][cols] for a stack) */
+    q3_dtype type;                  /* q3_convert_pick_type's choice */
+} q3_convert_entry;
+
+/* Number of tensors in the GGUF of c. */
+size_t q3_convert_plan_count(const q3_config *c);
+
+/* Fills out[q3_convert_plan_count(c)] for the weights' type in o; fails as
+ * q3_convert_pick_type does. convert and synth --type both write from this plan, so
+ * their files list the same tensors in the same order and types. */
+q3_status q3_convert_plan(const q3_convert_opts *o, const q3_config *c, q3_convert_entry *out);
+
+/* The base name of a path without a trailing ".gguf" or slashes, into out: the
+ * default general.name. */
+void q3_convert_base_name(const char *path, char *out, size_t n);
 
 /* Converts an open model (from a folder or a GGUF) to a GGUF file at out_path
  * (written under a unique temporary name, renamed when complete). Fails with Q3_ERR_INVALID (a type
@@ -103,6 +152,11 @@ q3_status q3_convert(const char *model_path, const char *out_path, const q3_conv
  * config does not name them. */
 q3_status q3_convert_add_tokenizer(q3_gguf_writer *w, const char *dir, const char *config_json,
                                    int vocab_size);
+
+/* The same with the model's config.json given as text (may be NULL), for a model that
+ * is not on disk (q3 synth --type). */
+q3_status q3_convert_add_tokenizer_text(q3_gguf_writer *w, const char *dir, const char *config_text,
+                                        int vocab_size);
 
 /* Adds one metadata pair copied from a GGUF value (strings, bools, 32/64-bit integers,
  * f32, arrays of strings and of integers or f32). Q3_ERR_UNSUPPORTED for other types. */

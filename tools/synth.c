@@ -2,6 +2,9 @@
  * generation, config.json, tokenizer copy. See synth.h for the contract. */
 #include "tools/synth.h"
 #include "model/layout.h"
+#include "model/quantize.h"
+#include "tools/convert.h"
+#include "tools/gguf_write.h"
 #include "tools/safetensors_write.h"
 #include "util/error.h"
 #include "util/file.h"
@@ -55,17 +58,68 @@ void q3_synth_preset_tiny(q3_config *c)
     c->vocab_size = 1024;
 }
 
+void q3_synth_preset_qwen3_30b_a3b(q3_config *c)
+{
+    q3_synth_preset_qwen3_0_6b(c);
+    c->n_layers = 48;
+    c->dim = 2048;
+    c->ffn_dim = 6144;
+    c->n_heads = 32;
+    c->n_kv_heads = 4;
+    c->head_dim = 128;
+    c->tied_embeddings = false;
+    c->n_experts = 128;
+    c->n_experts_used = 8;
+    c->expert_ffn_dim = 768;
+    c->norm_topk_prob = true;
+}
+
+void q3_synth_preset_qwen3_235b_a22b(q3_config *c)
+{
+    q3_synth_preset_qwen3_30b_a3b(c);
+    c->n_layers = 94;
+    c->dim = 4096;
+    c->ffn_dim = 12288;
+    c->n_heads = 64;
+    c->n_kv_heads = 4;
+    c->expert_ffn_dim = 1536;
+}
+
+void q3_synth_preset_tiny_moe(q3_config *c)
+{
+    q3_synth_preset_qwen3_30b_a3b(c);
+    c->n_layers = 2;
+    c->dim = 256;
+    c->ffn_dim = 768;
+    c->n_heads = 4;
+    c->n_kv_heads = 2;
+    c->head_dim = 64;
+    c->vocab_size = 1024;
+    c->n_experts = 16;
+    c->n_experts_used = 4;
+    c->expert_ffn_dim = 256;
+}
+
+static const struct {
+    const char *name, *alias;
+    void (*fn)(q3_config *);
+} presets[] = {
+    {"0.6b", "qwen3-0.6b", q3_synth_preset_qwen3_0_6b},
+    {"tiny", NULL, q3_synth_preset_tiny},
+    {"qwen3-30b-a3b", "30b-a3b", q3_synth_preset_qwen3_30b_a3b},
+    {"qwen3-235b-a22b", "235b-a22b", q3_synth_preset_qwen3_235b_a22b},
+    {"tiny-moe", NULL, q3_synth_preset_tiny_moe},
+};
+
 q3_status q3_synth_preset(const char *name, q3_config *out)
 {
-    if (!strcmp(name, "0.6b") || !strcmp(name, "qwen3-0.6b")) {
-        q3_synth_preset_qwen3_0_6b(out);
-        return Q3_OK;
-    }
-    if (!strcmp(name, "tiny")) {
-        q3_synth_preset_tiny(out);
-        return Q3_OK;
-    }
-    return q3_fail(Q3_ERR_INVALID, "unknown preset \"%s\" (known: 0.6b, tiny)", name);
+    for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++)
+        if (!strcmp(name, presets[i].name) || (presets[i].alias && !strcmp(name, presets[i].alias))) {
+            presets[i].fn(out);
+            return Q3_OK;
+        }
+    return q3_fail(Q3_ERR_INVALID,
+                   "unknown preset \"%s\" (known: 0.6b, tiny, qwen3-30b-a3b, qwen3-235b-a22b, tiny-moe)", name);
 }
 
 /* ---- the tensor plan ---------------------------------------------------- */
@@ -74,31 +128,63 @@ typedef struct tensor_spec {
     char name[96];
     int ndim;
     int64_t shape[3];
-    int is_norm; /* 1 + 0.05 N(0,1) instead of 0.02 N(0,1) */
+    float mean, std; /* values are mean + std x N(0, 1) */
 } tensor_spec;
 
-static int plan_count(const q3_config *c) { return 2 + Q3_LAYER_TENSORS * c->n_layers + !c->tied_embeddings; }
-
-/* The spec of a weight named name, laid out as layout says under c. */
-static void spec_from(tensor_spec *t, const char *name, const q3_tensor_layout *layout, const q3_config *c)
+/* Hugging Face tensors per layer: the dense layer's 11, or the 8 of attention,
+ * the router and each expert's gate, up and down. */
+static int layer_specs(const q3_config *c)
 {
-    snprintf(t->name, sizeof t->name, "%s", name);
-    t->ndim = q3_layout_shape(layout, c, t->shape);
-    t->is_norm = t->ndim == 1; /* the vectors are the norms' weights */
+    return q3_config_is_moe(c) ? Q3_LAYER_ATTN_TENSORS + 1 + 3 * c->n_experts : Q3_LAYER_TENSORS;
 }
 
-/* Fills specs[plan_count(c)] in file order: embedding, layers, final norm,
- * lm_head when untied. */
+static int plan_count(const q3_config *c) { return 2 + layer_specs(c) * c->n_layers + !c->tied_embeddings; }
+
+/* The index in the plan of layer l's tensor `field` (q3_layer_weights order), of
+ * expert e for a stack: file order is the embedding, then per layer the 8 attention
+ * weights, then the dense MLP's gate, up, down, or the router and expert by expert
+ * gate, up, down (as Hugging Face lists a Qwen3-MoE's); the final norm; lm_head. */
+static int spec_index(const q3_config *c, int l, int field, int e)
+{
+    int base = 1 + l * layer_specs(c);
+    if (field < Q3_LAYER_TENSORS) return base + field;
+    if (field == Q3_LAYER_TENSORS) return base + Q3_LAYER_ATTN_TENSORS; /* the router */
+    return base + Q3_LAYER_ATTN_TENSORS + 1 + 3 * e + (field - Q3_LAYER_TENSORS - 1);
+}
+
+/* The spec of a weight named name, laid out as layout says under c (a stack's
+ * matrix: one expert's). */
+static void spec_from(tensor_spec *t, const char *name, const q3_tensor_layout *layout, const q3_config *c)
+{
+    int64_t shape[3];
+    int n = q3_layout_shape(layout, c, shape), skip = layout->stack != Q3_DIM_NONE;
+    snprintf(t->name, sizeof t->name, "%s", name);
+    t->ndim = n - skip;
+    memcpy(t->shape, shape + skip, (size_t)t->ndim * sizeof *shape);
+    if (t->ndim == 1) { /* the vectors are the norms' weights */
+        t->mean = 1.0f;
+        t->std = (float)Q3_SYNTH_NORM_STD;
+    } else if (layout == &q3_moe_layout[0]) {
+        t->std = (float)(1.0 / sqrt((double)c->dim)); /* Q3_SYNTH_ROUTER_STD */
+    } else {
+        t->std = (float)Q3_SYNTH_MATRIX_STD;
+    }
+}
+
+/* Fills specs[plan_count(c)] in file order (spec_index). */
 static void plan_tensors(const q3_config *c, tensor_spec *specs)
 {
-    tensor_spec *t = specs;
+    const q3_tensor_layout *ts[Q3_LAYER_TENSORS + Q3_MOE_TENSORS];
+    int fields[Q3_LAYER_TENSORS + Q3_MOE_TENSORS], n = q3_layer_tensors(c, ts, fields);
     char name[96];
-    spec_from(t++, q3_embed_layout.hf, &q3_embed_layout, c);
+    spec_from(&specs[0], q3_embed_layout.hf, &q3_embed_layout, c);
     for (int l = 0; l < c->n_layers; l++)
-        for (size_t i = 0; i < Q3_LAYER_TENSORS; i++) {
-            q3_layer_tensor_name(l, i, 0, name, sizeof name);
-            spec_from(t++, name, &q3_layer_layout[i], c);
-        }
+        for (int i = 0; i < n; i++)
+            for (int e = 0; e < (ts[i]->stack != Q3_DIM_NONE ? c->n_experts : 1); e++) {
+                q3_layout_name(ts[i], l, e, 0, name, sizeof name);
+                spec_from(&specs[spec_index(c, l, fields[i], e)], name, ts[i], c);
+            }
+    tensor_spec *t = &specs[1 + c->n_layers * layer_specs(c)];
     spec_from(t++, q3_out_norm_layout.hf, &q3_out_norm_layout, c);
     if (!c->tied_embeddings) spec_from(t++, q3_lm_head_layout.hf, &q3_lm_head_layout, c);
 }
@@ -112,9 +198,12 @@ uint64_t q3_synth_param_count(const q3_config *c)
 {
     uint64_t hidden = (uint64_t)c->dim, hd = (uint64_t)c->head_dim;
     uint64_t q_dim = (uint64_t)c->n_heads * hd, kv_dim = (uint64_t)c->n_kv_heads * hd;
-    uint64_t per_layer = 2 * hidden + 2 * hd                    /* norms */
+    uint64_t mlp = q3_config_is_moe(c)
+                       ? (uint64_t)c->n_experts * hidden * (1 + 3 * (uint64_t)c->expert_ffn_dim) /* router, experts */
+                       : 3 * (uint64_t)c->ffn_dim * hidden;                                      /* gate, up, down */
+    uint64_t per_layer = 2 * hidden + 2 * hd                        /* norms */
                          + 2 * q_dim * hidden + 2 * kv_dim * hidden /* q, o, k, v */
-                         + 3 * (uint64_t)c->ffn_dim * hidden;       /* gate, up, down */
+                         + mlp;
     uint64_t embed = (uint64_t)c->vocab_size * hidden;
     return embed * (c->tied_embeddings ? 1 : 2) + per_layer * (uint64_t)c->n_layers + hidden;
 }
@@ -170,20 +259,22 @@ static inline float approx_normal(uint64_t r)
     return (float)(sum - mean) * inv_std;
 }
 
+/* A weight's value: the one expression both the folder and the streamed GGUF use. */
+static inline float gen_value(float mean, float std, uint64_t r) { return mean + std * approx_normal(r); }
+
 /* Fills out with n values of tensor spec t starting at element `first`
  * (a multiple of BLOCK_VALUES; n <= BLOCK_VALUES), stored as dtype. */
 static void fill_block(const tensor_spec *t, int tensor, uint64_t seed, uint64_t first, size_t n,
                        q3_dtype dtype, void *out)
 {
     xoshiro g = stream_for(seed, tensor, first / BLOCK_VALUES);
-    float mean = t->is_norm ? 1.0f : 0.0f;
-    float std = t->is_norm ? (float)Q3_SYNTH_NORM_STD : (float)Q3_SYNTH_MATRIX_STD;
+    float mean = t->mean, std = t->std;
     if (dtype == Q3_BF16) {
         uint16_t *o = out;
-        for (size_t i = 0; i < n; i++) o[i] = q3_f32_to_bf16(mean + std * approx_normal(xoshiro_next(&g)));
+        for (size_t i = 0; i < n; i++) o[i] = q3_f32_to_bf16(gen_value(mean, std, xoshiro_next(&g)));
     } else {
         float *o = out;
-        for (size_t i = 0; i < n; i++) o[i] = mean + std * approx_normal(xoshiro_next(&g));
+        for (size_t i = 0; i < n; i++) o[i] = gen_value(mean, std, xoshiro_next(&g));
     }
 }
 
@@ -318,46 +409,65 @@ static q3_status write_file_atomically(const char *path, const char *data, size_
     return q3_write_file_atomic(path, data, n);
 }
 
-static q3_status write_config_json(const char *path, const q3_config *c, q3_dtype dtype, uint64_t seed)
+/* config.json's text for c (keys sorted, as transformers writes them), into buf. */
+static int format_config_json(const q3_config *c, q3_dtype dtype, uint64_t seed, char *buf, size_t cap)
 {
-    char eps[32], theta[32], text[4096];
-    int bos, eos;
+    char eps[32], theta[32];
+    int bos, eos, moe = q3_config_is_moe(c);
     format_float(c->rms_eps, eps, sizeof eps);
     format_float(c->rope_theta, theta, sizeof theta);
     special_ids(c, &bos, &eos);
-    int n = snprintf(text, sizeof text,
-        "{\n"
-        "  \"architectures\": [\n    \"Qwen3ForCausalLM\"\n  ],\n"
+    size_t n = 0;
+#define PUT(...) (n += (size_t)snprintf(buf + (n < cap ? n : cap), n < cap ? cap - n : 0, __VA_ARGS__))
+    PUT("{\n"
+        "  \"architectures\": [\n    \"%s\"\n  ],\n"
         "  \"attention_bias\": false,\n"
         "  \"attention_dropout\": 0.0,\n"
-        "  \"bos_token_id\": %d,\n"
-        "  \"eos_token_id\": %d,\n"
+        "  \"bos_token_id\": %d,\n",
+        moe ? "Qwen3MoeForCausalLM" : "Qwen3ForCausalLM", bos);
+    if (moe) PUT("  \"decoder_sparse_step\": 1,\n");
+    PUT("  \"eos_token_id\": %d,\n"
         "  \"head_dim\": %d,\n"
         "  \"hidden_act\": \"silu\",\n"
         "  \"hidden_size\": %d,\n"
         "  \"initializer_range\": 0.02,\n"
         "  \"intermediate_size\": %d,\n"
         "  \"max_position_embeddings\": %d,\n"
-        "  \"max_window_layers\": %d,\n"
-        "  \"model_type\": \"qwen3\",\n"
-        "  \"num_attention_heads\": %d,\n"
-        "  \"num_hidden_layers\": %d,\n"
-        "  \"num_key_value_heads\": %d,\n"
-        "  \"q3_synth_seed\": %llu,\n"
+        "  \"max_window_layers\": %d,\n",
+        eos, c->head_dim, c->dim, c->ffn_dim, c->max_seq_len, c->n_layers);
+    if (moe) PUT("  \"mlp_only_layers\": [],\n  \"model_type\": \"qwen3_moe\",\n  \"moe_intermediate_size\": %d,\n"
+                 "  \"norm_topk_prob\": %s,\n",
+                 c->expert_ffn_dim, c->norm_topk_prob ? "true" : "false");
+    else PUT("  \"model_type\": \"qwen3\",\n");
+    PUT("  \"num_attention_heads\": %d,\n", c->n_heads);
+    if (moe) PUT("  \"num_experts\": %d,\n  \"num_experts_per_tok\": %d,\n", c->n_experts, c->n_experts_used);
+    PUT("  \"num_hidden_layers\": %d,\n"
+        "  \"num_key_value_heads\": %d,\n",
+        c->n_layers, c->n_kv_heads);
+    if (moe) PUT("  \"output_router_logits\": false,\n");
+    PUT("  \"q3_synth_seed\": %llu,\n"
         "  \"rms_norm_eps\": %s,\n"
         "  \"rope_scaling\": null,\n"
-        "  \"rope_theta\": %s,\n"
-        "  \"sliding_window\": null,\n"
+        "  \"rope_theta\": %s,\n",
+        (unsigned long long)seed, eps, theta);
+    if (moe) PUT("  \"router_aux_loss_coef\": 0.001,\n");
+    PUT("  \"sliding_window\": null,\n"
         "  \"tie_word_embeddings\": %s,\n"
         "  \"torch_dtype\": \"%s\",\n"
         "  \"use_cache\": true,\n"
         "  \"use_sliding_window\": false,\n"
         "  \"vocab_size\": %d\n"
         "}\n",
-        bos, eos, c->head_dim, c->dim, c->ffn_dim, c->max_seq_len, c->n_layers, c->n_heads,
-        c->n_layers, c->n_kv_heads, (unsigned long long)seed, eps, theta,
-        c->tied_embeddings ? "true" : "false", dtype == Q3_BF16 ? "bfloat16" : "float32",
-        c->vocab_size);
+        c->tied_embeddings ? "true" : "false", dtype == Q3_BF16 ? "bfloat16" : "float32", c->vocab_size);
+#undef PUT
+    return n < cap ? (int)n : -1;
+}
+
+static q3_status write_config_json(const char *path, const q3_config *c, q3_dtype dtype, uint64_t seed)
+{
+    char text[4096];
+    int n = format_config_json(c, dtype, seed, text, sizeof text);
+    if (n < 0) return q3_fail(Q3_ERR_INVALID, "%s: config.json too long", path);
     return write_file_atomically(path, text, (size_t)n);
 }
 
@@ -406,6 +516,7 @@ static q3_status copy_tokenizer(const char *tokenizer_dir, const char *dir)
     static const struct { const char *name; int required; } files[] = {
         {"tokenizer.json", 1},
         {"tokenizer_config.json", 0},
+        {"chat_template.jinja", 0},
     };
     for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
         char src[4096], dst[4096];
@@ -450,4 +561,196 @@ q3_status q3_synth_write(const char *dir, uint64_t seed, q3_dtype dtype, const q
     if ((st = write_config_json(config_path, cfg, dtype, seed))) return st;
     if (tokenizer_dir && (st = copy_tokenizer(tokenizer_dir, dir))) return st;
     return Q3_OK;
+}
+
+/* ---- straight to a GGUF --------------------------------------------------- */
+
+/* Values per unit of work of the streamed writer: GROUP_BLOCKS generator blocks. */
+#define GROUP_BLOCKS 2
+
+/* The values of one spec from element `first` on, in file order: the same
+ * streams fill_block draws from. */
+typedef struct value_stream {
+    xoshiro g;
+    uint64_t seed, block;
+    size_t left; /* values left in this block */
+    int tensor;
+} value_stream;
+
+static void value_stream_init(value_stream *v, uint64_t seed, int tensor, uint64_t first)
+{
+    v->seed = seed;
+    v->tensor = tensor;
+    v->block = first / BLOCK_VALUES;
+    v->g = stream_for(seed, tensor, v->block);
+    size_t skip = (size_t)(first % BLOCK_VALUES);
+    for (size_t i = 0; i < skip; i++) xoshiro_next(&v->g);
+    v->left = BLOCK_VALUES - skip;
+}
+
+static inline uint64_t value_stream_next(value_stream *v)
+{
+    if (!v->left) {
+        v->g = stream_for(v->seed, v->tensor, ++v->block);
+        v->left = BLOCK_VALUES;
+    }
+    v->left--;
+    return xoshiro_next(&v->g);
+}
+
+/* One GGUF tensor made from n_parts specs (first + p x stride): a matrix or
+ * vector (1 part), or an expert stack (one part per expert). */
+typedef struct stream_job {
+    const tensor_spec *specs;
+    int first, stride, n_parts;
+    uint64_t seed;
+    q3_dtype src, dst; /* the folder's dtype the values are rounded to; the file's type */
+    /* set by stream_fill */
+    char *out;
+    size_t part_bytes, units_per_part, rows, cols;
+    size_t next;      /* next unit to claim (atomic) */
+    int failed;       /* set once by the first failing worker (atomic) */
+    q3_status status; /* that worker's status and message */
+    char message[1024];
+} stream_job;
+
+/* Unit k of a part: the rows that start in generator blocks [k G, (k + 1) G). */
+static void unit_rows(const stream_job *j, size_t k, size_t *r0, size_t *r1)
+{
+    uint64_t span = (uint64_t)GROUP_BLOCKS * BLOCK_VALUES;
+    uint64_t a = ((uint64_t)k * span + j->cols - 1) / j->cols, b = ((uint64_t)(k + 1) * span + j->cols - 1) / j->cols;
+    *r0 = a < j->rows ? (size_t)a : j->rows;
+    *r1 = b < j->rows ? (size_t)b : j->rows;
+}
+
+/* Claims units until none are left: generates each row as the folder would hold
+ * it (rounded to src) and converts it as q3 convert would (a copy when dst is src,
+ * else q3_quantize of the F32 values). */
+static void *stream_worker(void *arg)
+{
+    stream_job *j = arg;
+    size_t cols = j->cols, src_row = q3_dtype_row_bytes(j->src, cols), dst_row = q3_dtype_row_bytes(j->dst, cols);
+    float *row = malloc(cols * sizeof *row);
+    uint16_t *half = malloc(cols * sizeof *half);
+    q3_status st = row && half ? Q3_OK : q3_fail(Q3_ERR_NOMEM, "out of memory for a row");
+    size_t n_units = j->units_per_part * (size_t)j->n_parts;
+    while (!st && !__atomic_load_n(&j->failed, __ATOMIC_RELAXED)) {
+        size_t u = __atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED);
+        if (u >= n_units) break;
+        size_t p = u / j->units_per_part, r0, r1;
+        unit_rows(j, u % j->units_per_part, &r0, &r1);
+        if (r0 >= r1) continue;
+        int tensor = j->first + (int)p * j->stride;
+        const tensor_spec *t = &j->specs[tensor];
+        value_stream v;
+        value_stream_init(&v, j->seed, tensor, (uint64_t)r0 * cols);
+        for (size_t r = r0; r < r1 && !st; r++) {
+            char *dst = j->out + p * j->part_bytes + r * dst_row;
+            if (j->src == Q3_BF16) {
+                for (size_t i = 0; i < cols; i++) {
+                    half[i] = q3_f32_to_bf16(gen_value(t->mean, t->std, value_stream_next(&v)));
+                    row[i] = q3_bf16_to_f32(half[i]);
+                }
+                if (j->dst == Q3_BF16) memcpy(dst, half, src_row);
+            } else {
+                for (size_t i = 0; i < cols; i++) row[i] = gen_value(t->mean, t->std, value_stream_next(&v));
+                if (j->dst == Q3_F32) memcpy(dst, row, src_row);
+            }
+            if (j->dst != j->src) st = q3_quantize(j->dst, row, dst, cols);
+        }
+    }
+    free(row);
+    free(half);
+    if (st && !__atomic_exchange_n(&j->failed, 1, __ATOMIC_ACQ_REL)) {
+        j->status = st;
+        snprintf(j->message, sizeof j->message, "%s", q3_last_error());
+    }
+    return NULL;
+}
+
+/* The gguf writer's fill: the tensor's bytes, made on up to MAX_THREADS threads. */
+static q3_status stream_fill(void *user, void *dst, size_t nbytes)
+{
+    stream_job *j = user;
+    const tensor_spec *t = &j->specs[j->first];
+    j->cols = (size_t)t->shape[t->ndim - 1];
+    j->rows = (size_t)(spec_numel(t) / j->cols);
+    j->part_bytes = j->rows * q3_dtype_row_bytes(j->dst, j->cols);
+    if (j->part_bytes * (size_t)j->n_parts != nbytes)
+        return q3_fail(Q3_ERR_INVALID, "synth: tensor \"%s\": size mismatch", t->name);
+    uint64_t span = (uint64_t)GROUP_BLOCKS * BLOCK_VALUES;
+    j->units_per_part = (size_t)((spec_numel(t) + span - 1) / span);
+    j->out = dst;
+    j->next = 0;
+    j->failed = 0;
+    size_t n_units = j->units_per_part * (size_t)j->n_parts;
+    pthread_t threads[MAX_THREADS];
+    int n_threads = thread_count(n_units), started = 0;
+    for (int i = 1; i < n_threads; i++)
+        if (pthread_create(&threads[started], NULL, stream_worker, j) == 0) started++;
+    stream_worker(j);
+    for (int i = 0; i < started; i++) pthread_join(threads[i], NULL);
+    return j->failed ? q3_fail(j->status, "%s", j->message) : Q3_OK;
+}
+
+q3_status q3_synth_write_gguf(const char *path, uint64_t seed, q3_dtype dtype, const q3_config *cfg,
+                              const q3_convert_opts *o)
+{
+    if (dtype != Q3_BF16 && dtype != Q3_F32)
+        return q3_fail(Q3_ERR_UNSUPPORTED, "synth: dtype %s is not supported (bf16 or f32)", q3_dtype_name(dtype));
+    if ((unsigned)o->type >= Q3_DTYPE_COUNT || !q3_traits(o->type)->from_f32)
+        return q3_fail(Q3_ERR_INVALID, "synth: q3 cannot write %s weights", q3_dtype_name(o->type));
+    q3_status st = q3_config_validate(cfg, "synth config");
+    if (!st) st = q3_convert_check_config(cfg, "synth config");
+    if (st) return st;
+    if (!path || !*path) return q3_fail(Q3_ERR_INVALID, "synth: the output file is empty");
+
+    int n_specs = plan_count(cfg);
+    size_t n_plan = q3_convert_plan_count(cfg);
+    tensor_spec *specs = calloc((size_t)n_specs, sizeof *specs);
+    q3_convert_entry *plan = calloc(n_plan, sizeof *plan);
+    stream_job *jobs = calloc(n_plan, sizeof *jobs);
+    q3_gguf_writer *w = NULL;
+    if (!specs || !plan || !jobs) st = q3_fail(Q3_ERR_NOMEM, "synth: out of memory");
+    if (!st) st = q3_convert_plan(o, cfg, plan);
+    if (!st) st = q3_gguf_writer_new(&w);
+    char name[256], config_text[4096];
+    if (o->name) snprintf(name, sizeof name, "%s", o->name);
+    else q3_convert_base_name(path, name, sizeof name);
+    if (!st) st = q3_convert_add_metadata(w, cfg, o, name);
+    if (!st) {
+        plan_tensors(cfg, specs);
+        for (size_t i = 0; i < n_plan && !st; i++) {
+            const q3_convert_entry *e = &plan[i];
+            stream_job *j = &jobs[i];
+            *j = (stream_job){.specs = specs, .n_parts = 1, .seed = seed, .src = dtype, .dst = e->type};
+            if (e->layer < 0) {
+                j->first = e->layout == &q3_embed_layout ? 0
+                           : e->layout == &q3_out_norm_layout ? 1 + cfg->n_layers * layer_specs(cfg)
+                                                              : 2 + cfg->n_layers * layer_specs(cfg);
+            } else {
+                j->first = spec_index(cfg, e->layer, e->field, 0);
+                if (e->layout->stack != Q3_DIM_NONE) {
+                    j->n_parts = cfg->n_experts;
+                    j->stride = spec_index(cfg, e->layer, e->field, 1) - j->first;
+                }
+            }
+            st = q3_gguf_writer_add_tensor_fn(w, e->name, e->type, e->ndim, e->shape, stream_fill, j);
+        }
+    }
+    if (!st) {
+        if (o->tokenizer_dir) {
+            int n = format_config_json(cfg, dtype, seed, config_text, sizeof config_text);
+            st = n < 0 ? q3_fail(Q3_ERR_INVALID, "synth: config.json too long")
+                       : q3_convert_add_tokenizer_text(w, o->tokenizer_dir, config_text, cfg->vocab_size);
+        } else {
+            st = q3_gguf_writer_add_str(w, "tokenizer.ggml.model", "none");
+        }
+    }
+    if (!st) st = q3_gguf_writer_write(w, path, o->progress, o->user);
+    q3_gguf_writer_free(w);
+    free(jobs);
+    free(plan);
+    free(specs);
+    return st;
 }

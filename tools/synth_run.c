@@ -1,14 +1,18 @@
 /* q3 synth's work: writes a Qwen3 checkpoint folder with deterministic random
- * weights (Qwen3-0.6B's shapes by default) and says what it wrote. */
+ * weights (Qwen3-0.6B's shapes by default; dense or mixture-of-experts presets),
+ * or with a --type that model as a GGUF streamed from the generator, and says
+ * what it wrote. */
 #include "tools/synth_run.h"
 
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #include "model/config.h"
+#include "tools/convert.h"
 #include "tools/defaults.h"
 #include "tools/synth.h"
 #include "util/error.h"
@@ -18,6 +22,32 @@ static double seconds_now(void)
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+/* ", 128 experts (8 per token)" for a mixture of experts, else "". */
+static const char *experts_text(const q3_config *c)
+{
+    static char buf[64];
+    if (!q3_config_is_moe(c)) return "";
+    snprintf(buf, sizeof buf, ", %d experts (%d per token)", c->n_experts, c->n_experts_used);
+    return buf;
+}
+
+typedef struct progress {
+    double t0, last;
+} progress;
+
+/* A line on stderr every few seconds while a large GGUF is written. */
+static int on_progress(void *user, size_t done, size_t total, uint64_t bytes_done, uint64_t bytes_total)
+{
+    progress *p = user;
+    double t = seconds_now();
+    if (done == total || t - p->last < 5.0) return 0;
+    p->last = t;
+    fprintf(stderr, "q3 synth: [%zu/%zu tensors] %.1f / %.1f MB  %.0f%%  %.1f s\n", done, total,
+            (double)bytes_done / 1e6, (double)bytes_total / 1e6,
+            bytes_total ? 100.0 * (double)bytes_done / (double)bytes_total : 100.0, t - p->t0);
+    return 0;
 }
 
 q3_status q3_synth_run(const q3_synth_run_opts *o, int *usage)
@@ -32,6 +62,18 @@ q3_status q3_synth_run(const q3_synth_run_opts *o, int *usage)
     if (st) {
         *usage = !config_path;
         return st;
+    }
+    if (o->layers < 0) {
+        *usage = 1;
+        return q3_fail(Q3_ERR_INVALID, "--layers must be at least 1, not %d", o->layers);
+    }
+    if (o->layers > 0) cfg.n_layers = o->layers;
+    q3_convert_opts co = {0};
+    if (o->type_name && (q3_convert_parse_type(o->type_name, &co.type, &co.kmix) || !q3_traits(co.type)->from_f32)) {
+        *usage = 1;
+        return q3_fail(Q3_ERR_INVALID,
+                       "--type must be f32, f16, bf16, q8_0, q4_0, q4_k_m, q4_k_s, q5_k_m, q5_k_s or q6_k (q4_k, "
+                       "q5_k), not \"%s\"", o->type_name);
     }
 
     q3_dtype dtype = Q3_BF16;
@@ -58,14 +100,33 @@ q3_status q3_synth_run(const q3_synth_run_opts *o, int *usage)
         }
     }
     double t0 = seconds_now();
+    if (o->type_name) {
+        co.name = o->name;
+        co.tokenizer_dir = tokenizer_dir;
+        progress p = {.t0 = t0, .last = t0};
+        if (!o->quiet) {
+            co.progress = on_progress;
+            co.user = &p;
+        }
+        if ((st = q3_synth_write_gguf(out_dir, (uint64_t)seed, dtype, &cfg, &co))) return st;
+        double elapsed = seconds_now() - t0;
+        struct stat sb;
+        double mb = stat(out_dir, &sb) ? 0.0 : (double)sb.st_size / 1e6;
+        printf("wrote %s: %d layers, hidden %d, vocab %d%s, %.2f M params, %s from %s values, %.1f MB in %.2f s "
+               "(%.0f MB/s)\n",
+               out_dir, cfg.n_layers, cfg.dim, cfg.vocab_size, experts_text(&cfg),
+               (double)q3_synth_param_count(&cfg) / 1e6, q3_convert_type_name(co.type, co.kmix),
+               q3_dtype_name(dtype), mb, elapsed, elapsed > 0 ? mb / elapsed : 0.0);
+        return Q3_OK;
+    }
     st = q3_synth_write(out_dir, seed, dtype, &cfg, tokenizer_dir);
     if (st) return st;
     double elapsed = seconds_now() - t0;
 
     uint64_t params = q3_synth_param_count(&cfg);
     double mb = (double)params * (double)q3_dtype_block_bytes(dtype) / 1e6;
-    printf("wrote %s: %d layers, hidden %d, vocab %d, %.2f M params, %s, %.1f MB in %.2f s (%.0f MB/s)\n",
-           out_dir, cfg.n_layers, cfg.dim, cfg.vocab_size, (double)params / 1e6,
+    printf("wrote %s: %d layers, hidden %d, vocab %d%s, %.2f M params, %s, %.1f MB in %.2f s (%.0f MB/s)\n",
+           out_dir, cfg.n_layers, cfg.dim, cfg.vocab_size, experts_text(&cfg), (double)params / 1e6,
            q3_dtype_name(dtype), mb, elapsed, elapsed > 0 ? mb / elapsed : 0.0);
     return Q3_OK;
 }

@@ -39,8 +39,9 @@ int cmd_convert(int argc, char **argv)
         {0},
     };
     cli_spec spec = {"convert", "q3 convert -m MODEL -o OUT.gguf [--type f32|f16|bf16|q8_0|q4_0|q4_k_m|q5_k_m|q6_k|...] [options]\nq3 convert MODEL -o OUT.gguf [options]",
-                     "Writes a GGUF (architecture qwen3, llama.cpp's tensor names and metadata) from MODEL,\n"
-                     "a Hugging Face folder (config.json, safetensors, tokenizer.json) or a .gguf.\n",
+                     "Writes a GGUF (architecture qwen3, or qwen3moe for a mixture of experts; llama.cpp's\n"
+                     "tensor names and metadata, the experts stacked into 3-D tensors, the router F32) from\n"
+                     "MODEL, a Hugging Face folder (config.json, safetensors, tokenizer.json) or a .gguf.\n",
                      tab, 1, NULL};
     int n_pos = 0;
     int rc = cli_parse(&spec, argc, argv, &n_pos);
