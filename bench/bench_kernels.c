@@ -420,7 +420,7 @@ static void bench_e2e(const char *dir, int gen, int depth, const char *only_isa)
     }
     q3_cpu_stats s1 = q3_cpu_unit_stats(c->decode_unit);
     qsort(times, (size_t)gen, sizeof *times, cmp_double);
-    double bytes = (double)q3_model_weight_bytes(m);
+    double bytes = (double)q3_model_active_bytes(m); /* what one token reads: the chosen experts of a MoE model */
     double bw_after = q3_limit_read_gbs(nth, (size_t)512 << 20, 2);
     printf("  decode at depth %d: p50 %.2f ms/token (%.1f tok/s), min %.2f ms, p99 %.2f ms; weights at %.1f GB/s "
            "(p50), %.1f GB/s (min) = %.0f%% / %.0f%% of the read bandwidth measured around it (%.1f before, %.1f "
