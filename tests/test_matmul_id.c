@@ -91,6 +91,7 @@ static void case_free(idcase *C)
 {
     for (int v = 0; v < N_VALUES; v++) free(C->init[v]);
     for (int m = 0; m < C->n_mat; m++) q3_tensor_drop_packed(q3_matmul_id_matrix(&C->w, m));
+    q3_tensor_drop_packed(&C->w);
     free(C->views);
     free((void *)C->w.data);
 }

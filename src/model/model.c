@@ -439,9 +439,11 @@ void q3_model_close(q3_model *m)
         for (size_t i = 0; i < sizeof ts / sizeof *ts; i++)
             if (ts[i]) q3_tensor_drop_packed(ts[i]);
         const q3_tensor *stacks[] = {L->exp_gate, L->exp_up, L->exp_down};
-        for (size_t i = 0; i < 3; i++)
+        for (size_t i = 0; i < 3; i++) {
+            if (stacks[i]) q3_tensor_drop_packed(stacks[i]); /* a unit's copy of all its matrices */
             for (int e = 0; stacks[i] && stacks[i]->mats && e < stacks[i]->shape[0]; e++)
                 if (stacks[i]->mats[e]) q3_tensor_drop_packed(stacks[i]->mats[e]);
+        }
     }
     if (m->w.lm_head) q3_tensor_drop_packed(m->w.lm_head);
     for (int i = 0; i < m->n_files; i++) q3_safetensors_close(&m->files[i]);

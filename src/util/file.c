@@ -227,6 +227,15 @@ int q3_file_exists(const char *path)
     return stat(path, &st) == 0 && S_ISREG(st.st_mode);
 }
 
+void q3_memory_prefer_huge_pages(void *p, size_t n)
+{
+#ifdef MADV_HUGEPAGE
+    madvise(p, n, MADV_HUGEPAGE);
+#else
+    (void)p, (void)n;
+#endif
+}
+
 void q3_mapped_pages_release(const void *p, size_t n)
 {
     uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), a = ((uintptr_t)p + page - 1) & ~(page - 1),

@@ -26,6 +26,11 @@ typedef struct q3_mapping {
  * another layout that will not be read here again. */
 void q3_mapped_pages_release(const void *p, size_t n);
 
+/* Asks for transparent huge pages for [p, p + n) (2 MB aligned, anonymous
+ * memory about to be written): honoured where the kernel's THP setting is
+ * "madvise" or "always", ignored elsewhere. */
+void q3_memory_prefer_huge_pages(void *p, size_t n);
+
 /* Maps a regular file read-only and records [data, data+size) and path in a
  * table q3_mapped_file_at reads, so a SIGBUS handler can name the file that
  * changed underneath (truncated while mapped). */

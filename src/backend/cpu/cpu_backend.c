@@ -334,42 +334,63 @@ static void mm_item(void *ctx, int item, int ith)
     j->k->range(&j->mm, j->u->scratch[ith].p, o0, o1);
 }
 
-/* Packing a weight: panels of outputs over the pool's threads. */
+/* Packing a weight: panels of outputs over the pool's threads; a stack
+ * (MATMUL_ID) matrix by matrix, each from its own tensor's data. */
 typedef struct pack_job {
     const q3_cpu_mm_kernels *k;
     q3_dtype t;
-    const char *src;
+    const q3_tensor *w;       /* the weight: 2-D, or a stack whose matrices are w->mats */
     char *dst;
-    int n, kk;                /* outputs and inputs */
+    int n, kk;                /* outputs and inputs of one matrix */
+    size_t dst_stride;        /* bytes from one packed matrix to the next */
     int item;                 /* outputs per work item */
+    int items_per_mat;
 } pack_job;
 
 static void pack_item(void *ctx, int item, int ith)
 {
     const pack_job *j = ctx;
-    int o0 = item * j->item, o1 = o0 + j->item < j->n ? o0 + j->item : j->n;
-    j->k->pack(j->t, j->src, q3_dtype_row_bytes(j->t, (size_t)j->kk), j->n, j->kk, j->dst, o0, o1);
+    int m = item / j->items_per_mat, o0 = item % j->items_per_mat * j->item, o1 = o0 + j->item < j->n ? o0 + j->item : j->n;
+    const void *src = j->w->ndim == 3 ? j->w->mats[m]->data : j->w->data;
+    j->k->pack(j->t, src, q3_dtype_row_bytes(j->t, (size_t)j->kk), j->n, j->kk, j->dst + (size_t)m * j->dst_stride, o0,
+               o1);
 }
 
-/* The kernels' packed copy of the 2-D weight w (a matrix, or one matrix of a
- * stack), made now if no unit has made it yet (*out = NULL: these kernels
- * read w in place). Racing contexts each pack; one copy is published, the
- * others freed. A stack's matrices are packed one by one as rows first
- * choose them. */
-static q3_status packed_weight(cpu_unit *u, const q3_op *op, const q3_tensor *w, const q3_cpu_mm_kernels *k,
-                               const void **out)
+/* Memory for a packed copy: 2 MB aligned and marked for transparent huge
+ * pages when it is that large (a decode step streams it: 4 KB pages would
+ * cost a TLB miss every 4 KB), else 64-byte aligned. */
+static void *alloc_packed(size_t bytes)
 {
-    const int n = (int)w->shape[0], kk = (int)w->shape[1];
+    const size_t huge = (size_t)2 << 20;
+    if (bytes < huge) return aligned_alloc(64, (bytes + 63) & ~(size_t)63);
+    bytes = (bytes + huge - 1) & ~(huge - 1);
+    void *p = aligned_alloc(huge, bytes);
+    if (p) q3_memory_prefer_huge_pages(p, bytes);
+    return p;
+}
+
+/* The kernels' packed copy of w (a 2-D weight, or every matrix of a stack,
+ * *stride bytes apart), made now if no unit has made it yet (*out = NULL:
+ * these kernels read w in place). Racing contexts each pack; one copy is
+ * published, the others freed. */
+static q3_status packed_weight(cpu_unit *u, const q3_op *op, const q3_tensor *w, const q3_cpu_mm_kernels *k,
+                               const void **out, size_t *stride)
+{
+    const int stacked = w->ndim == 3, n_mat = stacked ? (int)w->shape[0] : 1;
+    const int n = (int)w->shape[stacked], kk = (int)w->shape[stacked + 1];
     *out = NULL;
-    size_t bytes = k->packed_bytes ? k->packed_bytes(w->dtype, n, kk) : 0;
-    if (!bytes) return Q3_OK;
+    size_t per = k->packed_bytes ? k->packed_bytes(w->dtype, n, kk) : 0;
+    if (!per) return Q3_OK;
+    *stride = n_mat == 1 ? per : (per + 63) & ~(size_t)63;
+    size_t bytes = (size_t)n_mat * *stride;
     void *p = atomic_load_explicit(&((q3_tensor *)w)->packed, memory_order_acquire);
     if (!p) {
-        if (!(p = aligned_alloc(64, (bytes + 63) & ~(size_t)63)))
+        if (!(p = alloc_packed(bytes)))
             return q3_fail(Q3_ERR_NOMEM, "cpu unit: cannot allocate %zu bytes for the packed weight of %s", bytes,
                            op->name);
-        pack_job j = {.k = k, .t = w->dtype, .src = w->data, .dst = p, .n = n, .kk = kk, .item = 16 * 64};
-        q3_pool_job job = {.item = pack_item, .ctx = &j, .n_items = (n + j.item - 1) / j.item};
+        pack_job j = {.k = k, .t = w->dtype, .w = w, .dst = p, .n = n, .kk = kk, .dst_stride = *stride, .item = 16 * 64};
+        j.items_per_mat = (n + j.item - 1) / j.item;
+        q3_pool_job job = {.item = pack_item, .ctx = &j, .n_items = n_mat * j.items_per_mat};
         q3_pool_run(u->pool, &job);
         void *none = NULL;
         if (!atomic_compare_exchange_strong(&((q3_tensor *)w)->packed, &none, p)) {
@@ -378,7 +399,10 @@ static q3_status packed_weight(cpu_unit *u, const q3_op *op, const q3_tensor *w,
         } else {
             /* the matmuls read the copy from now on: the file's pages go back
                (a tied embedding's few rows a step are read in again) */
-            q3_mapped_pages_release(w->data, w->nbytes);
+            for (int m = 0; m < n_mat; m++) {
+                const q3_tensor *t = stacked ? w->mats[m] : w;
+                q3_mapped_pages_release(t->data, t->nbytes);
+            }
         }
     }
     *out = p;
@@ -407,7 +431,8 @@ static q3_status run_matmul(cpu_unit *u, const q3_exec *e, const q3_op *op)
     const q3_cpu_mm_kernels *k = q3_cpu_isa_mm(u->isa, w->dtype);
     j.k = k;
     const void *packed;
-    q3_status st = packed_weight(u, op, w, k, &packed);
+    size_t stride;
+    q3_status st = packed_weight(u, op, w, k, &packed, &stride);
     if (st) return st;
     if (packed) j.mm.w = packed;
     st = ensure_scratch(u, op, k->scratch(&j.mm));
@@ -505,18 +530,18 @@ static q3_status run_matmul_id(cpu_unit *u, const q3_exec *e, const q3_op *op)
     for (int m = s.n_mat; m > 0; m--) cnt[m] = cnt[m - 1]; /* back to starts: cnt[m] = first pair of m */
     cnt[0] = 0;
 
+    const void *packed;
+    size_t stride = 0;
+    if ((st = packed_weight(u, op, w, k, &packed, &stride))) return st;
     const size_t w_row_bytes = q3_dtype_row_bytes(w->dtype, (size_t)s.n_in);
     int n_groups = 0;
     size_t scratch = 0;
     for (int m = 0; m < s.n_mat; m++) {
         int first = cnt[m], n = (m + 1 < s.n_mat ? cnt[m + 1] : (int32_t)pairs) - first;
         if (!n) continue; /* a matrix no row chose is never read */
-        const q3_tensor *mat = q3_matmul_id_matrix(w, m);
-        const void *packed;
-        if ((st = packed_weight(u, op, mat, k, &packed))) return st;
         mmid_group *g = &groups[n_groups++];
         g->mm = (q3_cpu_matmul){
-            .w = packed ? packed : mat->data,
+            .w = packed ? (const char *)packed + (size_t)m * stride : q3_matmul_id_matrix(w, m)->data,
             .wtype = w->dtype,
             .w_row_bytes = w_row_bytes,
             .x = X + (size_t)first * s.n_in,
