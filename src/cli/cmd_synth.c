@@ -26,6 +26,7 @@ int cmd_synth(int argc, char **argv)
                 "0.6b: Qwen3-0.6B's shapes (default); tiny: a 2-layer test model;\n"
                 "qwen3-30b-a3b, qwen3-235b-a22b: those mixtures of experts' shapes;\n"
                 "tiny-moe: a 2-layer mixture of experts for tests"),
+        CLI_OPT("arch", 0, CLI_STR, &preset, "NAME", "the same as --preset (e.g. --arch qwen3-30b-a3b)"),
         CLI_OPT("layers", 0, CLI_INT, &layers, "N", "only the first N layers of the preset or config", .lo = 1,
                 .hi = 100000),
         CLI_OPT("type", 0, CLI_STR, &type_name, "T",
