@@ -3,7 +3,8 @@
 //
 //   node peer.mjs --build [--jobs 2]                 builds work/llama.cpp-build/bin/llama-bench
 //   node peer.mjs --gguf A.gguf,B.gguf [--threads 2] [--rounds 2] [--repeats 3] [--gen 16]
-//                 [--depths 128,4096] [--prompt 128] [--kv f16] [--q3 ../../build/q3] [--json OUT.json]
+//                 [--depths 128,4096] [--prompt 128] [--kv f16] [--fa 0|1|0,1] [--q3 ../../build/q3]
+//                 [--json OUT.json]
 //
 // --build: the llama.cpp source is the one node-llama-cpp@3.22.1 carries (node_modules/node-llama-cpp/
 // llama/gitRelease.bundle, a git bundle of the llama.cpp release its prebuilts come from; the tag is in
@@ -14,7 +15,8 @@
 //
 // The table: for each GGUF, --rounds rounds; each round runs llama.cpp then q3 (reversed in every
 // second round, so neither engine always gets the warmer machine), both with the same thread count
-// and KV cache type (flash attention off in llama.cpp, as q3 has no separate path):
+// and KV cache type; llama.cpp with flash attention off by default (--fa 0), or on, or both (--fa 0,1:
+// each test's llama.cpp figure is then its better setting, which the table names):
 //   prefill: a --prompt-token prompt into an empty cache (llama-bench -p N; q3 bench's one chunk of N)
 //   decode:  --gen tokens one at a time after d tokens are cached, for each d in --depths
 //            (llama-bench -n G -d d; q3 bench --gen G --depth d)
@@ -80,13 +82,15 @@ function doBuild() {
 const threads = Number(a.threads ?? 2), rounds = Number(a.rounds ?? 2), repeats = Number(a.repeats ?? 3);
 const gen = Number(a.gen ?? 16), prompt = Number(a.prompt ?? 128), kv = a.kv ?? "f16";
 const depths = String(a.depths ?? "128,4096").split(",").map(Number);
+const faList = String(a.fa ?? "0").split(",").map(Number);
+if (faList.some((f) => f !== 0 && f !== 1)) throw new Error("--fa takes 0, 1 or 0,1");
 const q3 = path.resolve(a.q3 ?? path.join(here, "../../build/q3"));
 
 // {prefill: tok/s, decode: {depth: tok/s}} from llama-bench's JSON
-function llamaRun(gguf) {
-    const common = ["-m", gguf, "-t", String(threads), "-r", String(repeats), "-ctk", kv, "-ctv", kv, "-fa", "0",
+function llamaRun(gguf, fa) {
+    const common = ["-m", gguf, "-t", String(threads), "-r", String(repeats), "-ctk", kv, "-ctv", kv, "-fa", String(fa),
         "-o", "json"];
-    const out = {decode: {}};
+    const out = {fa, decode: {}};
     const pp = JSON.parse(run(llamaBench, [...common, "-p", String(prompt), "-n", "0"]));
     out.prefill = pp.find((x) => x.n_prompt === prompt && x.n_gen === 0).avg_ts;
     const tg = JSON.parse(run(llamaBench, [...common, "-p", "0", "-n", String(gen), "-d", depths.join(",")]));
@@ -108,6 +112,11 @@ function q3Run(gguf) {
 }
 
 function best(xs, get) { return Math.max(...xs.map(get)); }
+// llama.cpp's best figure and, when both flash-attention settings ran, the one that gave it
+function bestLlama(xs, get) {
+    const b = xs.reduce((m, x) => (get(x) > get(m) ? x : m));
+    return {v: get(b), label: faList.length > 1 ? ` (fa ${b.fa})` : ""};
+}
 
 function doTable() {
     if (!a.gguf) throw new Error("--gguf A.gguf[,B.gguf] is required (or --build)");
@@ -121,7 +130,7 @@ function doTable() {
             for (const who of order) {
                 console.error(`${path.basename(g)}: round ${r + 1}, ${who === "q3" ? "q3" : "llama.cpp"} ...`);
                 if (who === "q3") Q.push(q3Run(g));
-                else L.push(llamaRun(g));
+                else for (const fa of faList) L.push(llamaRun(g, fa));
             }
         }
         results.push({gguf: g, llama: L, q3: Q});
@@ -129,17 +138,18 @@ function doTable() {
     const rows = [["GGUF", "test", "llama.cpp tok/s", "q3 tok/s", "q3 ÷ llama.cpp"]];
     for (const res of results) {
         const name = path.basename(res.gguf);
-        const pl = best(res.llama, (x) => x.prefill), pq = best(res.q3, (x) => x.prefill);
-        rows.push([name, `prefill ${prompt}`, pl.toFixed(1), pq.toFixed(1), (pq / pl).toFixed(2)]);
+        const pl = bestLlama(res.llama, (x) => x.prefill), pq = best(res.q3, (x) => x.prefill);
+        rows.push([name, `prefill ${prompt}`, pl.v.toFixed(1) + pl.label, pq.toFixed(1), (pq / pl.v).toFixed(2)]);
         for (const d of depths) {
-            const dl = best(res.llama, (x) => x.decode[d]), dq = best(res.q3, (x) => x.decode[d]);
-            rows.push([name, `decode @ ${d}`, dl.toFixed(2), dq.toFixed(2), (dq / dl).toFixed(2)]);
+            const dl = bestLlama(res.llama, (x) => x.decode[d]), dq = best(res.q3, (x) => x.decode[d]);
+            rows.push([name, `decode @ ${d}`, dl.v.toFixed(2) + dl.label, dq.toFixed(2), (dq / dl.v).toFixed(2)]);
         }
     }
-    console.log(`\n${threads} threads, KV ${kv}, ${gen} decode tokens, best of ${rounds} rounds (${repeats} repetitions each)`);
+    console.log(`\n${threads} threads, KV ${kv}, ${gen} decode tokens, best of ${rounds} rounds (${repeats} repetitions each)` +
+        `, llama.cpp flash attention ${faList.join(" and ")}`);
     console.log(`| ${rows[0].join(" | ")} |\n|${rows[0].map(() => "---").join("|")}|`);
     for (const r of rows.slice(1)) console.log(`| ${r.join(" | ")} |`);
-    if (a.json) fs.writeFileSync(a.json, JSON.stringify({threads, kv, gen, prompt, depths, rounds, repeats, results}, null, 1));
+    if (a.json) fs.writeFileSync(a.json, JSON.stringify({threads, kv, gen, prompt, depths, fa: faList, rounds, repeats, results}, null, 1));
 }
 
 try {
