@@ -649,7 +649,7 @@ int main(void)
           "GET on a POST route: %d, Allow: POST", r.status);
     ts_resp_free(&r);
     ts_request(port, "POST", "/health", NULL, "{}", &r);
-    CHECK(r.status == 405 && r.head && strstr(r.head, "\r\nAllow: GET\r\n"), "POST /health: %d, Allow: GET", r.status);
+    CHECK(r.status == 405 && r.head && strstr(r.head, "\r\nAllow: GET, HEAD\r\n"), "POST /health: %d, Allow: GET, HEAD", r.status);
     ts_resp_free(&r);
     ts_request(port, "GET", "/nope", NULL, NULL, &r);
     CHECK(r.status == 404 && strstr(r.body, "\"error\""), "unknown path: %d", r.status);
