@@ -61,7 +61,6 @@ typedef struct conn_ctx {
     const route *rt;       /* the route the headers asked for (checked before any body byte is read) */
     int answered;          /* a response was queued on the headers alone */
     srv_buf body;
-    int too_big;
     srv_job *job;
 } conn_ctx;
 
