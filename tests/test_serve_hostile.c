@@ -277,6 +277,15 @@ static void test_text(void)
     ts_request(port, "POST", "/v1/completions", KEY, big, &r);
     CHECK(r.status == 400 && strstr(r.body, "context_length_exceeded"), "completions of the same: %d", r.status);
     ts_resp_free(&r);
+    /* under the bound, completions stop tokenizing once a prefix holds more than the context */
+    big = malloc(20000 + 32);
+    strcpy(big, "{\"prompt\":\"");
+    for (size_t i = 0; i < 20000; i += 7) memcpy(big + 11 + i, "ab cd\\n", 7);
+    strcpy(big + 11 + 20000 - 20000 % 7, "\"}");
+    ts_request(port, "POST", "/v1/completions", KEY, big, &r);
+    CHECK(r.status == 400 && strstr(r.body, "context_length_exceeded") && strstr(r.body, "more than"),
+          "a 20000-byte prompt refused from a prefix: %d %.200s", r.status, r.body);
+    ts_resp_free(&r);
     free(big);
     /* within the bound, /tokenize answers its tokens */
     ts_request(port, "POST", "/tokenize", KEY, "{\"prompt\":\"a b a b\"}", &r);

@@ -50,7 +50,6 @@ struct srv_server {
     pthread_mutex_t watch_mu;
     pthread_cond_t watch_cv;
     conn_watch *watched;
-    int n_open;            /* connections open on the main listener (under watch_mu) */
     int reaper_stop, reaper_started;
     pthread_t reaper;
 };
@@ -377,7 +376,6 @@ static void notify_conn(void *cls, struct MHD_Connection *c, void **socket_conte
         w->next = s->watched;
         if (s->watched) s->watched->prev = w;
         s->watched = w;
-        if (!w->admin) s->n_open++;
         pthread_mutex_unlock(&s->watch_mu);
         *socket_context = w;
     } else if (code == MHD_CONNECTION_NOTIFY_CLOSED) {
@@ -387,7 +385,6 @@ static void notify_conn(void *cls, struct MHD_Connection *c, void **socket_conte
         if (w->prev) w->prev->next = w->next;
         else s->watched = w->next;
         if (w->next) w->next->prev = w->prev;
-        if (!w->admin) s->n_open--;
         pthread_mutex_unlock(&s->watch_mu);
         if (w->fd >= 0) close(w->fd);
         free(w);

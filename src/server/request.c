@@ -296,6 +296,27 @@ static void fill_ids(srv_job *j, const char *prefix)
     snprintf(j->req.id, sizeof j->req.id, "%s-%llx%08llx", prefix, (unsigned long long)j->req.created, c);
 }
 
+/* Whether a completion's prompt text[0..len) surely has more tokens than the
+ * context holds, found without tokenizing all of it: a prefix is tokenized that
+ * ends where a piece must end, at a newline before an ASCII letter (the
+ * pre-tokenizer never joins the two, NFC never composes them, no added token
+ * holds a newline), so its tokens are the first tokens of the whole text. With
+ * a margin of 16 over the context. 0: not sure (tokenize it all). */
+static int surely_too_long(const srv_api *a, const char *text, size_t len, size_t *n_prefix)
+{
+    size_t want = (size_t)a->n_ctx + 16, from = 8 * want;
+    if (len < 2 * from) return 0;
+    size_t cut = 0;
+    for (size_t i = from; i + 1 < len && i < 2 * from && !cut; i++)
+        if (text[i] == '\n' && (text[i + 1] | 32) >= 'a' && (text[i + 1] | 32) <= 'z') cut = i + 1;
+    int32_t *ids = NULL;
+    size_t n = 0;
+    if (!cut || q3_tokenizer_encode(a->tok, text, cut, Q3_ENCODE_DEFAULT, &ids, &n)) return 0;
+    free(ids);
+    *n_prefix = n;
+    return n >= want;
+}
+
 /* ---- chat ------------------------------------------------------------------ */
 
 /* A message's content as one string: a string, or the text parts of a list
@@ -470,8 +491,13 @@ int srv_parse_completion(const srv_api *a, const char *body, size_t len, srv_job
         if (cJSON_IsString(p)) {
             int32_t *ids = NULL;
             size_t n = 0;
-            if ((rc = too_long(a, strlen(p->valuestring), "prompt", e))) {
-            } else if (q3_tokenizer_encode(a->tok, p->valuestring, strlen(p->valuestring), Q3_ENCODE_DEFAULT, &ids, &n)) {
+            size_t len = strlen(p->valuestring), at_least = 0;
+            if ((rc = too_long(a, len, "prompt", e))) {
+            } else if (surely_too_long(a, p->valuestring, len, &at_least)) { /* tokenizing stops past the context */
+                rc = srv_err_set(e, 400, "invalid_request_error", "context_length_exceeded", "prompt",
+                                 "This model's maximum context length is %d tokens. However, your request has more than "
+                                 "%zu input tokens. Please reduce the length of the input messages.", a->n_ctx, at_least);
+            } else if (q3_tokenizer_encode(a->tok, p->valuestring, len, Q3_ENCODE_DEFAULT, &ids, &n)) {
                 rc = bad(e, "prompt", "%s", q3_last_error());
             }
             j->req.prompt = ids;
