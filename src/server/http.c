@@ -34,8 +34,15 @@ typedef struct conn_watch {
     int admin;             /* on the admin listener */
 } conn_watch;
 
+/* A listener as its connection callbacks see it (set before the daemon starts). */
+typedef struct listener {
+    struct srv_server *s;
+    int admin;             /* the admin listener: /health and /metrics only */
+} listener;
+
 struct srv_server {
     struct MHD_Daemon *d, *admin;
+    listener main_l, admin_l;
     int port, admin_port;
     char *api_key;
     size_t max_body;
@@ -362,14 +369,14 @@ static void watch_phase(srv_server *s, struct MHD_Connection *c, conn_phase p)
 /* MHD: a connection opened or closed (both listeners). */
 static void notify_conn(void *cls, struct MHD_Connection *c, void **socket_context, enum MHD_ConnectionNotificationCode code)
 {
-    srv_server *s = cls;
+    const listener *l = cls;
+    srv_server *s = l->s;
     if (code == MHD_CONNECTION_NOTIFY_STARTED) {
         conn_watch *w = calloc(1, sizeof *w);
         if (!w) return; /* not watched: only MHD's idle timeout ends it */
         const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
-        const union MHD_ConnectionInfo *di = MHD_get_connection_info(c, MHD_CONNECTION_INFO_DAEMON);
         w->fd = ci ? dup(ci->connect_fd) : -1;
-        w->admin = di && di->daemon == s->admin;
+        w->admin = l->admin;
         w->phase = PHASE_HEADERS;
         w->since = q3_now();
         pthread_mutex_lock(&s->watch_mu);
@@ -609,7 +616,7 @@ static void completed(void *cls, struct MHD_Connection *c, void **con_cls, enum 
 /* ---- life cycle ------------------------------------------------------------------ */
 
 /* A listener on host:port (port 0: any free one, *bound says which). */
-static struct MHD_Daemon *listen_on(srv_server *s, const char *host, int port, unsigned threads, unsigned max_conn,
+static struct MHD_Daemon *listen_on(srv_server *s, listener *l, const char *host, int port, unsigned threads, unsigned max_conn,
                                     unsigned per_ip, unsigned timeout_s, size_t max_header, int *bound)
 {
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE | AI_NUMERICSERV}, *ai;
@@ -630,7 +637,7 @@ static struct MHD_Daemon *listen_on(srv_server *s, const char *host, int port, u
                                             MHD_OPTION_CONNECTION_TIMEOUT, timeout_s,
                                             MHD_OPTION_CONNECTION_MEMORY_LIMIT, max_header,
                                             MHD_OPTION_NOTIFY_COMPLETED, completed, s,
-                                            MHD_OPTION_NOTIFY_CONNECTION, notify_conn, s,
+                                            MHD_OPTION_NOTIFY_CONNECTION, notify_conn, l,
                                             MHD_OPTION_UNESCAPE_CALLBACK, unescape, s,
                                             MHD_OPTION_END);
     freeaddrinfo(ai);
@@ -669,10 +676,12 @@ q3_status srv_server_start(const srv_server_opts *o, srv_server **out)
     unsigned per_ip = (unsigned)(o->max_connections_per_ip > 0 ? o->max_connections_per_ip : 64);
     size_t max_header = o->max_header ? o->max_header : 32768;
     unsigned timeout = (unsigned)(o->timeout_s > 0 ? o->timeout_s : 60);
-    s->d = listen_on(s, host, o->port, (unsigned)(o->http_threads > 0 ? o->http_threads : 4), max_conn, per_ip, timeout,
+    s->main_l = (listener){.s = s};
+    s->admin_l = (listener){.s = s, .admin = 1};
+    s->d = listen_on(s, &s->main_l, host, o->port, (unsigned)(o->http_threads > 0 ? o->http_threads : 4), max_conn, per_ip, timeout,
                      max_header, &s->port);
     if (s->d && o->admin_port >= 0) /* its own thread and connections: nothing on the main listener reaches it */
-        s->admin = listen_on(s, o->admin_host ? o->admin_host : host, o->admin_port, 1, 64, 0, timeout, 8192, &s->admin_port);
+        s->admin = listen_on(s, &s->admin_l, o->admin_host ? o->admin_host : host, o->admin_port, 1, 64, 0, timeout, 8192, &s->admin_port);
     if (!s->d || (o->admin_port >= 0 && !s->admin)) {
         char msg[512];
         snprintf(msg, sizeof msg, "%s", q3_last_error());
