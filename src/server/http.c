@@ -1,4 +1,6 @@
-/* HTTP with GNU libmicrohttpd: the route table, limits, API keys, and the
+/* HTTP with GNU libmicrohttpd: the route table, the checks made on a
+ * request's headers before its body, limits and deadlines (a reaper thread
+ * ends connections that trickle), API keys, the admin listener, and the
  * suspend/resume plumbing between connections and the engine. The only file
  * of src/server that includes microhttpd.h. */
 #include "server.h"
