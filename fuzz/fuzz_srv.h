@@ -6,7 +6,8 @@
  *
  * Checks, for every body:
  *   - a refusal is an HTTP status in 400..599 equal to e.status, with a type
- *     and a message, and srv_err_json renders it as the OpenAI envelope (JSON
+ *     and a message, both message and param valid UTF-8 (they may echo the
+ *     client's bytes), and srv_err_json renders it as the OpenAI envelope (JSON
  *     that cJSON reads back, the same message);
  *   - an accepted request is one a generation can start from: 1 <= n_prompt <
  *     n_ctx, every prompt id a token of the vocabulary, 1 <= max_tokens <=
@@ -45,8 +46,28 @@ static srv_api srv_fuzz_api(void)
         }
         atexit(srv_fuzz_free);
     }
-    return (srv_api){.tok = srv_fuzz_tok, .model_name = "qwen3", .n_ctx = FUZZ_SRV_N_CTX,
-                     .vocab = q3_tokenizer_vocab_size(srv_fuzz_tok)};
+    srv_api a = {.tok = srv_fuzz_tok, .model_name = "qwen3", .n_ctx = FUZZ_SRV_N_CTX,
+                 .vocab = q3_tokenizer_vocab_size(srv_fuzz_tok)};
+    srv_api_limits(&a);
+    return a;
+}
+
+/* Whether s is valid UTF-8 (no overlongs, surrogates or values past U+10FFFF). */
+static int srv_fuzz_utf8(const char *str)
+{
+    const unsigned char *s = (const unsigned char *)str;
+    while (*s) {
+        size_t n = s[0] < 0x80 ? 1 : s[0] >= 0xc2 && s[0] <= 0xdf ? 2 : s[0] >= 0xe0 && s[0] <= 0xef ? 3
+                 : s[0] >= 0xf0 && s[0] <= 0xf4 ? 4 : 0;
+        if (!n) return 0;
+        for (size_t i = 1; i < n; i++)
+            if ((s[i] & 0xc0) != 0x80) return 0;
+        if ((s[0] == 0xe0 && s[1] < 0xa0) || (s[0] == 0xed && s[1] >= 0xa0) || (s[0] == 0xf0 && s[1] < 0x90) ||
+            (s[0] == 0xf4 && s[1] >= 0x90))
+            return 0;
+        s += n;
+    }
+    return 1;
 }
 
 typedef int (*srv_fuzz_parse_fn)(const srv_api *, const char *, size_t, srv_job *, srv_err *);
@@ -58,6 +79,7 @@ static void srv_fuzz_check_error(const srv_err *e, int rc)
     FUZZ_CHECK(e->type && e->type[0], "an error without a type");
     FUZZ_CHECK(e->message[0], "an error without a message");
     FUZZ_CHECK(memchr(e->param, 0, sizeof e->param) && memchr(e->message, 0, sizeof e->message), "unterminated");
+    FUZZ_CHECK(srv_fuzz_utf8(e->message) && srv_fuzz_utf8(e->param), "an error that is not UTF-8: %.200s", e->message);
     srv_buf b = {0};
     srv_err_json(e, &b);
     FUZZ_CHECK(!b.oom && b.data, "srv_err_json gave nothing");

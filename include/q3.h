@@ -2,7 +2,12 @@
  *
  * Every function that can fail returns a q3_status (or NULL) and leaves a
  * human-readable message in q3_last_error() (per thread). Handles are opaque;
- * the caller owns what it opened and frees it with the matching close/free. */
+ * the caller owns what it opened and frees it with the matching close/free.
+ *
+ * NULL: a NULL handle or out-pointer given to a function that returns a
+ * status fails with Q3_ERR_INVALID naming the argument; frees and other void
+ * calls do nothing with NULL; getters of NULL answer 0, -1, NULL or "" (see
+ * docs/api.md). Negative counts and unknown flags are refused the same way. */
 #ifndef Q3_H
 #define Q3_H
 
@@ -94,7 +99,9 @@ Q3_API int q3_model_max_context(const q3_model *m);
 /* A context owns its compute-unit instances (threads, scratch), one KV pool
  * for all its sequences, and the prefill and decode graphs. The model must
  * outlive its contexts. A context is used by one thread at a time; two
- * contexts (of one model or two) may run on two threads at once. */
+ * contexts (of one model or two) may run on two threads at once. A call that
+ * changes a context while another thread is inside one fails with
+ * Q3_ERR_INVALID ("another thread is using this context"). */
 typedef struct q3_ctx q3_ctx;
 
 typedef struct q3_ctx_opts {
@@ -117,7 +124,9 @@ Q3_API void q3_ctx_free(q3_ctx *c);
 
 /* Sequences are small integers in [0, max_seqs). A new one is empty. */
 Q3_API q3_status q3_seq_new(q3_ctx *c, int *seq);
-/* Frees the sequence's KV blocks (full prompt blocks stay cached for reuse). */
+/* Frees the sequence's KV blocks (full prompt blocks stay cached for reuse).
+ * A generator of the dropped sequence is refused from now on, even when
+ * q3_seq_new hands the same id out again. */
 Q3_API void q3_seq_drop(q3_ctx *c, int seq);
 /* Keeps the first pos positions. */
 Q3_API q3_status q3_seq_truncate(q3_ctx *c, int seq, int pos);
@@ -366,10 +375,13 @@ Q3_API void q3_sampler_accept(q3_sampler *s, int32_t id);
 Q3_API void q3_sampler_apply_penalties(q3_sampler *s, float *logits);
 
 /* Picks the next token from logits[n_vocab] (not modified). Does not accept
- * the token: call q3_sampler_accept with it if it should count for penalties. */
+ * the token: call q3_sampler_accept with it if it should count for penalties.
+ * -1 (q3_last_error says why) for a row with a NaN or +inf logit, or with
+ * every logit -inf: no distribution to draw from. */
 Q3_API int32_t q3_sampler_sample(q3_sampler *s, const float *logits);
 
-/* Runs stages 1-6 and returns the number of kept candidates; *ids and *probs
+/* Runs stages 1-6 and returns the number of kept candidates (0, *ids and
+ * *probs NULL, for a row q3_sampler_sample refuses); *ids and *probs
  * (renormalized, summing to 1) point into the sampler's scratch, valid until
  * the next call on s. Ordered by descending probability, ties by lower id.
  * Does not advance the PRNG. Meant for tests and inspection, not the hot path
@@ -504,7 +516,8 @@ Q3_API void q3_gen_free(q3_gen *g);
 
 /* Queues the prompt (copied): the next steps prefill it, then generation
  * starts. Q3_ERR_CONTEXT when it does not fit beside what the sequence
- * holds (at least one position must stay free to generate). */
+ * holds (at least one position must stay free to generate); Q3_ERR_INVALID
+ * for an id outside the vocabulary (checked before anything is queued). */
 Q3_API q3_status q3_gen_prompt(q3_gen *g, const int32_t *prompt, size_t n);
 /* The same when the sequence already holds prompt[0..skip) as its last
  * positions (a prefix q3_seq_reuse_prefix took): only prompt[skip..n) is

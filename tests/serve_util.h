@@ -20,6 +20,7 @@
 typedef struct test_server {
     pid_t pid;
     int port;
+    int admin_port; /* --admin-port's listener, 0 if none */
     FILE *err;    /* the server's stderr */
 } test_server;
 
@@ -63,7 +64,12 @@ static inline int ts_start(test_server *s, const char *const *extra)
     s->port = 0;
     while (fgets(line, sizeof line, s->err)) {
         const char *h = strstr(line, "listening on http://127.0.0.1:");
-        if (h) { s->port = atoi(h + strlen("listening on http://127.0.0.1:")); break; }
+        if (h) {
+            s->port = atoi(h + strlen("listening on http://127.0.0.1:"));
+            const char *a = strstr(line, "also on http://127.0.0.1:");
+            if (a) s->admin_port = atoi(a + strlen("also on http://127.0.0.1:"));
+            break;
+        }
         fprintf(stderr, "server: %s", line);
     }
     return s->port > 0 ? 0 : -1;
@@ -109,6 +115,16 @@ static inline int ts_connect(int port)
     struct timeval tv = {.tv_sec = 60};
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
     if (connect(fd, (struct sockaddr *)&a, sizeof a)) { close(fd); return -1; }
+    return fd;
+}
+
+/* A connection whose reads give up after `seconds` (a hang shows as a failed check, not a stuck test). */
+static inline int ts_connect_timeout(int port, int seconds)
+{
+    int fd = ts_connect(port);
+    if (fd < 0) return -1;
+    struct timeval tv = {.tv_sec = seconds};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
     return fd;
 }
 

@@ -121,7 +121,9 @@ static void test_greedy(void)
 
     p.temperature = -1.0f;
     s = make(p, 3);
-    CHECK(q3_sampler_sample(s, all_neg_inf) == 0, "greedy on all -inf picks id 0");
+    /* every token forbidden: refused, not a silent id 0 (issue 27) */
+    CHECK(q3_sampler_sample(s, all_neg_inf) == -1 && strstr(q3_last_error(), "-inf"), "greedy on all -inf is refused: %s",
+          q3_last_error());
     q3_sampler_free(s);
 
     /* A temperature whose inverse overflows is greedy too (no NaN). */

@@ -649,7 +649,7 @@ int main(void)
           "GET on a POST route: %d, Allow: POST", r.status);
     ts_resp_free(&r);
     ts_request(port, "POST", "/health", NULL, "{}", &r);
-    CHECK(r.status == 405 && r.head && strstr(r.head, "\r\nAllow: GET\r\n"), "POST /health: %d, Allow: GET", r.status);
+    CHECK(r.status == 405 && r.head && strstr(r.head, "\r\nAllow: GET, HEAD\r\n"), "POST /health: %d, Allow: GET, HEAD", r.status);
     ts_resp_free(&r);
     ts_request(port, "GET", "/nope", NULL, NULL, &r);
     CHECK(r.status == 404 && strstr(r.body, "\"error\""), "unknown path: %d", r.status);
@@ -777,9 +777,23 @@ int main(void)
         CHECK(waiting == 1, "one request waits: %g", waiting);
         ts_request(port, "POST", "/v1/completions", "Authorization: Bearer sekrit\r\n", q, &r);
         CHECK(r.status == 429 && strstr(r.body, "\"error\""), "queue full: %d", r.status);
+        CHECK(r.head && strstr(r.head, "\r\nRetry-After: 1\r\n") && strstr(r.body, "\"type\":\"rate_limit_exceeded\"") &&
+              strstr(r.body, "\"code\":\"queue_full\""), "429 with Retry-After, not a server error: %s", r.body);
         ts_resp_free(&r);
         close(f1);
         close(f2);
+        /* both hung up: the running one and the waiting one count as aborted, the 429 as rejected */
+        double aborted = -1, rejected = -1;
+        for (int i = 0; i < 100; i++) {
+            ts_request(port, "GET", "/metrics", NULL, NULL, &r);
+            const char *a = strstr(r.body, "vllm:request_success_total{finished_reason=\"abort\"");
+            aborted = a ? metric(a, "vllm:request_success_total") : -1;
+            rejected = metric(r.body, "q3:requests_rejected_total");
+            ts_resp_free(&r);
+            if (aborted == 2) break;
+            usleep(50000);
+        }
+        CHECK(aborted == 2 && rejected == 1, "aborted %g (one running, one waiting), rejected %g", aborted, rejected);
     }
     int rc = ts_stop(&srv);
     CHECK(rc == 0, "second server exit %d", rc);

@@ -7,6 +7,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <time.h>
 
 #include "cli/cli.h"
 #include "cli/gen_common.h"
@@ -20,7 +22,8 @@ int cmd_serve(int argc, char **argv)
     const char *model_path = NULL, *tok_path = NULL, *name = NULL;
     srv_server_opts so = {.host = "127.0.0.1", .port = 8080, .api_key = getenv("Q3_API_KEY")};
     q3_ctx_opts co = {.max_seqs = 4};
-    int port = 8080, max_body = 8 << 20, max_conn = 256, timeout = 60, drain = 30, max_queue = 256;
+    int port = 8080, max_body = 8 << 20, max_conn = 0, per_ip = 64, timeout = 60, drain = 30, max_queue = 256;
+    int header_timeout = 10, body_timeout = 30, admin_port = -1;
     const cli_opt tab[] = {
         CLI_OPT("model", 'm', CLI_FILE, &model_path, "PATH", "a Hugging Face folder (or .gguf)", .flags = CLI_REQUIRED),
         CLI_OPT("tokenizer", 0, CLI_FILE, &tok_path, "PATH", "tokenizer.json (or its folder) when the model has none"),
@@ -39,8 +42,18 @@ int cmd_serve(int argc, char **argv)
         CLI_OPT("api-key", 0, CLI_STR, &so.api_key, "KEY", "require Authorization: Bearer KEY on /v1/* and /tokenize (default: $Q3_API_KEY)"),
         CLI_OPT("max-queue", 0, CLI_INT, &max_queue, "N", "requests waiting at most; more get 429 (default 256)", .lo = 1, .hi = 1 << 20),
         CLI_OPT("max-body", 0, CLI_INT, &max_body, "BYTES", "largest request body (default 8388608)", .lo = 1024, .hi = 1 << 30),
-        CLI_OPT("max-connections", 0, CLI_INT, &max_conn, "N", "open connections at most (default 256)", .lo = 1, .hi = 1 << 16),
+        CLI_OPT("max-connections", 0, CLI_INT, &max_conn, "N",
+                "open connections at most (default: max-queue + parallel + 64, so a full queue answers 429)", .lo = 1, .hi = 1 << 16),
+        CLI_OPT("max-connections-per-ip", 0, CLI_INT, &per_ip, "N", "open connections from one client address (default 64)",
+                .lo = 1, .hi = 1 << 16),
         CLI_OPT("timeout", 0, CLI_INT, &timeout, "S", "idle connections close after S seconds (default 60)", .lo = 1, .hi = 86400),
+        CLI_OPT("header-timeout", 0, CLI_INT, &header_timeout, "S",
+                "a request's headers must arrive within S seconds, however slowly they trickle (default 10)", .lo = 1, .hi = 86400),
+        CLI_OPT("body-timeout", 0, CLI_INT, &body_timeout, "S", "a request's body must arrive within S seconds of its headers (default 30)",
+                .lo = 1, .hi = 86400),
+        CLI_OPT("admin-port", 0, CLI_INT, &admin_port, "N",
+                "also serve /health and /metrics on this port, on a listener of their own (0: any free port, printed)", .lo = 0,
+                .hi = 65535),
         CLI_OPT("drain-timeout", 0, CLI_INT, &drain, "S", "on SIGTERM, wait at most S seconds for requests in flight (default 30)",
                 .lo = 0, .hi = 86400),
         {0},
@@ -53,8 +66,27 @@ int cmd_serve(int argc, char **argv)
     if (prc) return prc == CLI_HELP_SHOWN ? 0 : prc;
     so.port = port;
     so.max_body = (size_t)max_body;
-    so.max_connections = max_conn;
+    /* above the queue: a full queue answers 429 instead of leaving clients in the kernel's backlog */
+    so.max_connections = max_conn ? max_conn : max_queue + co.max_seqs + 64;
+    so.max_connections_per_ip = per_ip;
     so.timeout_s = timeout;
+    so.header_timeout_s = header_timeout;
+    so.body_timeout_s = body_timeout;
+    so.admin_port = admin_port;
+    if (so.max_connections <= max_queue + co.max_seqs)
+        fprintf(stderr, "q3 serve: warning: --max-connections %d is not above --max-queue %d + --parallel %d: a full "
+                "server leaves clients waiting instead of answering 429\n", so.max_connections, max_queue, co.max_seqs);
+    { /* every connection is a descriptor (two while its deadlines are watched) */
+        struct rlimit rl;
+        rlim_t need = (rlim_t)so.max_connections * 2 + 64 + 64 * 2;
+        if (!getrlimit(RLIMIT_NOFILE, &rl) && rl.rlim_cur < need) {
+            rl.rlim_cur = rl.rlim_max == RLIM_INFINITY || rl.rlim_max > need ? need : rl.rlim_max;
+            setrlimit(RLIMIT_NOFILE, &rl);
+            if (rl.rlim_cur < need)
+                fprintf(stderr, "q3 serve: warning: %llu open files allowed (ulimit -n); --max-connections %d needs %llu\n",
+                        (unsigned long long)rl.rlim_cur, so.max_connections, (unsigned long long)need);
+        }
+    }
     if (so.api_key && !*so.api_key) so.api_key = NULL;
 
     /* signals are taken by sigwait below, never by a handler in some thread */
@@ -67,7 +99,11 @@ int cmd_serve(int argc, char **argv)
 
     srv_server *srv;
     if (srv_server_start(&so, &srv)) return cli_error("serve", "%s", q3_last_error());
-    fprintf(stderr, "q3 serve: listening on http://%s:%d (loading %s)\n", so.host, srv_server_port(srv), model_path);
+    if (srv_server_admin_port(srv) >= 0)
+        fprintf(stderr, "q3 serve: listening on http://%s:%d (loading %s); /health and /metrics also on http://%s:%d\n", so.host,
+                srv_server_port(srv), model_path, so.host, srv_server_admin_port(srv));
+    else
+        fprintf(stderr, "q3 serve: listening on http://%s:%d (loading %s)\n", so.host, srv_server_port(srv), model_path);
 
     int rc = 1;
     q3_model *m = NULL;
@@ -97,6 +133,10 @@ int cmd_serve(int argc, char **argv)
     if (q3_ctx_new(m, &co, &ctx)) { cli_error("serve", "%s", q3_last_error()); goto done; }
     int n_ctx = q3_ctx_n_ctx(ctx), used, cached, total, bt;
     q3_ctx_kv_usage(ctx, &used, &cached, &total, &bt);
+    if (total * bt < n_ctx)
+        fprintf(stderr, "q3 serve: warning: the KV cache (%d tokens) is smaller than the context (%d): a request's prompt and "
+                "max_tokens must fit in %d tokens (max_tokens defaults to what fits)\n", total * bt, n_ctx, total * bt);
+    srv_server_kv_room(srv, total * bt);
     srv_engine_opts eo = {.ctx = ctx, .tok = tok, .vocab = q3_model_vocab_size(m), .metrics = srv_server_metrics(srv),
                           .max_queue = (int)max_queue};
     if (srv_engine_start(&eo, &eng)) { cli_error("serve", "cannot start the engine thread (out of memory or threads)"); goto done; }
@@ -109,9 +149,18 @@ int cmd_serve(int argc, char **argv)
     int sig = 0;
     sigwait(&sigs, &sig);
     srv_server_refuse(srv);
-    fprintf(stderr, "q3 serve: %s: draining\n", sig == SIGTERM ? "SIGTERM" : "SIGINT");
-    int left = srv_server_drain(srv, (double)drain);
-    if (left) fprintf(stderr, "q3 serve: %d requests still in flight after %d s: ending them\n", left, drain);
+    fprintf(stderr, "q3 serve: %s: draining (a second signal stops at once)\n", sig == SIGTERM ? "SIGTERM" : "SIGINT");
+    /* until every request is answered, the drain timeout passes, or a second signal comes */
+    double t0 = q3_now();
+    int left = srv_server_in_flight(srv), again = 0;
+    while (left && q3_now() - t0 < drain) {
+        struct timespec ts = {0, 20 * 1000000L};
+        if (sigtimedwait(&sigs, NULL, &ts) > 0) { again = 1; break; }
+        left = srv_server_in_flight(srv);
+    }
+    if (left)
+        fprintf(stderr, "q3 serve: %d requests still in flight %s: ending them\n", left,
+                again ? "at a second signal" : "after the drain timeout");
     rc = 0;
 done:
     srv_server_free(srv);

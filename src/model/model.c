@@ -397,6 +397,7 @@ q3_status q3_model_open_gguf(const char *path, q3_model *m); /* model_gguf.c */
 
 q3_status q3_model_open(const char *path, q3_model **out)
 {
+    Q3_NOT_NULL(out);
     *out = NULL;
     q3_clear_error();
     if (!path || !*path) return q3_fail(Q3_ERR_INVALID, "no model path given");
@@ -458,8 +459,8 @@ void q3_model_close(q3_model *m)
     free(m);
 }
 
-int q3_model_vocab_size(const q3_model *m) { return m->cfg.vocab_size; }
-int q3_model_max_context(const q3_model *m) { return m->cfg.max_seq_len; }
+int q3_model_vocab_size(const q3_model *m) { return m ? m->cfg.vocab_size : 0; }
+int q3_model_max_context(const q3_model *m) { return m ? m->cfg.max_seq_len : 0; }
 
 /* fn(t, share, arg) for every bound weight once, share = the fraction of it
  * one token reads (experts: used / total; the embedding: one row). */

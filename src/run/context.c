@@ -63,7 +63,9 @@ q3_ctx_opts q3_ctx_opts_default(void)
 
 q3_status q3_ctx_new(q3_model *m, const q3_ctx_opts *opts, q3_ctx **out)
 {
+    Q3_NOT_NULL(out);
     *out = NULL;
+    Q3_NOT_NULL(m);
     q3_ctx_opts o;
     q3_status ost = q3_opts_read(&o, sizeof o, opts, "q3_ctx_new options");
     if (ost) return ost;
@@ -111,10 +113,11 @@ q3_status q3_ctx_new(q3_model *m, const q3_ctx_opts *opts, q3_ctx **out)
     c->row_table = calloc(rows, sizeof *c->row_table);
     c->row_tokens = calloc((size_t)c->max_seqs, sizeof *c->row_tokens);
     c->seen = calloc((size_t)c->max_seqs, sizeof *c->seen);
+    c->seq_epoch = calloc((size_t)c->max_seqs, sizeof *c->seq_epoch);
     size_t handoff_rows = 2 * (size_t)m->cfg.n_layers * (size_t)c->chunk;
     c->handoff_src = calloc(handoff_rows, sizeof *c->handoff_src);
     c->handoff_dst = calloc(handoff_rows, sizeof *c->handoff_dst);
-    if (!c->row_pos || !c->row_table || !c->row_tokens || !c->seen || !c->handoff_src || !c->handoff_dst) {
+    if (!c->row_pos || !c->row_table || !c->row_tokens || !c->seen || !c->seq_epoch || !c->handoff_src || !c->handoff_dst) {
         st = q3_fail(Q3_ERR_NOMEM, "out of memory");
         goto fail;
     }
@@ -140,50 +143,95 @@ void q3_ctx_free(q3_ctx *c)
     free(c->row_table);
     free(c->row_tokens);
     free(c->seen);
+    free(c->seq_epoch);
     free(c->handoff_src);
     free(c->handoff_dst);
     free(c);
 }
 
-int q3_ctx_n_ctx(const q3_ctx *c) { return c->n_ctx; }
-int q3_ctx_max_seqs(const q3_ctx *c) { return c->max_seqs; }
-int q3_ctx_chunk(const q3_ctx *c) { return c->chunk; }
+int q3_ctx_n_ctx(const q3_ctx *c) { return c ? c->n_ctx : 0; }
+int q3_ctx_max_seqs(const q3_ctx *c) { return c ? c->max_seqs : 0; }
+int q3_ctx_chunk(const q3_ctx *c) { return c ? c->chunk : 0; }
 
 void q3_ctx_kv_usage(const q3_ctx *c, int *used, int *cached, int *total, int *block_tokens)
 {
+    if (!c) {
+        if (used) *used = 0;
+        if (cached) *cached = 0;
+        if (total) *total = 0;
+        if (block_tokens) *block_tokens = 0;
+        return;
+    }
     q3_kv_pool_usage(&c->kv, used, cached, total);
     if (block_tokens) *block_tokens = Q3_KV_BLOCK_TOKENS;
 }
+
+q3_status q3_ctx_enter(q3_ctx *c, const char *what)
+{
+    if (__atomic_exchange_n(&c->busy, 1, __ATOMIC_ACQUIRE))
+        return q3_fail(Q3_ERR_INVALID, "%s: another thread is using this context at the same time (a context is used by "
+                       "one thread at a time)", what);
+    return Q3_OK;
+}
+
+void q3_ctx_leave(q3_ctx *c) { __atomic_store_n(&c->busy, 0, __ATOMIC_RELEASE); }
 
 /* ---- sequences --------------------------------------------------------------------------- */
 
 q3_status q3_seq_new(q3_ctx *c, int *seq)
 {
     q3_clear_error();
-    return q3_kv_seq_add(&c->kv, seq);
+    Q3_NOT_NULL(c);
+    Q3_NOT_NULL(seq);
+    q3_status st = q3_ctx_enter(c, "q3_seq_new");
+    if (st) return st;
+    st = q3_kv_seq_add(&c->kv, seq);
+    q3_ctx_leave(c);
+    return st;
 }
 
-void q3_seq_drop(q3_ctx *c, int seq) { q3_kv_seq_drop(&c->kv, seq); }
+void q3_seq_drop(q3_ctx *c, int seq)
+{
+    if (!c || q3_ctx_enter(c, "q3_seq_drop")) return; /* another thread inside: nothing dropped, q3_last_error says why */
+    if (q3_kv_seq_valid(&c->kv, seq)) {
+        q3_kv_seq_drop(&c->kv, seq);
+        c->seq_epoch[seq]++;
+    }
+    q3_ctx_leave(c);
+}
 
 q3_status q3_seq_truncate(q3_ctx *c, int seq, int pos)
 {
     q3_clear_error();
-    return q3_kv_seq_truncate(&c->kv, seq, pos);
+    Q3_NOT_NULL(c);
+    q3_status st = q3_ctx_enter(c, "q3_seq_truncate");
+    if (st) return st;
+    st = q3_kv_seq_truncate(&c->kv, seq, pos);
+    q3_ctx_leave(c);
+    return st;
 }
 
 q3_status q3_seq_fork(q3_ctx *c, int seq, int *child)
 {
     q3_clear_error();
-    return q3_kv_seq_fork(&c->kv, seq, child);
+    Q3_NOT_NULL(c);
+    Q3_NOT_NULL(child);
+    q3_status st = q3_ctx_enter(c, "q3_seq_fork");
+    if (st) return st;
+    st = q3_kv_seq_fork(&c->kv, seq, child);
+    q3_ctx_leave(c);
+    return st;
 }
 
-int q3_seq_pos(const q3_ctx *c, int seq) { return q3_kv_seq_valid(&c->kv, seq) ? q3_kv_seq_len(&c->kv, seq) : -1; }
+int q3_seq_pos(const q3_ctx *c, int seq) { return c && q3_kv_seq_valid(&c->kv, seq) ? q3_kv_seq_len(&c->kv, seq) : -1; }
 
 int q3_seq_reuse_prefix(q3_ctx *c, int seq, const int32_t *tokens, size_t n)
 {
-    if (n < 2) return 0;
+    if (!c || !tokens || n < 2 || q3_ctx_enter(c, "q3_seq_reuse_prefix")) return 0;
     int max = n - 1 < (size_t)c->n_ctx ? (int)(n - 1) : c->n_ctx;
-    return q3_kv_seq_reuse_prefix(&c->kv, seq, tokens, max, max);
+    int got = q3_kv_seq_reuse_prefix(&c->kv, seq, tokens, max, max);
+    q3_ctx_leave(c);
+    return got;
 }
 
 /* ---- the step ------------------------------------------------------------------------------ */
@@ -327,9 +375,8 @@ static q3_status run_prefill(q3_ctx *c, const q3_step *s)
     return Q3_OK;
 }
 
-q3_status q3_ctx_step(q3_ctx *c, const q3_step *s)
+static q3_status step(q3_ctx *c, const q3_step *s)
 {
-    q3_clear_error();
     q3_status st = check_step(c, s);
     if (st) return st;
     if ((st = reserve_step(c, s))) return st;
@@ -340,5 +387,17 @@ q3_status q3_ctx_step(q3_ctx *c, const q3_step *s)
     return Q3_OK;
 undo:
     unreserve_step(c, s);
+    return st;
+}
+
+q3_status q3_ctx_step(q3_ctx *c, const q3_step *s)
+{
+    q3_clear_error();
+    Q3_NOT_NULL(c);
+    Q3_NOT_NULL(s);
+    q3_status st = q3_ctx_enter(c, "q3_ctx_step");
+    if (st) return st;
+    st = step(c, s);
+    q3_ctx_leave(c);
     return st;
 }

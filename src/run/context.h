@@ -24,6 +24,14 @@ struct q3_ctx {
     const float **handoff_src;    /* [2 * n_layers * chunk] the hand-off's rows: graph outputs ... */
     void **handoff_dst;           /* ... and their cache rows */
     double handoff_seconds;       /* time spent copying prefill K/V into the cache */
+    unsigned *seq_epoch;          /* [max_seqs] bumped when a sequence is dropped: a generator of the old one is refused */
+    int busy;                     /* atomic: a thread is inside a call that changes the context */
 };
+
+/* One thread at a time (q3.h): a call that finds another thread inside the
+ * context fails with Q3_ERR_INVALID instead of corrupting it. q3_ctx_leave
+ * after a successful q3_ctx_enter. */
+q3_status q3_ctx_enter(q3_ctx *c, const char *what);
+void q3_ctx_leave(q3_ctx *c);
 
 #endif

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "run/context.h"
 #include "run/executor.h"
 #include "run/session.h"
 #include "util/error.h"
@@ -56,6 +57,7 @@ struct q3_gen {
     int32_t eot[2];
     channel_marks marks;
     int vocab;
+    unsigned epoch;           /* the sequence's epoch at creation (ctx->seq_epoch): a dropped one is refused */
     int32_t *prompt;          /* [n_prompt] still to prefill from prompt_done */
     size_t n_prompt, prompt_done;
     int max_ids;              /* n_ids cap (ids has room for it) */
@@ -85,7 +87,10 @@ static int32_t token_or_none(const q3_tokenizer *tok, const char *s)
 q3_status q3_gen_new(q3_ctx *c, int seq, q3_sampler *smp, const q3_tokenizer *tok, const q3_gen_opts *o,
                      q3_gen **out)
 {
+    Q3_NOT_NULL(out);
     *out = NULL;
+    Q3_NOT_NULL(c);
+    Q3_NOT_NULL(smp);
     if (q3_seq_pos(c, seq) < 0) return q3_fail(Q3_ERR_INVALID, "sequence %d does not exist", seq);
     q3_gen_opts opts;
     q3_status st = q3_opts_read(&opts, sizeof opts, o, "q3_gen_new options");
@@ -93,6 +98,16 @@ q3_status q3_gen_new(q3_ctx *c, int seq, q3_sampler *smp, const q3_tokenizer *to
     if (opts.top_logprobs < 0 || opts.top_logprobs > Q3_MAX_TOP_LOGPROBS)
         return q3_fail(Q3_ERR_INVALID, "top_logprobs is %d, must be in [0, %d]", opts.top_logprobs,
                        Q3_MAX_TOP_LOGPROBS);
+    if (opts.max_tokens < 0) return q3_fail(Q3_ERR_INVALID, "max_tokens is %d, must be >= 0 (0: until the context is full)", opts.max_tokens);
+    if (opts.n_stop < 0) return q3_fail(Q3_ERR_INVALID, "n_stop is %d, must be >= 0", opts.n_stop);
+    if (opts.n_stop > 0 && !opts.stop) return q3_fail(Q3_ERR_INVALID, "n_stop is %d but stop is NULL", opts.n_stop);
+    for (int i = 0; i < opts.n_stop; i++)
+        if (!opts.stop[i]) return q3_fail(Q3_ERR_INVALID, "stop[%d] is NULL", i);
+    if ((unsigned)opts.split_channels > 1 || (unsigned)opts.logprobs > 1 || (unsigned)opts.no_prompt_penalty > 1)
+        return q3_fail(Q3_ERR_INVALID, "split_channels, logprobs and no_prompt_penalty are 0 or 1 (%d, %d, %d)",
+                       opts.split_channels, opts.logprobs, opts.no_prompt_penalty);
+    if (opts.top_logprobs > 0 && !opts.logprobs)
+        return q3_fail(Q3_ERR_INVALID, "top_logprobs %d needs logprobs 1", opts.top_logprobs);
     q3_gen *g = calloc(1, sizeof *g);
     if (!g) return q3_fail(Q3_ERR_NOMEM, "out of memory");
     g->ctx = c;
@@ -101,6 +116,7 @@ q3_status q3_gen_new(q3_ctx *c, int seq, q3_sampler *smp, const q3_tokenizer *to
     g->tok = tok;
     g->o = opts;
     g->vocab = c->model->cfg.vocab_size;
+    g->epoch = c->seq_epoch[seq];
     g->eot[0] = token_or_none(tok, "<|im_end|>");
     g->eot[1] = token_or_none(tok, "<|endoftext|>");
     for (int k = 0; k < 3; k++) g->marks.open[k] = g->marks.close[k] = -1;
@@ -139,8 +155,23 @@ void q3_gen_free(q3_gen *g)
     free(g);
 }
 
+/* The generator's sequence is still the one it was made for (not dropped, its id reused or not). */
+static q3_status check_seq(const q3_gen *g)
+{
+    if (q3_seq_pos(g->ctx, g->seq) < 0 || g->ctx->seq_epoch[g->seq] != g->epoch)
+        return q3_fail(Q3_ERR_INVALID, "the generator's sequence %d was dropped (q3_seq_drop): free the generator", g->seq);
+    return Q3_OK;
+}
+
 q3_status q3_gen_prompt_from(q3_gen *g, const int32_t *prompt, size_t n, size_t skip)
 {
+    Q3_NOT_NULL(g);
+    if (n && !prompt) return q3_fail(Q3_ERR_INVALID, "q3_gen_prompt_from: prompt is NULL");
+    q3_status cst = check_seq(g);
+    if (cst) return cst;
+    for (size_t i = 0; i < n; i++) /* every id, before anything is queued (a bad one would fail every step) */
+        if (prompt[i] < 0 || prompt[i] >= g->vocab)
+            return q3_fail(Q3_ERR_INVALID, "prompt token %zu is %d, outside the vocabulary [0, %d)", i, prompt[i], g->vocab);
     int pos = q3_seq_pos(g->ctx, g->seq), n_ctx = q3_ctx_n_ctx(g->ctx);
     int room = n_ctx - pos;
     if (n == 0) return q3_fail(Q3_ERR_INVALID, "the prompt is empty");
@@ -183,21 +214,22 @@ q3_status q3_gen_prompt_from(q3_gen *g, const int32_t *prompt, size_t n, size_t 
 
 q3_status q3_gen_prompt(q3_gen *g, const int32_t *prompt, size_t n) { return q3_gen_prompt_from(g, prompt, n, 0); }
 
-int q3_gen_done(const q3_gen *g) { return g->done; }
-int q3_gen_prefilling(const q3_gen *g) { return !g->done && g->prompt_done < g->n_prompt; }
-const q3_gen_result *q3_gen_result_get(const q3_gen *g) { return &g->r; }
-int q3_gen_seq(const q3_gen *g) { return g->seq; }
-const char *q3_gen_error(const q3_gen *g) { return g->r.stop == Q3_STOP_ERROR ? g->error : ""; }
+int q3_gen_done(const q3_gen *g) { return g ? g->done : 1; }
+int q3_gen_prefilling(const q3_gen *g) { return g && !g->done && g->prompt_done < g->n_prompt; }
+const q3_gen_result *q3_gen_result_get(const q3_gen *g) { return g ? &g->r : NULL; }
+int q3_gen_seq(const q3_gen *g) { return g ? g->seq : -1; }
+const char *q3_gen_error(const q3_gen *g) { return g && g->r.stop == Q3_STOP_ERROR ? g->error : ""; }
 
 const q3_token_logprob *q3_gen_logprobs(const q3_gen *g, int *n)
 {
-    *n = g->o.logprobs ? g->r.n_ids : 0;
-    return *n ? g->lp : NULL;
+    int k = g && g->o.logprobs ? g->r.n_ids : 0;
+    if (n) *n = k;
+    return k ? g->lp : NULL;
 }
 
 void q3_gen_cancel(q3_gen *g, q3_stop_reason why)
 {
-    if (g->done) return;
+    if (!g || g->done) return;
     g->r.stop = why;
     g->done = 1;
 }
@@ -410,6 +442,12 @@ static q3_status after_logits(q3_gen *g)
         }
     }
     int32_t id = q3_sampler_sample(g->smp, g->logits);
+    if (id < 0) { /* a row the sampler refuses (NaN, +inf, nothing allowed): the answer ends with the reason */
+        snprintf(g->error, sizeof g->error, "%s", q3_last_error());
+        finish_text(g);
+        end(g, Q3_STOP_ERROR);
+        return Q3_OK;
+    }
     if (g->o.logprobs) {
         logprob_of(g->raw ? g->raw : g->logits, g->vocab, id, g->o.top_logprobs, &g->lp[g->r.n_ids]);
     }
@@ -455,6 +493,9 @@ q3_status q3_gen_step(q3_gen *const *gens, int n)
 {
     q3_clear_error();
     if (n <= 0) return Q3_OK;
+    if (!gens) return q3_fail(Q3_ERR_INVALID, "q3_gen_step: gens is NULL");
+    for (int i = 0; i < n; i++)
+        if (!gens[i]) return q3_fail(Q3_ERR_INVALID, "q3_gen_step: gens[%d] is NULL", i);
     q3_ctx *c = gens[0]->ctx;
     int max = q3_ctx_max_seqs(c);
     q3_decode_row rows[256];
@@ -465,6 +506,8 @@ q3_status q3_gen_step(q3_gen *const *gens, int n)
         q3_gen *g = gens[i];
         if (g->ctx != c) return q3_fail(Q3_ERR_INVALID, "generators of different contexts in one step");
         if (g->done) continue;
+        q3_status cst = check_seq(g);
+        if (cst) return cst;
         if (g->prompt_done < g->n_prompt) {
             if (!pg) pg = g;
             continue;
@@ -502,7 +545,9 @@ q3_status q3_gen_step(q3_gen *const *gens, int n)
 q3_status q3_generate(q3_session *s, q3_sampler *smp, const q3_tokenizer *tok, const int32_t *prompt, size_t n,
                       const q3_gen_opts *o, q3_gen_result *r)
 {
+    Q3_NOT_NULL(r);
     memset(r, 0, sizeof *r);
+    Q3_NOT_NULL(s);
     q3_gen *g;
     q3_status st = q3_gen_new(s->ctx, s->seq, smp, tok, o, &g);
     if (st) return st;

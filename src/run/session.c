@@ -16,7 +16,9 @@ q3_session_opts q3_session_opts_default(void)
 
 q3_status q3_session_new(q3_model *m, const q3_session_opts *opts, q3_session **out)
 {
+    Q3_NOT_NULL(out);
     *out = NULL;
+    Q3_NOT_NULL(m);
     q3_session_opts o;
     q3_status ost = q3_opts_read(&o, sizeof o, opts, "q3_session_new options");
     if (ost) return ost;
@@ -45,6 +47,8 @@ void q3_session_free(q3_session *s)
 q3_status q3_session_prefill(q3_session *s, const int32_t *tokens, size_t n, float *logits, int all_rows)
 {
     q3_clear_error();
+    Q3_NOT_NULL(s);
+    if (n && !tokens) return q3_fail(Q3_ERR_INVALID, "q3_session_prefill: tokens is NULL");
     q3_ctx *c = s->ctx;
     int vocab = c->model->cfg.vocab_size, pos = q3_seq_pos(c, s->seq);
     if (n == 0) return q3_fail(Q3_ERR_INVALID, "prefill of zero tokens");
@@ -72,17 +76,22 @@ q3_status q3_session_prefill(q3_session *s, const int32_t *tokens, size_t n, flo
 
 q3_status q3_session_decode(q3_session *s, int32_t token, float *logits)
 {
+    Q3_NOT_NULL(s);
     q3_decode_row row = {.seq = s->seq, .token = token, .logits = logits};
     q3_step step = {.decode = &row, .n_decode = 1, .prefill_seq = -1};
     return q3_ctx_step(s->ctx, &step);
 }
 
-int q3_session_pos(const q3_session *s) { return q3_seq_pos(s->ctx, s->seq); }
-int q3_session_n_ctx(const q3_session *s) { return s->ctx->n_ctx; }
-void q3_session_reset(q3_session *s) { q3_seq_truncate(s->ctx, s->seq, 0); }
+int q3_session_pos(const q3_session *s) { return s ? q3_seq_pos(s->ctx, s->seq) : -1; }
+int q3_session_n_ctx(const q3_session *s) { return s ? s->ctx->n_ctx : 0; }
+void q3_session_reset(q3_session *s)
+{
+    if (s) q3_seq_truncate(s->ctx, s->seq, 0);
+}
 
 q3_status q3_session_rewind(q3_session *s, int pos)
 {
+    Q3_NOT_NULL(s);
     int have = q3_session_pos(s);
     if (pos < 0 || pos > have)
         return q3_fail(Q3_ERR_INVALID, "cannot rewind to position %d: the session holds %d tokens", pos, have);

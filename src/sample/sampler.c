@@ -82,6 +82,7 @@ q3_sampler_params q3_sampler_defaults(int thinking)
 
 q3_status q3_sampler_params_check(const q3_sampler_params *p)
 {
+    Q3_NOT_NULL(p);
     if (!isfinite(p->temperature))
         return q3_fail(Q3_ERR_INVALID, "sampler: temperature must be a finite number");
     if (p->top_k < 0)
@@ -110,7 +111,9 @@ q3_status q3_sampler_params_check(const q3_sampler_params *p)
 
 q3_status q3_sampler_new(const q3_sampler_params *p, int n_vocab, q3_sampler **out)
 {
+    Q3_NOT_NULL(out);
     *out = NULL;
+    Q3_NOT_NULL(p);
     q3_status st = q3_sampler_params_check(p);
     if (st != Q3_OK) return st;
     if (n_vocab <= 0)
@@ -148,6 +151,7 @@ void q3_sampler_free(q3_sampler *s)
 
 void q3_sampler_reset(q3_sampler *s)
 {
+    if (!s) return;
     s->hist_len = 0;
     s->hist_next = 0;
     rng_seed(s->rng, s->p.seed);
@@ -157,6 +161,7 @@ void q3_sampler_reset(q3_sampler *s)
 
 void q3_sampler_accept(q3_sampler *s, int32_t id)
 {
+    if (!s) return;
     int cap = s->p.penalty_last_n;
     if (cap == 0 || id < 0 || id >= s->n_vocab) return;
     s->history[s->hist_next] = id;
@@ -166,6 +171,7 @@ void q3_sampler_accept(q3_sampler *s, int32_t id)
 
 void q3_sampler_apply_penalties(q3_sampler *s, float *logits)
 {
+    if (!s || !logits) return;
     float rp = s->p.repeat_penalty, pp = s->p.presence_penalty, fp = s->p.frequency_penalty;
     if (rp == 1.0f && pp == 0.0f && fp == 0.0f) return;
     /* The ring's first hist_len slots hold the window (order does not matter):
@@ -358,8 +364,27 @@ static kept_set filter(q3_sampler *s, const float *logits)
 
 /* ---- drawing and inspection --------------------------------------------- */
 
+/* A row the sampler can draw from: no NaN or +inf (the softmax would be NaN,
+ * and a draw over NaN picks a token no distribution chose) and at least one
+ * finite logit (-inf forbids a token). Q3_ERR_INVALID naming the first bad id. */
+static q3_status row_check(const q3_sampler *s, const float *logits)
+{
+    int finite = 0;
+    for (int i = 0; i < s->n_vocab; i++) {
+        float x = logits[i];
+        if (isnan(x) || x == INFINITY)
+            return q3_fail(Q3_ERR_INVALID, "sampler: the logit of token %d is %s: the model produced non-finite values", i,
+                           isnan(x) ? "NaN" : "+inf");
+        finite |= x != -INFINITY;
+    }
+    if (!finite) return q3_fail(Q3_ERR_INVALID, "sampler: every logit is -inf: no token is allowed");
+    return Q3_OK;
+}
+
 int32_t q3_sampler_sample(q3_sampler *s, const float *logits)
 {
+    if (!s || !logits) return q3_fail(Q3_ERR_INVALID, "q3_sampler_sample: %s is NULL", s ? "logits" : "the sampler"), -1;
+    if (row_check(s, logits)) return -1;
     kept_set k = filter(s, logits);
     if (!k.dense && k.n == 1) return s->cand_id[0];
 
@@ -388,6 +413,10 @@ static int compare_candidates(const void *a, const void *b, void *ctx)
 size_t q3_sampler_candidates(q3_sampler *s, const float *logits,
                              const int32_t **ids, const float **probs)
 {
+    if (ids) *ids = NULL;
+    if (probs) *probs = NULL;
+    if (!s || !logits || !ids || !probs) return q3_fail(Q3_ERR_INVALID, "q3_sampler_candidates: an argument is NULL"), 0;
+    if (row_check(s, logits)) return 0;
     kept_set k = filter(s, logits);
     size_t n = k.n;
     if (k.dense) {

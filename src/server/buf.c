@@ -28,6 +28,7 @@ fail:
 
 void srv_buf_put(srv_buf *b, const char *s, size_t n)
 {
+    if (!n) return; /* s may be NULL then */
     char *p = room(b, n);
     if (!p) return;
     memcpy(p, s, n);

@@ -234,14 +234,17 @@ static slot *free_slot(srv_engine *e)
 }
 
 /* Whether the client hung up: a cancelled flag, or (while MHD does not watch a
- * suspended connection) a hang-up on its socket. */
+ * suspended connection) a reset or closed socket. A client that only shut its
+ * sending side (shutdown(SHUT_WR) after the request: POLLRDHUP) still reads
+ * its answer, so that is no hang-up; a client gone for good shows when bytes
+ * reach it (a stream's chunks and pings, at least every second). */
 static int gone(srv_job *j)
 {
     pthread_mutex_lock(&j->mu);
     int c = j->st.cancelled || !j->st.conn;
     if (!c && j->st.suspended && j->st.fd >= 0) {
-        struct pollfd p = {.fd = j->st.fd, .events = POLLRDHUP};
-        if (poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL))) c = j->st.cancelled = 1;
+        struct pollfd p = {.fd = j->st.fd, .events = 0};
+        if (poll(&p, 1, 0) > 0 && (p.revents & (POLLHUP | POLLERR | POLLNVAL))) c = j->st.cancelled = 1;
     }
     pthread_mutex_unlock(&j->mu);
     return c;
@@ -292,7 +295,10 @@ static void *engine_main(void *arg)
                     e->queue[(e->q_head + m) % e->q_cap] = e->queue[(e->q_head + m + 1) % e->q_cap];
                 e->q_len--;
                 if (too_big) fail_job(j, 400, "the prompt and max_tokens need more KV cache than this server has (--kv-size)");
-                else end_queued(j, SRV_JOB_GONE_QUEUED, 0, "client closed the connection");
+                else {
+                    end_queued(j, SRV_JOB_GONE_QUEUED, 0, "client closed the connection");
+                    srv_metrics_abort_queued(e->metrics);
+                }
                 continue;
             }
             k++;

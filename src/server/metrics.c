@@ -81,6 +81,27 @@ void srv_metrics_request(srv_metrics *m, srv_finish finish, int prompt_tokens, i
     pthread_mutex_unlock(&m->mu);
 }
 
+void srv_metrics_abort_queued(srv_metrics *m)
+{
+    pthread_mutex_lock(&m->mu);
+    m->success[3]++;
+    pthread_mutex_unlock(&m->mu);
+}
+
+void srv_metrics_rejected(srv_metrics *m)
+{
+    pthread_mutex_lock(&m->mu);
+    m->rejected++;
+    pthread_mutex_unlock(&m->mu);
+}
+
+void srv_metrics_connections(srv_metrics *m, int n)
+{
+    pthread_mutex_lock(&m->mu);
+    m->connections = n;
+    pthread_mutex_unlock(&m->mu);
+}
+
 static void render_hist(srv_buf *b, const char *name, const char *help, const char *labels, const srv_hist *h)
 {
     srv_buf_printf(b, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
@@ -136,6 +157,11 @@ void srv_metrics_render(srv_metrics *m, const char *model_name, srv_buf *b)
     for (int i = 0; i < 4; i++)
         srv_buf_printf(b, "vllm:request_success_total{finished_reason=\"%s\",%s} %llu\n", REASONS[i], labels,
                          (unsigned long long)m->success[i]);
+    srv_buf_printf(b, "# HELP q3:requests_rejected_total Requests answered 429 because the queue was full.\n"
+                        "# TYPE q3:requests_rejected_total counter\nq3:requests_rejected_total{%s} %llu\n", labels,
+                     (unsigned long long)m->rejected);
+    srv_buf_printf(b, "# HELP q3:http_connections Connections open on the API listener.\n"
+                        "# TYPE q3:http_connections gauge\nq3:http_connections{%s} %d\n", labels, m->connections);
     render_hist(b, "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", labels, &m->ttft);
     render_hist(b, "vllm:time_per_output_token_seconds", "Histogram of time per output token in seconds.", labels, &m->tpot);
     render_hist(b, "vllm:e2e_request_latency_seconds", "Histogram of end to end request latency in seconds.", labels, &m->e2e);

@@ -30,7 +30,8 @@ typedef struct srv_metrics {
     /* counters */
     uint64_t prompt_tokens, generation_tokens, cached_prompt_tokens;
     uint64_t success[4];      /* by vLLM's finished_reason label: stop, length, tool_calls, abort */
-    uint64_t errors;
+    uint64_t rejected;        /* 429: the queue was full */
+    int connections;          /* open on the main listener */
     srv_hist ttft, tpot, e2e, req_prompt, req_gen;
 } srv_metrics;
 
@@ -41,6 +42,12 @@ void srv_metrics_gauges(srv_metrics *m, int running, int waiting, double kv_usag
  * not measured). */
 void srv_metrics_request(srv_metrics *m, srv_finish finish, int prompt_tokens, int cached, int gen_tokens, double ttft,
                          double tpot, double e2e);
+/* A request cancelled before it started (its client left while it waited): "abort". */
+void srv_metrics_abort_queued(srv_metrics *m);
+/* A request refused with 429 (the queue was full). */
+void srv_metrics_rejected(srv_metrics *m);
+/* Connections open now on the main listener. */
+void srv_metrics_connections(srv_metrics *m, int n);
 /* Prometheus text exposition format 0.0.4 into b. */
 void srv_metrics_render(srv_metrics *m, const char *model_name, srv_buf *b);
 

@@ -11,6 +11,43 @@
 
 /* ---- the error envelope ----------------------------------------------------------- */
 
+/* The length of the UTF-8 character at s[0..n) (1..4), or 0 if it is not a
+ * whole, valid one (RFC 3629: no overlongs, surrogates or values past U+10FFFF). */
+static size_t utf8_char(const unsigned char *s, size_t n)
+{
+    if (s[0] < 0x80) return 1;
+    size_t len = s[0] >= 0xc2 && s[0] <= 0xdf ? 2 : s[0] >= 0xe0 && s[0] <= 0xef ? 3 : s[0] >= 0xf0 && s[0] <= 0xf4 ? 4 : 0;
+    if (!len || len > n) return 0;
+    for (size_t i = 1; i < len; i++)
+        if ((s[i] & 0xc0) != 0x80) return 0;
+    if (s[0] == 0xe0 && s[1] < 0xa0) return 0;  /* overlong */
+    if (s[0] == 0xed && s[1] >= 0xa0) return 0;  /* surrogate */
+    if (s[0] == 0xf0 && s[1] < 0x90) return 0;  /* overlong */
+    if (s[0] == 0xf4 && s[1] >= 0x90) return 0;  /* past U+10FFFF */
+    return len;
+}
+
+/* s (NUL-terminated, in a buffer of cap bytes) made valid UTF-8 in place: a
+ * byte that does not start a whole character becomes U+FFFD, and the text is
+ * cut at a character boundary if that makes it too long. Error messages echo
+ * the client's bytes (a model name, a path), and JSON must be UTF-8. */
+static void utf8_clean(char *s, size_t cap)
+{
+    char out[512];
+    size_t n = strlen(s), o = 0, lim = cap < sizeof out ? cap : sizeof out;
+    for (size_t i = 0; i < n;) {
+        size_t l = utf8_char((const unsigned char *)s + i, n - i);
+        const char *src = l ? s + i : "\xef\xbf\xbd";
+        size_t sl = l ? l : 3;
+        if (o + sl + 1 > lim) break;
+        memcpy(out + o, src, sl);
+        o += sl;
+        i += l ? l : 1;
+    }
+    out[o] = 0;
+    memcpy(s, out, o + 1);
+}
+
 int srv_err_set(srv_err *e, int status, const char *type, const char *code, const char *param, const char *fmt, ...)
 {
     e->status = status;
@@ -21,7 +58,48 @@ int srv_err_set(srv_err *e, int status, const char *type, const char *code, cons
     va_start(ap, fmt);
     vsnprintf(e->message, sizeof e->message, fmt, ap);
     va_end(ap);
+    utf8_clean(e->param, sizeof e->param);
+    utf8_clean(e->message, sizeof e->message);
     return status;
+}
+
+void srv_json_string(srv_buf *b, const char *s, size_t n)
+{
+    srv_buf_put(b, "\"", 1);
+    size_t run = 0; /* s[run..i) goes out as it is */
+    for (size_t i = 0; i < n; i++) {
+        unsigned char ch = (unsigned char)s[i];
+        char u[8];
+        const char *esc = ch == '"' ? "\\\"" : ch == '\\' ? "\\\\" : ch == '\n' ? "\\n" : ch == '\r' ? "\\r" : ch == '\t' ? "\\t" : NULL;
+        if (!esc && ch < 0x20) {
+            snprintf(u, sizeof u, "\\u%04x", ch);
+            esc = u;
+        }
+        if (!esc) continue;
+        srv_buf_put(b, s + run, i - run);
+        srv_buf_puts(b, esc);
+        run = i + 1;
+    }
+    srv_buf_put(b, s + run, n - run);
+    srv_buf_put(b, "\"", 1);
+}
+
+/* A text field that may hold NUL bytes (cJSON's strings end at the first). */
+static void add_text(cJSON *o, const char *key, const char *s, size_t n)
+{
+    srv_buf b = {0};
+    srv_json_string(&b, s ? s : "", s ? n : 0);
+    cJSON_AddRawToObject(o, key, b.data && !b.oom ? b.data : "\"\"");
+    free(b.data);
+}
+
+static cJSON *text_item(const char *s, size_t n)
+{
+    srv_buf b = {0};
+    srv_json_string(&b, s ? s : "", s ? n : 0);
+    cJSON *it = cJSON_CreateRaw(b.data && !b.oom ? b.data : "\"\"");
+    free(b.data);
+    return it;
 }
 
 /* Appends item's unformatted JSON (cJSON escapes strings as JSON requires). */
@@ -138,7 +216,7 @@ static cJSON *lp_item(q3_detokenizer *d, const q3_tokenizer *tok, int32_t id, fl
     cJSON *o = cJSON_CreateObject(), *bytes;
     srv_buf t = {0};
     token_text(d, tok, id, &t, &bytes);
-    cJSON_AddStringToObject(o, "token", t.data ? t.data : "");
+    add_text(o, "token", t.data, t.len);
     cJSON_AddNumberToObject(o, "logprob", lp);
     cJSON_AddItemToObject(o, "bytes", bytes);
     free(t.data);
@@ -175,7 +253,7 @@ static cJSON *logprobs_json(const srv_job *j, int from, int to)
         const q3_token_logprob *l = &j->res.lp[i];
         srv_buf t = {0};
         token_text(d, j->req.tok, l->id, &t, NULL);
-        cJSON_AddItemToArray(toks, cJSON_CreateString(t.data ? t.data : ""));
+        cJSON_AddItemToArray(toks, text_item(t.data, t.len));
         cJSON_AddItemToArray(lps, cJSON_CreateNumber(l->logprob));
         cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)off));
         size_t n = 0;
@@ -251,19 +329,16 @@ static void put_text(srv_job *j, int reasoning, const char *s, size_t n)
         srv_buf_put(reasoning ? &j->res.reasoning : &j->res.content, s, n);
         return;
     }
-    char *t = strndup(s, n);
-    if (!t) { j->st.sse.oom = 1; return; }
     cJSON *choice, *c = chunk_choice(j, &choice);
     if (j->req.kind == SRV_CHAT) {
         cJSON *d = cJSON_AddObjectToObject(choice, "delta");
-        cJSON_AddStringToObject(d, reasoning ? "reasoning_content" : "content", t);
+        add_text(d, reasoning ? "reasoning_content" : "content", s, n);
     } else {
-        cJSON_AddStringToObject(choice, "text", t);
+        add_text(choice, "text", s, n);
     }
     choice_logprobs(j, choice);
     choice_tail(choice, SRV_FINISH_NONE);
     sse_put(j, c);
-    free(t);
 }
 
 void srv_render_content(srv_job *j, const char *s, size_t n) { put_text(j, 0, s, n); }
@@ -322,13 +397,12 @@ void srv_response_json(const srv_job *j, srv_buf *out)
     cJSON *arr = cJSON_AddArrayToObject(r, "choices"), *choice = cJSON_CreateObject();
     cJSON_AddItemToArray(arr, choice);
     cJSON_AddNumberToObject(choice, "index", 0);
-    const char *content = j->res.content.data ? j->res.content.data : "";
     if (j->req.kind == SRV_CHAT) {
         cJSON *m = cJSON_AddObjectToObject(choice, "message");
         cJSON_AddStringToObject(m, "role", "assistant");
         if (j->res.n_tool_calls && !j->res.content.len) cJSON_AddNullToObject(m, "content");
-        else cJSON_AddStringToObject(m, "content", content);
-        if (j->res.reasoning.len) cJSON_AddStringToObject(m, "reasoning_content", j->res.reasoning.data);
+        else add_text(m, "content", j->res.content.data, j->res.content.len);
+        if (j->res.reasoning.len) add_text(m, "reasoning_content", j->res.reasoning.data, j->res.reasoning.len);
         if (j->res.n_tool_calls) {
             cJSON *tcs = cJSON_AddArrayToObject(m, "tool_calls");
             for (int k = 0; k < j->res.n_tool_calls; k++) {
@@ -344,7 +418,7 @@ void srv_response_json(const srv_job *j, srv_buf *out)
             }
         }
     } else {
-        cJSON_AddStringToObject(choice, "text", content);
+        add_text(choice, "text", j->res.content.data, j->res.content.len);
     }
     if (j->req.logprobs) cJSON_AddItemToObject(choice, "logprobs", logprobs_json(j, 0, j->res.n_lp));
     else cJSON_AddNullToObject(choice, "logprobs");

@@ -24,7 +24,8 @@ typedef struct srv_err {
     char message[384];
 } srv_err;
 
-/* Fills e; returns status. */
+/* Fills e; returns status. The message and param are made valid UTF-8 (they
+ * may echo a client's bytes): bytes that are not become U+FFFD. */
 int srv_err_set(srv_err *e, int status, const char *type, const char *code, const char *param, const char *fmt, ...)
     __attribute__((format(printf, 6, 7)));
 /* {"error":{"message","type","param","code"}} into b (code: e->code, or the status as a number). */
@@ -37,6 +38,9 @@ void srv_job_err(const srv_job *j, srv_err *e);
 /* The wire's finish_reason for f ("stop", "length", "tool_calls"); NULL for
  * SRV_FINISH_NONE. The one place the enum becomes the wire's word. */
 const char *srv_finish_wire(srv_finish f);
+
+/* Appends s[0..n) (UTF-8; NUL bytes and all) as a quoted JSON string. */
+void srv_json_string(srv_buf *b, const char *s, size_t n);
 
 /* Appends item's unformatted JSON to b (b->oom when cJSON runs out of memory). */
 void srv_put_json(srv_buf *b, const struct cJSON *item);

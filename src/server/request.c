@@ -169,22 +169,55 @@ static int parse_common(const srv_api *a, const cJSON *root, srv_job *j, int thi
     return 0;
 }
 
-/* The prompt fits with room for at least one token, and max_tokens fits after it. */
-static int check_length(const srv_api *a, srv_job *j, srv_err *e)
+/* The prompt fits with room for at least one token, and max_tokens fits after
+ * it, in the context and in the KV pool; max_tokens defaults to what fits.
+ * param: the field that holds the prompt ("messages" or "prompt"). */
+static int check_length(const srv_api *a, srv_job *j, const char *param, srv_err *e)
 {
-    if (j->req.n_prompt < 1) return bad(e, "messages", "the prompt is empty");
+    if (j->req.n_prompt < 1) return bad(e, param, "the prompt is empty");
     if (j->req.n_prompt >= a->n_ctx)
-        return srv_err_set(e, 400, "invalid_request_error", "context_length_exceeded", "messages",
+        return srv_err_set(e, 400, "invalid_request_error", "context_length_exceeded", param,
                            "This model's maximum context length is %d tokens. However, your request has %d input "
                            "tokens. Please reduce the length of the input messages.", a->n_ctx, j->req.n_prompt);
     int room = a->n_ctx - j->req.n_prompt;
-    if (j->req.max_tokens == 0) j->req.max_tokens = room;
+    int kv_room = a->kv_tokens > 0 ? a->kv_tokens - j->req.n_prompt : room;
+    if (kv_room < 1)
+        return srv_err_set(e, 400, "invalid_request_error", "context_length_exceeded", param,
+                           "The prompt's %d tokens need more KV cache than this server has (%d tokens, --kv-size).",
+                           j->req.n_prompt, a->kv_tokens);
+    if (j->req.max_tokens == 0) j->req.max_tokens = room < kv_room ? room : kv_room;
     else if (j->req.max_tokens > room)
         return srv_err_set(e, 400, "invalid_request_error", "context_length_exceeded", "max_tokens",
                            "This model's maximum context length is %d tokens. However, you requested %d tokens "
                            "(%d in the messages, %d in the completion). Please reduce the length of the messages "
                            "or completion.", a->n_ctx, j->req.n_prompt + j->req.max_tokens, j->req.n_prompt, j->req.max_tokens);
+    else if (j->req.max_tokens > kv_room)
+        return srv_err_set(e, 400, "invalid_request_error", "context_length_exceeded", "max_tokens",
+                           "The prompt's %d tokens and max_tokens %d need more KV cache than this server has "
+                           "(%d tokens, --kv-size).", j->req.n_prompt, j->req.max_tokens, a->kv_tokens);
     return 0;
+}
+
+void srv_api_limits(srv_api *a)
+{
+    size_t longest = 1;
+    int32_t n = a->tok ? q3_tokenizer_vocab_size(a->tok) : 0;
+    for (int32_t id = 0; id < n; id++) {
+        const char *b;
+        size_t len;
+        if (!q3_tokenizer_piece(a->tok, id, &b, &len) && len > longest) longest = len;
+    }
+    a->max_text_bytes = longest * 3 * (size_t)(a->n_ctx > 0 ? a->n_ctx : 1);
+}
+
+/* Text of `bytes` bytes that cannot fit the context whatever its tokens: refused
+ * before tokenizing (each token is at most the longest token's bytes). */
+static int too_long(const srv_api *a, size_t bytes, const char *param, srv_err *e)
+{
+    if (!a->max_text_bytes || bytes <= a->max_text_bytes) return 0;
+    return srv_err_set(e, 400, "invalid_request_error", "context_length_exceeded", param,
+                       "This model's maximum context length is %d tokens. However, your request's %zu bytes of text "
+                       "make more tokens than that. Please reduce the length of the input.", a->n_ctx, bytes);
 }
 
 /* Whether a JSON string in body[0..len) holds \u0000: cJSON's strings end at a
@@ -206,6 +239,30 @@ static int has_nul_escape(const char *body, size_t len)
     return 0;
 }
 
+static int cmp_keys(const void *x, const void *y) { return strcmp(*(const char *const *)x, *(const char *const *)y); }
+
+/* The first key that appears twice in one object of the tree (NULL: none).
+ * cJSON keeps both and its lookups find the first: a request must not mean
+ * one thing to q3 and another to a proxy that reads the last. */
+static const char *dup_key(const cJSON *node)
+{
+    const char *found = NULL;
+    if (cJSON_IsObject(node)) {
+        int n = cJSON_GetArraySize(node), k = 0;
+        const char **keys = n > 1 ? malloc((size_t)n * sizeof *keys) : NULL;
+        for (const cJSON *c = node->child; keys && c; c = c->next) keys[k++] = c->string;
+        if (keys) {
+            qsort(keys, (size_t)k, sizeof *keys, cmp_keys);
+            for (int i = 1; i < k && !found; i++)
+                if (!strcmp(keys[i - 1], keys[i])) found = keys[i];
+            free(keys);
+        }
+    }
+    for (const cJSON *c = node->child; c && !found && (cJSON_IsObject(node) || cJSON_IsArray(node)); c = c->next)
+        found = dup_key(c);
+    return found;
+}
+
 static cJSON *parse_body(const char *body, size_t len, srv_err *e)
 {
     if (memchr(body, 0, len) || has_nul_escape(body, len)) {
@@ -222,6 +279,12 @@ static cJSON *parse_body(const char *body, size_t len, srv_err *e)
         bad(e, NULL, "the body must be a JSON object");
         return NULL;
     }
+    const char *dup = dup_key(root);
+    if (dup) {
+        bad(e, dup, "the key '%.60s' appears twice in one object", dup);
+        cJSON_Delete(root);
+        return NULL;
+    }
     return root;
 }
 
@@ -231,6 +294,27 @@ static void fill_ids(srv_job *j, const char *prefix)
     unsigned long long c = __atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED);
     j->req.created = (long long)time(NULL);
     snprintf(j->req.id, sizeof j->req.id, "%s-%llx%08llx", prefix, (unsigned long long)j->req.created, c);
+}
+
+/* Whether a completion's prompt text[0..len) surely has more tokens than the
+ * context holds, found without tokenizing all of it: a prefix is tokenized that
+ * ends where a piece must end, at a newline before an ASCII letter (the
+ * pre-tokenizer never joins the two, NFC never composes them, no added token
+ * holds a newline), so its tokens are the first tokens of the whole text. With
+ * a margin of 16 over the context. 0: not sure (tokenize it all). */
+static int surely_too_long(const srv_api *a, const char *text, size_t len, size_t *n_prefix)
+{
+    size_t want = (size_t)a->n_ctx + 16, from = 8 * want;
+    if (len < 2 * from) return 0;
+    size_t cut = 0;
+    for (size_t i = from; i + 1 < len && i < 2 * from && !cut; i++)
+        if (text[i] == '\n' && (text[i + 1] | 32) >= 'a' && (text[i + 1] | 32) <= 'z') cut = i + 1;
+    int32_t *ids = NULL;
+    size_t n = 0;
+    if (!cut || q3_tokenizer_encode(a->tok, text, cut, Q3_ENCODE_DEFAULT, &ids, &n)) return 0;
+    free(ids);
+    *n_prefix = n;
+    return n >= want;
 }
 
 /* ---- chat ------------------------------------------------------------------ */
@@ -272,6 +356,7 @@ static int render_chat(const srv_api *a, const cJSON *messages, const cJSON *too
     if (!cJSON_IsArray(messages) || cJSON_GetArraySize(messages) < 1) return bad(e, "messages", "'messages' must be a non-empty list");
     cJSON *conv = cJSON_CreateObject(), *msgs = cJSON_AddArrayToObject(conv, "messages");
     int rc = 0, idx = 0;
+    size_t text_bytes = 0;
     char *json = NULL;
     for (const cJSON *m = messages->child; m; m = m->next, idx++) {
         if (!cJSON_IsObject(m)) { rc = bad(e, "messages", "messages[%d] must be an object", idx); goto done; }
@@ -286,6 +371,8 @@ static int render_chat(const srv_api *a, const cJSON *messages, const cJSON *too
         char *text;
         if ((rc = content_text(m, idx, &text, e))) goto done;
         if (!text && !assistant) { rc = bad(e, "messages", "messages[%d] (%s) has no content", idx, r); goto done; }
+        text_bytes += text ? strlen(text) : 0;
+        if ((rc = too_long(a, text_bytes, "messages", e))) { free(text); goto done; }
         cJSON *copy = cJSON_CreateObject();
         cJSON_AddItemToArray(msgs, copy);
         cJSON_AddStringToObject(copy, "role", !strcmp(r, "developer") ? "system" : r);
@@ -375,7 +462,7 @@ int srv_parse_chat(const srv_api *a, const char *body, size_t len, srv_job *j, s
         if (!msgs) rc = bad(e, "messages", "'messages' is required");
         else rc = render_chat(a, msgs, tools, thinking, j, e);
     }
-    if (!rc) rc = check_length(a, j, e);
+    if (!rc) rc = check_length(a, j, "messages", e);
     fill_ids(j, "chatcmpl");
     cJSON_Delete(root);
     return rc;
@@ -404,7 +491,15 @@ int srv_parse_completion(const srv_api *a, const char *body, size_t len, srv_job
         if (cJSON_IsString(p)) {
             int32_t *ids = NULL;
             size_t n = 0;
-            if (q3_tokenizer_encode(a->tok, p->valuestring, strlen(p->valuestring), Q3_ENCODE_DEFAULT, &ids, &n)) rc = bad(e, "prompt", "%s", q3_last_error());
+            size_t len = strlen(p->valuestring), at_least = 0;
+            if ((rc = too_long(a, len, "prompt", e))) {
+            } else if (surely_too_long(a, p->valuestring, len, &at_least)) { /* tokenizing stops past the context */
+                rc = srv_err_set(e, 400, "invalid_request_error", "context_length_exceeded", "prompt",
+                                 "This model's maximum context length is %d tokens. However, your request has more than "
+                                 "%zu input tokens. Please reduce the length of the input messages.", a->n_ctx, at_least);
+            } else if (q3_tokenizer_encode(a->tok, p->valuestring, len, Q3_ENCODE_DEFAULT, &ids, &n)) {
+                rc = bad(e, "prompt", "%s", q3_last_error());
+            }
             j->req.prompt = ids;
             j->req.n_prompt = (int)n;
         } else if (cJSON_IsArray(p) && cJSON_GetArraySize(p) > 0 && cJSON_IsNumber(p->child)) {
@@ -422,7 +517,7 @@ int srv_parse_completion(const srv_api *a, const char *body, size_t len, srv_job
             rc = bad(e, "prompt", "'prompt' must be a string or a non-empty list of token ids");
         }
     }
-    if (!rc) rc = check_length(a, j, e);
+    if (!rc) rc = check_length(a, j, "prompt", e);
     fill_ids(j, "cmpl");
     cJSON_Delete(root);
     return rc;
@@ -444,7 +539,10 @@ int srv_tokenize(const srv_api *a, const char *body, size_t len, srv_buf *out, s
         if (cJSON_IsString(p)) {
             int32_t *ids = NULL;
             size_t n = 0;
-            if (q3_tokenizer_encode(a->tok, p->valuestring, strlen(p->valuestring), Q3_ENCODE_DEFAULT, &ids, &n)) rc = bad(e, "prompt", "%s", q3_last_error());
+            if ((rc = too_long(a, strlen(p->valuestring), "prompt", e))) {
+            } else if (q3_tokenizer_encode(a->tok, p->valuestring, strlen(p->valuestring), Q3_ENCODE_DEFAULT, &ids, &n)) {
+                rc = bad(e, "prompt", "%s", q3_last_error());
+            }
             j->req.prompt = ids;
             j->req.n_prompt = (int)n;
         } else if (m) {
@@ -458,13 +556,14 @@ int srv_tokenize(const srv_api *a, const char *body, size_t len, srv_buf *out, s
             rc = bad(e, "prompt", "'prompt' (a string) or 'messages' is required");
         }
     }
-    if (!rc) {
-        cJSON *r = cJSON_CreateObject(), *arr = cJSON_AddArrayToObject(r, "tokens");
-        for (int i = 0; i < j->req.n_prompt; i++) cJSON_AddItemToArray(arr, cJSON_CreateNumber(j->req.prompt[i]));
-        cJSON_AddNumberToObject(r, "count", j->req.n_prompt);
-        cJSON_AddNumberToObject(r, "max_model_len", a->n_ctx);
-        srv_put_json(out, r);
-        cJSON_Delete(r);
+    if (!rc) { /* written straight into the buffer: a long prompt is no cJSON node per token */
+        srv_buf_puts(out, "{\"tokens\":[");
+        char num[16];
+        for (int i = 0; i < j->req.n_prompt; i++) {
+            int k = snprintf(num, sizeof num, i ? ",%d" : "%d", (int)j->req.prompt[i]);
+            srv_buf_put(out, num, (size_t)k);
+        }
+        srv_buf_printf(out, "],\"count\":%d,\"max_model_len\":%d}", j->req.n_prompt, a->n_ctx);
     }
     if (j) srv_job_unref(j);
     cJSON_Delete(root);
@@ -504,10 +603,10 @@ int srv_detokenize(const srv_api *a, const char *body, size_t len, srv_buf *out,
                 if (!q3_detokenizer_push(d, ids[i], &piece, &pl)) srv_buf_put(&s, piece, pl);
             if (d && !q3_detokenizer_flush(d, &piece, &pl)) srv_buf_put(&s, piece, pl);
             q3_detokenizer_free(d);
-            cJSON *r = cJSON_CreateObject();
-            cJSON_AddStringToObject(r, "prompt", s.data ? s.data : "");
-            srv_put_json(out, r);
-            cJSON_Delete(r);
+            if (s.oom) out->oom = 1;
+            srv_buf_puts(out, "{\"prompt\":"); /* NUL bytes (token 188 is one) stay in the text */
+            srv_json_string(out, s.data, s.len);
+            srv_buf_puts(out, "}");
             free(s.data);
             free(text);
         }

@@ -18,7 +18,14 @@ typedef struct srv_api {
     const char *model_name;
     int n_ctx;
     int vocab;
+    int kv_tokens;          /* the KV pool in tokens (0: room for n_ctx); prompt + max_tokens must fit */
+    size_t max_text_bytes;  /* text longer than this has more than n_ctx tokens (srv_api_limits) */
 } srv_api;
+
+/* Sets a->max_text_bytes from the tokenizer: the longest token's bytes x 3
+ * (NFC may shrink text threefold) x n_ctx. Text past it is refused without
+ * tokenizing it: it cannot fit the context. */
+void srv_api_limits(srv_api *a);
 
 /* Fill j (kind, prompt, sampling, stop, stream, ...) from a request body.
  * Return 0, or the HTTP status with e set (j then holds nothing to free

@@ -38,8 +38,13 @@ static q3_status take_ids(q3_status st, q3_tokens *t, int32_t **ids, size_t *n_i
 q3_status q3_chat_tokenize_json(const q3_tokenizer *tok, const char *json, size_t len, unsigned flags, int32_t **ids,
                                 size_t *n_ids)
 {
+    Q3_NOT_NULL(ids);
+    Q3_NOT_NULL(n_ids);
     *ids = NULL;
     *n_ids = 0;
+    Q3_NOT_NULL(tok);
+    Q3_NOT_NULL(json);
+    if (flags & ~(unsigned)Q3_CHAT_PARSE_SPECIAL_IN_CONTENT) return q3_fail(Q3_ERR_INVALID, "q3_chat_tokenize_json: unknown flags 0x%x", flags);
     cJSON *conv;
     q3_status st = parse(json, len, &conv);
     if (st) return st;
@@ -51,7 +56,9 @@ q3_status q3_chat_tokenize_json(const q3_tokenizer *tok, const char *json, size_
 
 q3_status q3_chat_format_json(const char *json, size_t len, char **text, size_t *text_len)
 {
+    Q3_NOT_NULL(text);
     *text = NULL;
+    Q3_NOT_NULL(json);
     cJSON *conv;
     q3_status st = parse(json, len, &conv);
     if (st) return st;
@@ -70,13 +77,21 @@ q3_chat_opts q3_chat_opts_default(void)
 q3_status q3_chat_tokenize(const q3_tokenizer *tok, const q3_chat_message *messages, size_t n,
                            const q3_chat_opts *opts, int32_t **ids, size_t *n_ids)
 {
+    Q3_NOT_NULL(ids);
+    Q3_NOT_NULL(n_ids);
     *ids = NULL;
     *n_ids = 0;
+    Q3_NOT_NULL(tok);
+    if (n && !messages) return q3_fail(Q3_ERR_INVALID, "q3_chat_tokenize: messages is NULL");
     q3_chat_opts o = q3_chat_opts_default();
     if (opts) {
         q3_status ost = q3_opts_read(&o, sizeof o, opts, "q3_chat_tokenize options");
         if (ost) return ost;
     }
+    if (o.flags & ~(unsigned)Q3_CHAT_PARSE_SPECIAL_IN_CONTENT) return q3_fail(Q3_ERR_INVALID, "q3_chat_tokenize: unknown flags 0x%x", o.flags);
+    if ((unsigned)o.add_generation_prompt > 1 || o.enable_thinking < -1 || o.enable_thinking > 1)
+        return q3_fail(Q3_ERR_INVALID, "q3_chat_tokenize: add_generation_prompt is 0 or 1 (%d), enable_thinking -1, 0 or 1 (%d)",
+                       o.add_generation_prompt, o.enable_thinking);
     cJSON *conv = cJSON_CreateObject(), *msgs = cJSON_AddArrayToObject(conv, "messages");
     q3_status st = Q3_OK;
     for (size_t i = 0; i < n && msgs; i++) {

@@ -628,9 +628,14 @@ q3_status q3_tokenizer_encode(const q3_tokenizer *t, const char *text, size_t le
                               size_t *n_ids)
 {
     q3_tokens toks = {0};
+    Q3_NOT_NULL(ids);
+    Q3_NOT_NULL(n_ids);
     *ids = NULL;
     *n_ids = 0;
-    q3_status st = q3_tokenizer_encode_append(t, text, len, flags, &toks);
+    Q3_NOT_NULL(t);
+    if (len && !text) return q3_fail(Q3_ERR_INVALID, "q3_tokenizer_encode: text is NULL");
+    if (flags & ~(unsigned)Q3_ENCODE_SPECIAL_AS_TEXT) return q3_fail(Q3_ERR_INVALID, "q3_tokenizer_encode: unknown flags 0x%x", flags);
+    q3_status st = q3_tokenizer_encode_append(t, text ? text : "", len, flags, &toks);
     if (st != Q3_OK) {
         q3_tokens_free(&toks);
         return st;
@@ -652,8 +657,11 @@ static q3_status check_decode_id(const q3_tokenizer *t, int32_t id, size_t at)
 
 q3_status q3_tokenizer_decode(const q3_tokenizer *t, const int32_t *ids, size_t n, char **text, size_t *len)
 {
+    Q3_NOT_NULL(text);
     *text = NULL;
     if (len) *len = 0;
+    Q3_NOT_NULL(t);
+    if (n && !ids) return q3_fail(Q3_ERR_INVALID, "q3_tokenizer_decode: ids is NULL");
     size_t total = 0;
     for (size_t i = 0; i < n; i++) {
         q3_status st = check_decode_id(t, ids[i], i);
@@ -746,10 +754,11 @@ q3_status q3_detok_flush(q3_detok *d, const char **text, size_t *len)
 
 /* ==== lookups =============================================================================== */
 
-int32_t q3_tokenizer_vocab_size(const q3_tokenizer *t) { return t->n_ids; }
+int32_t q3_tokenizer_vocab_size(const q3_tokenizer *t) { return t ? t->n_ids : 0; }
 
 int32_t q3_tokenizer_token_id(const q3_tokenizer *t, const char *text, size_t len)
 {
+    if (!t || (len && !text)) return -1;
     for (size_t i = 0; i < t->n_added; i++)
         if (t->added[i].len == len && memcmp(t->bytes.data + t->added[i].off, text, len) == 0)
             return t->added[i].id;
@@ -773,7 +782,7 @@ int q3_tokenizer_is_added(const q3_tokenizer *t, int32_t id)
 
 int q3_tokenizer_is_special(const q3_tokenizer *t, int32_t id)
 {
-    return id >= 0 && id < t->n_ids && t->tok_kind[id] == TK_KIND_SPECIAL;
+    return t && id >= 0 && id < t->n_ids && t->tok_kind[id] == TK_KIND_SPECIAL;
 }
 
 /* ==== the public detokenizer and the turn-ending ids ===================================== */
@@ -784,6 +793,9 @@ struct q3_detokenizer {
 
 q3_status q3_detokenizer_new(const q3_tokenizer *tok, q3_detokenizer **out)
 {
+    Q3_NOT_NULL(out);
+    *out = NULL;
+    Q3_NOT_NULL(tok);
     *out = calloc(1, sizeof **out);
     if (!*out) return q3_fail(Q3_ERR_NOMEM, "out of memory");
     q3_detok_init(&(*out)->d, tok);
@@ -792,11 +804,17 @@ q3_status q3_detokenizer_new(const q3_tokenizer *tok, q3_detokenizer **out)
 
 q3_status q3_detokenizer_push(q3_detokenizer *d, int32_t id, const char **text, size_t *len)
 {
+    Q3_NOT_NULL(d);
+    Q3_NOT_NULL(text);
+    Q3_NOT_NULL(len);
     return q3_detok_push(&d->d, id, text, len);
 }
 
 q3_status q3_detokenizer_flush(q3_detokenizer *d, const char **text, size_t *len)
 {
+    Q3_NOT_NULL(d);
+    Q3_NOT_NULL(text);
+    Q3_NOT_NULL(len);
     return q3_detok_flush(&d->d, text, len);
 }
 
@@ -812,6 +830,11 @@ int32_t q3_tokenizer_end_of_text(const q3_tokenizer *tok) { return q3_tokenizer_
 
 q3_status q3_tokenizer_piece(const q3_tokenizer *tok, int32_t id, const char **bytes, size_t *len)
 {
+    Q3_NOT_NULL(bytes);
+    Q3_NOT_NULL(len);
+    *bytes = NULL;
+    *len = 0;
+    Q3_NOT_NULL(tok);
     *bytes = q3_tokenizer_token_bytes(tok, id, len);
     if (!*bytes) return q3_fail(Q3_ERR_INVALID, "token id %d is not in the vocabulary [0, %d)", id, q3_tokenizer_vocab_size(tok));
     return Q3_OK;

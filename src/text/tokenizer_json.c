@@ -818,7 +818,9 @@ static q3_status load_json_file(const char *path, q3_tokenizer **out);
 
 q3_status q3_tokenizer_load(const char *path, q3_tokenizer **out)
 {
+    Q3_NOT_NULL(out);
     *out = NULL;
+    Q3_NOT_NULL(path);
     char p[PATH_MAX];
     if (q3_is_dir(path)) { /* a model folder: its tokenizer.json */
         if ((size_t)snprintf(p, sizeof p, "%s/tokenizer.json", path) >= sizeof p)

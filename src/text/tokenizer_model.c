@@ -12,7 +12,9 @@
 
 q3_status q3_tokenizer_for_model(const q3_model *m, q3_tokenizer **out)
 {
+    Q3_NOT_NULL(out);
     *out = NULL;
+    Q3_NOT_NULL(m);
     if (m->gguf) return q3_tokenizer_load_gguf(m->gguf, out);
     char p[PATH_MAX];
     if (snprintf(p, sizeof p, "%s/tokenizer.json", m->path) >= (int)sizeof p)
@@ -26,7 +28,9 @@ q3_status q3_tokenizer_for_model(const q3_model *m, q3_tokenizer **out)
 
 q3_status q3_model_chat_template_check(const q3_model *m, int *present)
 {
+    Q3_NOT_NULL(present);
     *present = 0;
+    Q3_NOT_NULL(m);
     if (m->gguf) { /* its tokenizer.chat_template */
         q3_gguf_tokenizer_info info;
         q3_status st = q3_gguf_tokenizer_info_read(m->gguf, &info);

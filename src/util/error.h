@@ -16,4 +16,11 @@ q3_status q3_fail_wrap(q3_status st, const char *fmt, ...)
 
 void q3_clear_error(void);
 
+/* The library's NULL rule (q3.h): a NULL handle or out-pointer passed to a
+ * function that returns a status fails with Q3_ERR_INVALID naming it. */
+#define Q3_NOT_NULL(p)                                                                      \
+    do {                                                                                    \
+        if (!(p)) return q3_fail(Q3_ERR_INVALID, "%s: %s is NULL", __func__, #p);           \
+    } while (0)
+
 #endif
