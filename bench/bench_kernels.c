@@ -12,9 +12,12 @@
  * q3_session_* on the "cpu" unit: prefill ms per 128-token chunk and decode
  * ms per token, with the time per op (by name, summed over layers) and the
  * pool jobs (synchronisations) per token.
+ * attn-stream: one token's decode attention over 28 layers of distinct K/V
+ * (streamed from memory, as at depth in a real token); --depth N: only that
+ * depth.
  *
  *   build/bench/bench_kernels [--reps N] [--bw GBS] [--peak GFLOPS] [--isa amx|avx512|avx2]
- *                             [--only gemm|gemv|token|prefill|attn|e2e] [--model DIR] [--gen N] [--depth N]
+ *                             [--only gemm|gemv|token|prefill|attn|attn-stream|e2e] [--model DIR] [--gen N] [--depth N] [--layers N]
  */
 #include <math.h>
 #include <stdio.h>
@@ -33,6 +36,16 @@ static double now(void)
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
+
+/* CPU time of every thread of the process. */
+static double cpu_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int g_layers; /* attn-stream: layers (default 28) */
 
 static uint64_t rng = 0x2545f4914f6cdd1dull;
 static float frand(void)
@@ -325,6 +338,92 @@ static void bench_attention(const char *only_isa)
     }
 }
 
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Decode attention of one token over all 28 layers of Qwen3-0.6B at depth D
+ * (the K/V of every layer distinct: 28 x 4 KB x D with an F16 cache, so it
+ * streams from memory as in a real token): ms per token (best and median of
+ * reps), the K/V read rate against the measured read bandwidth. One layer
+ * checked against ref first. */
+static void bench_attention_stream(const char *only_isa, int depth)
+{
+    enum { NH = 16, NKV = 8, HD = 128, MAXL = 28 };
+    const int NL = g_layers > 0 && g_layers < MAXL ? g_layers : MAXL;
+    int depths[] = {1024, 4096};
+    if (depth > 0) depths[0] = depths[1] = depth;
+    q3_config cfg = {.n_layers = NL, .dim = 1024, .ffn_dim = 3072, .n_heads = NH, .n_kv_heads = NKV, .head_dim = HD,
+                     .vocab_size = 1000, .max_seq_len = 8192, .rms_eps = 1e-6f, .rope_theta = 1e6f};
+    static const q3_dtype kvts[] = {Q3_F16, Q3_Q8_0};
+    for (size_t di = 0; di < sizeof depths / sizeof *depths * 2; di++) {
+        int pos = depths[di / 2];
+        q3_dtype kvt = kvts[di % 2];
+        if (depth > 0 && di >= 2) break;
+        q3_kv_pool kv;
+        int seq, n = pos + 1;
+        if (q3_kv_pool_init(&kv, &cfg, kvt, q3_kv_blocks_for(n), 1, n) || q3_kv_seq_add(&kv, &seq) ||
+            q3_kv_seq_reserve(&kv, seq, n))
+            return;
+        const int32_t *table = kv.seqs[seq].table;
+        float *row = malloc(NKV * HD * sizeof *row);
+        for (int l = 0; l < NL; l++)
+            for (int t = 0; t < n; t++) {
+                for (int i = 0; i < NKV * HD; i++) row[i] = frand();
+                q3_row_from_f32(kvt, row, q3_kv_k_row(&kv, table, l, t), NKV * HD);
+                for (int i = 0; i < NKV * HD; i++) row[i] = frand();
+                q3_row_from_f32(kvt, row, q3_kv_v_row(&kv, table, l, t), NKV * HD);
+            }
+        free(row);
+        int32_t rpos = pos;
+        const int32_t *tables[1] = {table};
+        q3_value values[4] = {{.rows = 1, .cols = NH * HD}, {.rows = 1, .cols = NKV * HD},
+                              {.rows = 1, .cols = NKV * HD}, {.rows = 1, .cols = NH * HD}};
+        q3_op ops[MAXL];
+        for (int l = 0; l < NL; l++)
+            ops[l] = (q3_op){.kind = Q3_OP_ATTENTION, .layer = l, .out = 3, .in = {0, -1, -1}, .reads_state = true};
+        q3_graph g = {.cfg = &cfg, .rows = 1, .ops = ops, .n_ops = NL, .values = values, .n_values = 4};
+        float *buf[4], ref_out[NH * HD];
+        for (int v = 0; v < 4; v++) {
+            buf[v] = malloc((size_t)values[v].cols * sizeof(float));
+            for (int i = 0; i < values[v].cols; i++) buf[v][i] = frand();
+        }
+        q3_exec e = {.g = &g, .buf = buf, .n_real = 1, .pos = &rpos, .kv = &kv, .table = tables};
+        g_ref->b->run(g_ref->impl, &e, &ops[NL - 1]);
+        memcpy(ref_out, buf[3], sizeof ref_out);
+        double bytes = 2.0 * (pos + 1.0) * (double)kv.row_bytes * NL;
+        for (size_t i = 0; i < sizeof isa_names / sizeof *isa_names; i++) {
+            if (only_isa && strcmp(only_isa, isa_names[i])) continue;
+            if (!use_isa(isa_names[i])) continue;
+            g_cpu->b->run(g_cpu->impl, &e, &ops[NL - 1]);
+            double err = 0;
+            for (int j = 0; j < NH * HD; j++) err = fmax(err, fabs(buf[3][j] - ref_out[j]));
+            int reps = g_reps < 3 ? 3 : g_reps;
+            double *ts = malloc((size_t)reps * sizeof *ts), *cs = malloc((size_t)reps * sizeof *cs);
+            for (int rep = 0; rep < reps; rep++) {
+                double t0 = now(), c0 = cpu_now();
+                for (int l = 0; l < NL; l++) g_cpu->b->run(g_cpu->impl, &e, &ops[l]);
+                ts[rep] = now() - t0;
+                cs[rep] = cpu_now() - c0;
+            }
+            qsort(ts, (size_t)reps, sizeof *ts, cmp_double);
+            qsort(cs, (size_t)reps, sizeof *cs, cmp_double);
+            /* CPU time: the threads' time on a core (spinning included), which a
+               busy machine does not inflate the way it does wall time */
+            printf("  decode attention %-7s kv %-4s depth %-5d x %d layers: best %7.3f ms, p50 %7.3f ms per token "
+                   "(CPU time p50 %7.3f ms); %5.1f GB/s of K/V (best) = %3.0f%% of the read bandwidth; max err %.1e\n",
+                   isa_names[i], q3_dtype_name(kvt), pos, NL, ts[0] * 1e3, ts[reps / 2] * 1e3, cs[reps / 2] * 1e3,
+                   bytes / ts[0] * 1e-9, 100 * bytes / ts[0] * 1e-9 / g_bw, err);
+            free(ts);
+            free(cs);
+        }
+        for (int v = 0; v < 4; v++) free(buf[v]);
+        q3_kv_pool_free(&kv);
+    }
+}
+
 /* ---- end to end ------------------------------------------------------------------------------ */
 
 /* Prints the per-op time of a profiled runner, summed by op name without its
@@ -351,11 +450,6 @@ static void print_profile(const q3_runner *r, int runs, double total)
             printf("      %-16s %8.3f ms  %5.1f%%\n", names[j], secs[j] / runs * 1e3, 100 * secs[j] / runs / total);
 }
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
 
 static void bench_e2e(const char *dir, int gen, int depth, const char *only_isa)
 {
@@ -449,9 +543,10 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--model") && i + 1 < argc) model = argv[++i];
         else if (!strcmp(argv[i], "--gen") && i + 1 < argc) gen = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--depth") && i + 1 < argc) depth = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--layers") && i + 1 < argc) g_layers = atoi(argv[++i]);
         else {
             fprintf(stderr, "usage: %s [--reps N] [--bw GBS] [--peak GFLOPS] [--isa amx|avx512|avx2] "
-                            "[--only gemm|gemv|token|prefill|attn|e2e] [--model DIR] [--gen N] [--depth N]\n", argv[0]);
+                            "[--only gemm|gemv|token|prefill|attn|attn-stream|e2e] [--model DIR] [--gen N] [--depth N] [--layers N]\n", argv[0]);
             return 2;
         }
     }
@@ -474,6 +569,7 @@ int main(int argc, char **argv)
     if (!only || !strcmp(only, "token")) bench_token(only_isa);
     if (!only || !strcmp(only, "prefill")) bench_prefill(only_isa);
     if (!only || !strcmp(only, "attn")) bench_attention(only_isa);
+    if (!only || !strcmp(only, "attn") || !strcmp(only, "attn-stream")) bench_attention_stream(only_isa, depth);
     if (model && (!only || !strcmp(only, "e2e"))) {
         bench_e2e(model, gen > 0 ? gen : 1, depth, only_isa);
     }

@@ -1,6 +1,8 @@
 /* The Q8_0 / Q4_0 matmul kernels of the cpu unit (backend/cpu/quant_kernels.h):
  *  - activation quantization: every kernel table writes the same bytes as
  *    the scalar reference (q, c, d), including zero and tiny blocks;
+ *  - non-finite activations: a row holding a NaN or an infinity is all NaN
+ *    from every table, its neighbours untouched;
  *  - matmul: every table's outputs equal the reference's bit for bit on
  *    random shapes (k a multiple of 32 but not of 256, odd output counts,
  *    ranges that do not start on a panel, 1 and many rows), nothing outside
@@ -417,6 +419,71 @@ static void test_mm_interface(void)
     }
 }
 
+/* ---- non-finite activations -------------------------------------------------------- */
+
+/* A row with a NaN or an infinity comes out all NaN (quant_kernels.h: the
+ * poisoned block, q = 0, c = 0, d = NaN) from every table, as quantized bytes
+ * equal to the reference's and as outputs; the rows beside it are untouched
+ * (bit for bit the reference). Before the rule, the AVX-512 quantizer turned
+ * NaN into -128s whose 32-bit sums overflowed (UB under make SAN=1) and every
+ * table returned finite, plausible numbers for the row. */
+static void test_nonfinite(void)
+{
+    const float bad[] = {NAN, -NAN, INFINITY, -INFINITY};
+    for (int ti = 0; ti < N_QTYPES; ti++) {
+        const q3_dtype wt = qtypes[ti];
+        const int k = 512, n = 40;
+        for (int rows = 5; rows <= 21; rows += 16) { /* a GEMV-sized and a GEMM-sized batch */
+            size_t ws;
+            void *w = random_w(wt, n, k, &ws);
+            float *x = xalloc((size_t)rows * k * sizeof(float));
+            random_x(x, rows, k);
+            /* rows 0, 2, 3, 4 hold one non-finite value each, at a place that moves */
+            for (int r = 0; r < 4; r++) x[(size_t)(r ? r + 1 : 0) * k + (size_t)(rnd() % k)] = bad[r];
+            size_t qb = q3_qact_bytes(rows, k), ldy = (size_t)n;
+            char *qref = xalloc(qb), *qgot = xalloc(qb);
+            float *ref = xalloc((size_t)rows * n * sizeof(float)), *got = xalloc((size_t)rows * n * sizeof(float));
+            q3_qact qr = q3_qact_carve(qref, rows, k);
+            memset(qref, 0x5a, qb);
+            q3_quant_ref.quantize(wt, x, (size_t)k, &qr, 0, rows);
+            q3_quant_ref.matmul(wt, w, ws, &qr, ref, ldy, 0, n, NULL);
+            int not_nan = 0;
+            for (int r = 0; r < rows; r++)
+                for (int o = 0; o < n; o++) {
+                    bool poisoned = r == 0 || (r >= 2 && r <= 4);
+                    not_nan += poisoned ? !isnan(ref[(size_t)r * n + o]) : !isfinite(ref[(size_t)r * n + o]);
+                }
+            CHECK(not_nan == 0, "ref %s rows %d: %d outputs not NaN in a non-finite row (or not finite elsewhere)",
+                  q3_dtype_name(wt), rows, not_nan);
+            for (int t = 1; t < n_tables; t++) {
+                const q3_quant_kernels *kt = tables[t];
+                memset(qgot, 0x5a, qb);
+                q3_qact qg = q3_qact_carve(qgot, rows, k);
+                kt->quantize(wt, x, (size_t)k, &qg, 0, rows);
+                CHECK(memcmp(qref, qgot, qb) == 0, "%s quantize %s with non-finite values differs from ref", kt->name,
+                      q3_dtype_name(wt));
+                size_t sb = kt->scratch(wt, rows, k);
+                void *scratch = sb ? xalloc(sb) : NULL, *packed;
+                const void *tw = table_weight(kt, wt, w, ws, n, k, &packed);
+                kt->matmul(wt, tw, ws, &qg, got, ldy, 0, n, scratch);
+                int diff = 0;
+                for (size_t i = 0; i < (size_t)rows * n; i++)
+                    diff += isnan(ref[i]) ? !isnan(got[i]) : memcmp(&ref[i], &got[i], 4) != 0;
+                CHECK(diff == 0, "%s %s rows %d with non-finite values: %d outputs differ from ref", kt->name,
+                      q3_dtype_name(wt), rows, diff);
+                free(scratch);
+                free(packed);
+            }
+            free((uint8_t *)w - 1);
+            free(x);
+            free(qref);
+            free(qgot);
+            free(ref);
+            free(got);
+        }
+    }
+}
+
 /* ---- end to end on the golden quantized models ------------------------------------------ */
 
 typedef struct named_w {
@@ -518,6 +585,7 @@ int main(void)
     test_matmul();
     test_kquant_numerics();
     test_mm_interface();
+    test_nonfinite();
     test_golden();
     TEST_DONE();
 }

@@ -24,17 +24,24 @@
 
 /* ---- activations ------------------------------------------------------------------------ */
 
+/* max |x| as the unsigned order of the |x| bit patterns: the float max for
+ * finite values, NaN or inf when the block holds one (vmaxps would drop a
+ * NaN depending on the operand order). */
 Q3_INLINE float block_amax(const float *x)
 {
-    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-    __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(x), absmask),
-                                           _mm256_and_ps(_mm256_loadu_ps(x + 8), absmask)),
-                             _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(x + 16), absmask),
-                                           _mm256_and_ps(_mm256_loadu_ps(x + 24), absmask)));
-    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
-    return _mm_cvtss_f32(m4);
+    const __m256i absmask = _mm256_set1_epi32(0x7fffffff);
+    __m256i m = _mm256_max_epu32(
+        _mm256_max_epu32(_mm256_and_si256(_mm256_loadu_si256((const __m256i *)x), absmask),
+                         _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(x + 8)), absmask)),
+        _mm256_max_epu32(_mm256_and_si256(_mm256_loadu_si256((const __m256i *)(x + 16)), absmask),
+                         _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(x + 24)), absmask)));
+    __m128i m4 = _mm_max_epu32(_mm256_castsi256_si128(m), _mm256_extracti128_si256(m, 1));
+    m4 = _mm_max_epu32(m4, _mm_shuffle_epi32(m4, _MM_SHUFFLE(1, 0, 3, 2)));
+    m4 = _mm_max_epu32(m4, _mm_shuffle_epi32(m4, _MM_SHUFFLE(2, 3, 0, 1)));
+    uint32_t u = (uint32_t)_mm_cvtsi128_si32(m4);
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
 }
 
 Q3_INLINE void block_quant(const float *x, float id, int8_t *q, int s2[2])

@@ -41,11 +41,17 @@
 
 /* ---- activations --------------------------------------------------------------------- */
 
+/* max |x| as the unsigned order of the |x| bit patterns: the float max for
+ * finite values, NaN or inf when the block holds one (vmaxps would drop a
+ * NaN depending on the operand order). */
 Q3_INLINE float block_amax(const float *x)
 {
-    const __m512 absmask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
-    __m512 lo = _mm512_loadu_ps(x), hi = _mm512_loadu_ps(x + 16);
-    return _mm512_reduce_max_ps(_mm512_max_ps(_mm512_and_ps(lo, absmask), _mm512_and_ps(hi, absmask)));
+    const __m512i absmask = _mm512_set1_epi32(0x7fffffff);
+    __m512i lo = _mm512_and_si512(_mm512_loadu_si512(x), absmask), hi = _mm512_and_si512(_mm512_loadu_si512(x + 16), absmask);
+    uint32_t m = _mm512_reduce_max_epu32(_mm512_max_epu32(lo, hi));
+    float f;
+    memcpy(&f, &m, 4);
+    return f;
 }
 
 Q3_INLINE void block_quant(const float *x, float id, int8_t *q, int s[2])

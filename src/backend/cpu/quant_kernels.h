@@ -10,8 +10,13 @@
  *     q    = round_half_even(x * id) (float multiply; |q| <= 127)
  *     d    = amax / 127              (kept as float, not rounded to f16 as
  *                                     llama.cpp does: one rounding less)
- * Inputs are expected finite: a non-finite value makes its block's q
- * unspecified (memory stays safe).
+ * A block holding a non-finite value (NaN, +-inf) is a "poisoned" block:
+ * q = 0, c = 0 and d = NaN, so every output of its row is NaN (NaN times
+ * any weight scale, zero included): a non-finite activation shows up as NaN
+ * logits, never as plausible numbers, and no integer sum overflows. amax
+ * is taken so that it is NaN or inf exactly when the block holds one (the
+ * SIMD kernels compare the |x| bit patterns as unsigned integers, which
+ * orders finite values as floats do and puts NaN above inf).
  * Output (row r, output o), blocks b in order 0, 1, ..., k/32 - 1:
  *     I_b  = sum_i qw[o][b][i] * q[r][b][i]   exactly, in integers
  *            (Q4_0: qw = nibble - 8)
@@ -61,6 +66,8 @@
 #ifndef Q3_BACKEND_CPU_QUANT_KERNELS_H
 #define Q3_BACKEND_CPU_QUANT_KERNELS_H
 
+#include <float.h>
+#include <math.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -211,7 +218,8 @@ static inline size_t q3_quant_rows_packed_bytes(const q3_quant_type_kernels *con
  * whose row has act_offset off: the loop, the zero-block rule, q, c and d as defined above,
  * shared by the SIMD tables (the scalar reference keeps its own, as the
  * oracle), each giving its block primitives, inlined:
- *   amax(x)            max |x[i]| over the block's 32 values;
+ *   amax(x)            max |x[i]| over the block's 32 values, NaN or inf
+ *                      when one of them is;
  *   quant(x, id, q, s) q[i] = round_half_even(x[i] * id) (nearest even:
  *                      the MXCSR default), s[0], s[1] = the sums of
  *                      q[0..16) and q[16..32). */
@@ -230,7 +238,10 @@ static inline __attribute__((always_inline)) void q3_qact_quantize_with(
             int8_t *q = (int8_t *)blk + i * Q3_QBLOCK;
             int s[2] = {0, 0};
             float d = 0.0f;
-            if (m > 0x1p-100f) {
+            if (!(m <= FLT_MAX)) { /* a non-finite value: the poisoned block */
+                memset(q, 0, Q3_QBLOCK);
+                d = NAN;
+            } else if (m > 0x1p-100f) {
                 quant(xb, 127.0f / m, q, s);
                 d = m / 127.0f;
             } else {

@@ -17,14 +17,20 @@ static void ref_quantize(q3_dtype wt, const float *x, size_t ldx, const q3_qact 
             const float *xb = xr + b * Q3_QBLOCK;
             int8_t *q = q3_qact_q(qa, r, b);
             float amax = 0.0f;
-            for (int i = 0; i < Q3_QBLOCK; i++) amax = fmaxf(amax, fabsf(xb[i]));
+            bool finite = true;
+            for (int i = 0; i < Q3_QBLOCK; i++) {
+                amax = fmaxf(amax, fabsf(xb[i]));
+                finite = finite && isfinite(xb[i]);
+            }
             int sum = 0, half[2] = {0, 0};
-            if (amax > 0x1p-100f) {
+            if (!finite) { /* the poisoned block: every output of the row NaN */
+                memset(q, 0, Q3_QBLOCK);
+                *q3_qact_d(qa, r, b) = NAN;
+            } else if (amax > 0x1p-100f) {
                 float id = 127.0f / amax;
                 for (int i = 0; i < Q3_QBLOCK; i++) {
                     float t = xb[i] * id;
-                    /* round half even (the default mode); non-finite input: 0 here, unspecified in SIMD */
-                    int v = t >= -127.5f && t <= 127.5f ? (int)nearbyintf(t) : 0;
+                    int v = (int)nearbyintf(t); /* round half even (the default mode); |t| <= 127 */
                     q[i] = (int8_t)v;
                     sum += v;
                     half[i / 16] += v;
