@@ -15,7 +15,7 @@ fail() { failed=$((failed + 1)); echo "FAIL: $*"; }
 
 prefix="$tmp/prefix"
 if make -s install PREFIX="$prefix" BUILD="$BUILD" >"$tmp/install.log" 2>&1; then ok; else fail "make install"; cat "$tmp/install.log"; fi
-for f in bin/q3 include/q3.h lib/libq3.a lib/libq3.so lib/pkgconfig/q3.pc; do
+for f in bin/q3 include/q3.h lib/libq3.a lib/libq3.so lib/pkgconfig/q3.pc share/q3/qwen3-tokenizer/tokenizer.json; do
   [ -e "$prefix/$f" ] && ok || fail "installed $f missing"
 done
 soname=$(readelf -d "$prefix/lib/libq3.so" 2>/dev/null | sed -n 's/.*SONAME.*\[\(.*\)\]/\1/p')
@@ -23,6 +23,10 @@ soname=$(readelf -d "$prefix/lib/libq3.so" 2>/dev/null | sed -n 's/.*SONAME.*\[\
 # only q3_ symbols leave the shared library
 others=$(nm -D --defined-only "$prefix/lib/libq3.so" | awk '{print $3}' | grep -v '^q3_' | wc -l)
 [ "$others" -eq 0 ] && ok || fail "$others exported symbols without the q3_ prefix"
+
+# the installed binary finds the installed built-in tokenizer (PREFIX/share/q3), from any folder
+toks=$(cd "$tmp" && env -u Q3_MODELS -u Q3_CACHE_DIR -u XDG_CACHE_HOME HOME="$tmp" Q3_TOKENIZER= "$prefix/bin/q3" tokenize hello 2>"$tmp/err")
+[ "$toks" = "[14990]" ] && ok || { fail "installed q3 tokenize hello printed '$toks'"; cat "$tmp/err"; }
 
 export PKG_CONFIG_PATH="$prefix/lib/pkgconfig"
 cflags=$(pkg-config --cflags q3) && libs=$(pkg-config --libs q3) && private=$(pkg-config --static --libs q3) && ok || fail "pkg-config q3"
@@ -55,7 +59,10 @@ if make -s install PREFIX="$prefix2" BUILD="$BUILD" >"$tmp/install2.log" 2>&1; t
   fail "the second prefix's q3.pc says prefix=$(PKG_CONFIG_PATH="$prefix2/lib/pkgconfig" pkg-config --variable=prefix q3)"
 make -s uninstall PREFIX="$prefix2" BUILD="$BUILD" >/dev/null 2>&1
 make -s uninstall PREFIX="$prefix" BUILD="$BUILD" >/dev/null 2>&1
-left=$(find "$prefix" -type f | wc -l)
+left=$(find "$prefix" "$prefix2" -type f | wc -l)
 [ "$left" -eq 0 ] && ok || fail "uninstall left $left files"
+# and no empty folders: only the prefixes themselves remain
+dirs=$(find "$prefix" "$prefix2" -mindepth 1 -type d | wc -l)
+[ "$dirs" -eq 0 ] && ok || { fail "uninstall left $dirs folders"; find "$prefix" "$prefix2" -mindepth 1 -type d; }
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -253,6 +253,58 @@ static void test_docs(void)
     free(doc);
 }
 
+/* llama.cpp's spellings (issue 28 item 6): the names users type work, and any
+ * other "-abc" is "unknown option '-abc'", never bundled letters ("-ngl 99"
+ * read as "-n gl"). */
+static void test_llama_flags(void)
+{
+    const char *out;
+    static char greedy[4096];
+    int rc = sh_stdout(&out, "%s run -m " E2E " -p hi -n 4 --temp 0 --no-perf", q3_bin());
+    snprintf(greedy, sizeof greedy, "%s", out);
+    CHECK(rc == 0 && greedy[0], "run: %d", rc);
+    /* accepted: the same text, -ngl noted as ignored on stderr */
+    rc = sh_stdout(&out, "{ %s run -m " E2E " -p hi -n 4 --temp 0 --no-perf -ngl 99 -fa -c 512 -b 512 -ub 64 -ctk f16 -ctv f16 2>&1 >/dev/null; }",
+            q3_bin());
+    CHECK(rc == 0 && strstr(out, "-ngl 99 ignored") && count_lines(out) == 1, "-ngl -fa -c -b -ub -ctk -ctv: %d %s", rc, out);
+    rc = sh_stdout(&out, "%s run -m " E2E " -p hi -n 4 --temp 0 --no-perf -ngl 99 -fa on --ctx-size 512 --flash-attn=auto", q3_bin());
+    CHECK(rc == 0 && !strcmp(out, greedy), "llama.cpp flags change nothing: '%s' vs '%s'", out, greedy);
+    /* -ctk q8_0 is --kv q8_0: the same text as --kv q8_0 */
+    static char kv8[4096];
+    rc = sh_stdout(&out, "%s run -m " E2E " -p hi -n 4 --temp 0 --no-perf --kv q8_0", q3_bin());
+    snprintf(kv8, sizeof kv8, "%s", out);
+    rc |= sh_stdout(&out, "%s run -m " E2E " -p hi -n 4 --temp 0 --no-perf -ctk q8_0 -ctv q8_0", q3_bin());
+    CHECK(rc == 0 && !strcmp(out, kv8), "-ctk/-ctv q8_0 = --kv q8_0: '%s' vs '%s'", out, kv8);
+    /* -sys is --system */
+    static char sys[4096];
+    rc = sh_stdout(&out, "%s run -m " E2E " -p hi -n 4 --temp 0 --no-perf --system 'Be brief.'", q3_bin());
+    snprintf(sys, sizeof sys, "%s", out);
+    rc |= sh_stdout(&out, "%s run -m " E2E " -p hi -n 4 --temp 0 --no-perf -sys 'Be brief.'", q3_bin());
+    CHECK(rc == 0 && !strcmp(out, sys), "-sys = --system: '%s' vs '%s'", out, sys);
+    /* refused, exit 2, one line each */
+    static const struct { const char *args, *want; } bad[] = {
+        {"run -m " E2E " -p hi -ngx 1", "unknown option '-ngx'"},
+        {"run -m " E2E " -p hi -xyz", "unknown option '-xyz'"},
+        {"run -m " E2E " -p hi -nfoo", "unknown option '-nfoo'"},
+        {"run -m " E2E " -p hi -ctk q8_0 -ctv f16", "-ctk q8_0 and -ctv f16 differ"},
+        {"run -m " E2E " -p hi --kv q4_0", "f32, f16, bf16 and q8_0, not 'q4_0'"},
+        {"run -m " E2E " -p hi --flash-attn=maybe", "--flash-attn takes on, off or auto"},
+        {"chat -m " E2E " -ctv q5_1", "not 'q5_1'"},
+        {"logits -m " E2E " --tokens 1 -o /dev/null -ngl", "-ngl needs a value"},
+        {"logits -m " E2E " --tokens 1 -o /dev/null -c 0", "-c must be an integer"},
+        {"serve -m " TINY " -np 0", "-np must be an integer in 1..256"},
+        {"serve -m " TINY " -c 0", "-c must be an integer"},
+        {"serve -m " TINY " -ctk bf16 --kv f16", "--kv f16 and -ctk bf16 differ"},
+        {"tokenize -ngl 1 hello", "unknown option '-ngl'"},
+        {"info -m " TINY " -fa", "unknown option '-fa'"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        rc = sh(&out, "%s %s", q3_bin(), bad[i].args);
+        CHECK(rc == 2 && strstr(out, bad[i].want) && count_lines(out) == 1, "q3 %s: %d '%s' (want '%s')", bad[i].args, rc,
+              out, bad[i].want);
+    }
+}
+
 int main(void)
 {
     test_tmpdir(); /* sets $Q3_TEST_TMP for the commands */
@@ -261,6 +313,7 @@ int main(void)
     test_threads();
     test_seeds();
     test_chat_repl();
+    test_llama_flags();
     test_docs();
     TEST_DONE();
 }

@@ -21,14 +21,19 @@ int cmd_serve(int argc, char **argv)
     srv_server_opts so = {.host = "127.0.0.1", .port = 8080, .api_key = getenv("Q3_API_KEY")};
     q3_ctx_opts co = {.max_seqs = 4};
     int port = 8080, max_body = 8 << 20, max_conn = 256, timeout = 60, drain = 30, max_queue = 256;
-    const cli_opt tab[] = {
+    cli_llama llama = {0};
+    cli_opt tab[32 + CLI_LLAMA_N_OPTS] = {
         CLI_OPT("model", 'm', CLI_FILE, &model_path, "PATH", "a Hugging Face folder (or .gguf)", .flags = CLI_REQUIRED),
         CLI_OPT("tokenizer", 0, CLI_FILE, &tok_path, "PATH", "tokenizer.json (or its folder) when the model has none"),
-        CLI_OPT("name", 0, CLI_STR, &name, "NAME", "the model's name in the API (default: the folder or file name)"),
+        CLI_OPT("name", 0, CLI_STR, &name, "NAME", "the model's name in the API (default: the folder or file name);\n"
+                "--alias too (llama-server's name)"),
+        CLI_OPT("alias", 'a', CLI_STR, &name, "NAME", NULL, .flags = CLI_HIDDEN),
         CLI_OPT("host", 0, CLI_STR, &so.host, "ADDR", "address to listen on (default 127.0.0.1; 0.0.0.0 for every interface)"),
         CLI_OPT("port", 0, CLI_INT, &port, "N", "port (default 8080; 0: any free port, printed)", .lo = 0, .hi = 65535),
-        CLI_OPT("parallel", 0, CLI_INT, &co.max_seqs, "N", "sequences generated at once (default 4)", .lo = 1, .hi = 256),
-        CLI_OPT("ctx", 0, CLI_INT, &co.n_ctx, "N", "positions per sequence (default: min(model, 4096))", .lo = 1, .hi = 1 << 24),
+        CLI_OPT("parallel", 0, CLI_INT, &co.max_seqs, "N", "sequences generated at once (default 4)", .lo = 1, .hi = 256, .dash = "np"),
+        CLI_OPT("ctx-size", 'c', CLI_INT, &co.n_ctx, "N", "positions per sequence (default: min(model, 4096)); --ctx too", .lo = 1,
+                .hi = 1 << 24),
+        CLI_OPT("ctx", 0, CLI_INT, &co.n_ctx, "N", NULL, .lo = 1, .hi = 1 << 24, .flags = CLI_HIDDEN),
         CLI_OPT("kv-size", 0, CLI_INT, &co.kv_tokens, "TOKENS", "KV cache for all sequences together (default: parallel x ctx)",
                 .lo = 16, .hi = 1 << 28),
         CLI_OPT("chunk", 0, CLI_INT, &co.chunk, "N", "prefill chunk (default 128)", .lo = 1, .hi = 4096),
@@ -43,14 +48,17 @@ int cmd_serve(int argc, char **argv)
         CLI_OPT("timeout", 0, CLI_INT, &timeout, "S", "idle connections close after S seconds (default 60)", .lo = 1, .hi = 86400),
         CLI_OPT("drain-timeout", 0, CLI_INT, &drain, "S", "on SIGTERM, wait at most S seconds for requests in flight (default 30)",
                 .lo = 0, .hi = 86400),
-        {0},
     };
+    int n_tab = 0;
+    while (tab[n_tab].name) n_tab++;
+    cli_llama_add_opts(&llama, &co.chunk, tab + n_tab);
     cli_spec spec = {"serve", "q3 serve -m MODEL [options]",
                      "An OpenAI-compatible HTTP server with continuous batching: /v1/chat/completions, /v1/completions,\n"
                      "/v1/models, /tokenize, /detokenize, /health, /metrics. SIGTERM or SIGINT drain and exit 0.\n",
                      tab, 0, NULL};
     int prc = cli_parse(&spec, argc, argv, NULL);
     if (prc) return prc == CLI_HELP_SHOWN ? 0 : prc;
+    if ((prc = cli_llama_apply(&spec, &llama, &co.kv_dtype))) return prc;
     so.port = port;
     so.max_body = (size_t)max_body;
     so.max_connections = max_conn;

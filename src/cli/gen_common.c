@@ -35,8 +35,8 @@ int cli_gen_add_opts(cli_gen *g, cli_opt *t)
         CLI_OPT("model", 'm', CLI_FILE, &g->model_path, "PATH", "a Hugging Face folder or a .gguf", .flags = CLI_REQUIRED),
         CLI_OPT("tokenizer", 0, CLI_FILE, &g->tokenizer_path, "PATH", "tokenizer.json (or its folder) when the model has none"),
         CLI_OPT("threads", 't', CLI_INT, &g->so.n_threads, "N", "CPU threads (default: one per physical core, or $Q3_THREADS)", .lo = 1, .hi = 256),
-        CLI_OPT("ctx", 'c', CLI_INT, &g->so.n_ctx, "N", "context length (default: min(model, 4096))", .lo = 1, .hi = CLI_MAX_CTX),
-        CLI_OPT("ctx-size", 0, CLI_INT, &g->so.n_ctx, "N", NULL, .lo = 1, .hi = CLI_MAX_CTX, .flags = CLI_HIDDEN),
+        CLI_OPT("ctx-size", 'c', CLI_INT, &g->so.n_ctx, "N", "context length (default: min(model, 4096)); --ctx too", .lo = 1, .hi = CLI_MAX_CTX),
+        CLI_OPT("ctx", 0, CLI_INT, &g->so.n_ctx, "N", NULL, .lo = 1, .hi = CLI_MAX_CTX, .flags = CLI_HIDDEN),
         CLI_OPT("chunk", 0, CLI_INT, &g->so.chunk, "N", "prefill chunk in tokens (default 128)", .lo = 1, .hi = 4096),
         CLI_OPT("backend", 0, CLI_STR, &g->so.backend, "UNIT", "compute unit: cpu or ref (default: the best present)"),
         CLI_OPT("kv", 0, CLI_STR, &g->so.kv_dtype, "TYPE", "KV cache type: f32, f16, bf16 or q8_0 (default f16 on cpu)"),
@@ -60,7 +60,12 @@ int cli_gen_add_opts(cli_gen *g, cli_opt *t)
     };
     size_t n = sizeof o / sizeof o[0];
     memcpy(t, o, sizeof o);
-    return (int)n;
+    return (int)n + cli_llama_add_opts(&g->llama, &g->so.chunk, t + n);
+}
+
+int cli_gen_parsed(cli_gen *g, const cli_spec *s)
+{
+    return cli_llama_apply(s, &g->llama, &g->so.kv_dtype);
 }
 
 int cli_open_tokenizer(const char *cmd, const char *path, q3_model *m, q3_tokenizer **tok)

@@ -26,6 +26,7 @@ typedef struct cli_gen {
     int no_think, hide_think, raw, output_ids, no_perf;
     int parse_special_in_content; /* message content may hold special tokens (unsafe) */
     int verbose_prompt;           /* print the prompt's ids to stderr */
+    cli_llama llama;              /* llama.cpp's spellings (-ngl, -fa, -ctk/-ctv, -b, -ub) */
     q3_model *model;
     q3_tokenizer *tok;
     q3_session *session;
@@ -40,8 +41,11 @@ typedef struct cli_gen {
 void cli_gen_init(cli_gen *g, const char *cmd);
 /* Appends the shared options (model, session, sampling, printing) to tab;
  * returns how many. tab must have room for CLI_GEN_N_OPTS more. */
-#define CLI_GEN_N_OPTS 24
+#define CLI_GEN_N_OPTS (24 + CLI_LLAMA_N_OPTS)
 int cli_gen_add_opts(cli_gen *g, cli_opt *tab);
+/* After cli_parse of s: resolves llama.cpp's spellings (cli_llama_apply).
+ * Returns 0 or 2 (a usage error, printed). */
+int cli_gen_parsed(cli_gen *g, const cli_spec *s);
 /* The tokenizer at path (a tokenizer.json, a folder holding one, or a .gguf's
  * metadata), or model m's own when path is NULL. Returns 0 or prints an error
  * naming cmd and returns 1. */
