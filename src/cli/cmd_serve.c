@@ -17,7 +17,7 @@
 /* The model's own tokenizer, or --tokenizer (a tokenizer.json or its folder). */
 int cmd_serve(int argc, char **argv)
 {
-    const char *model_path = NULL, *tok_path = NULL, *name = NULL;
+    const char *model_path = NULL, *tok_path = NULL, *name = NULL, *log_format = "text";
     srv_server_opts so = {.host = "127.0.0.1", .port = 8080, .api_key = getenv("Q3_API_KEY")};
     q3_ctx_opts co = {.max_seqs = 4};
     int port = 8080, max_body = 8 << 20, max_conn = 256, timeout = 60, drain = 30, max_queue = 256;
@@ -46,6 +46,11 @@ int cmd_serve(int argc, char **argv)
         CLI_OPT("max-body", 0, CLI_INT, &max_body, "BYTES", "largest request body (default 8388608)", .lo = 1024, .hi = 1 << 30),
         CLI_OPT("max-connections", 0, CLI_INT, &max_conn, "N", "open connections at most (default 256)", .lo = 1, .hi = 1 << 16),
         CLI_OPT("timeout", 0, CLI_INT, &timeout, "S", "idle connections close after S seconds (default 60)", .lo = 1, .hi = 86400),
+        CLI_OPT("cors", 0, CLI_STR, &so.cors_origin, "ORIGIN",
+                "let browser pages from ORIGIN ('*': any) call the API: Access-Control-Allow-Origin\n"
+                "on every answer, OPTIONS preflights answered (default: no CORS headers)"),
+        CLI_OPT("log-format", 0, CLI_STR, &log_format, "FMT",
+                "the access log, one line a request on stderr: text (default), json or none"),
         CLI_OPT("drain-timeout", 0, CLI_INT, &drain, "S", "on SIGTERM, wait at most S seconds for requests in flight (default 30)",
                 .lo = 0, .hi = 86400),
     };
@@ -54,11 +59,18 @@ int cmd_serve(int argc, char **argv)
     cli_llama_add_opts(&llama, &co.chunk, tab + n_tab);
     cli_spec spec = {"serve", "q3 serve -m MODEL [options]",
                      "An OpenAI-compatible HTTP server with continuous batching: /v1/chat/completions, /v1/completions,\n"
-                     "/v1/models, /tokenize, /detokenize, /health, /metrics. SIGTERM or SIGINT drain and exit 0.\n",
+                     "/v1/models, /tokenize, /detokenize, /health, /metrics; llama-server's /completion, /props and\n"
+                     "the routes without /v1. SIGTERM or SIGINT drain and exit 0.\n",
                      tab, 0, NULL};
     int prc = cli_parse(&spec, argc, argv, NULL);
     if (prc) return prc == CLI_HELP_SHOWN ? 0 : prc;
     if ((prc = cli_llama_apply(&spec, &llama, &co.kv_dtype))) return prc;
+    if (!strcmp(log_format, "text")) so.access_log = SRV_LOG_TEXT;
+    else if (!strcmp(log_format, "json")) so.access_log = SRV_LOG_JSON;
+    else if (!strcmp(log_format, "none")) so.access_log = SRV_LOG_NONE;
+    else return cli_usage_error("serve", "--log-format is text, json or none, not '%.40s'", log_format);
+    if (so.cors_origin && !*so.cors_origin) return cli_usage_error("serve", "--cors needs an origin ('*' for any)");
+    so.n_parallel = co.max_seqs;
     so.port = port;
     so.max_body = (size_t)max_body;
     so.max_connections = max_conn;

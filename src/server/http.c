@@ -4,6 +4,7 @@
 #include "server.h"
 
 #include <arpa/inet.h>
+#include <cjson/cJSON.h>
 #include <microhttpd.h>
 #include <netdb.h>
 #include <stdio.h>
@@ -24,6 +25,8 @@ struct srv_server {
     srv_metrics metrics;
     srv_api api;
     srv_engine *eng;
+    char *cors_origin;     /* NULL: no CORS */
+    int access_log, n_parallel;
     long long started;
     int ready, draining;   /* read with atomics */
     int in_flight;         /* connections holding a job */
@@ -33,7 +36,50 @@ typedef struct conn_ctx {
     srv_buf body;
     int too_big;
     srv_job *job;
+    char method[8], path[96]; /* for the access log */
+    double t0;
 } conn_ctx;
+
+/* A connection's socket context (MHD_OPTION_NOTIFY_CONNECTION): its server,
+ * and the status of the answer queued last, for the access log. */
+typedef struct conn_sock {
+    srv_server *s;
+    unsigned status;
+} conn_sock;
+
+static conn_sock *conn_sock_of(struct MHD_Connection *c)
+{
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return ci ? ci->socket_context : NULL;
+}
+
+static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context, enum MHD_ConnectionNotificationCode code)
+{
+    (void)c;
+    if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+        conn_sock *cs = calloc(1, sizeof *cs);
+        if (cs) cs->s = cls;
+        *socket_context = cs;
+    } else if (code == MHD_CONNECTION_NOTIFY_CLOSED) {
+        free(*socket_context);
+        *socket_context = NULL;
+    }
+}
+
+/* Every answer goes out here: the CORS header when the server has an origin,
+ * the status kept for the access log. */
+static enum MHD_Result queue(struct MHD_Connection *c, unsigned status, struct MHD_Response *r)
+{
+    conn_sock *cs = conn_sock_of(c);
+    if (cs) {
+        cs->status = status;
+        if (cs->s->cors_origin) {
+            MHD_add_response_header(r, "Access-Control-Allow-Origin", cs->s->cors_origin);
+            if (strcmp(cs->s->cors_origin, "*")) MHD_add_response_header(r, "Vary", "Origin");
+        }
+    }
+    return MHD_queue_response(c, status, r);
+}
 
 /* ---- answers ---------------------------------------------------------------- */
 
@@ -42,7 +88,7 @@ static enum MHD_Result respond(struct MHD_Connection *c, unsigned status, const 
     struct MHD_Response *r = MHD_create_response_from_buffer(len, (void *)body, MHD_RESPMEM_MUST_COPY);
     if (!r) return MHD_NO;
     MHD_add_response_header(r, "Content-Type", type);
-    enum MHD_Result ok = MHD_queue_response(c, status, r);
+    enum MHD_Result ok = queue(c, status, r);
     MHD_destroy_response(r);
     return ok;
 }
@@ -177,7 +223,7 @@ static enum MHD_Result start_job(srv_server *s, struct MHD_Connection *c, conn_c
         srv_job_ref(j);
         MHD_add_response_header(r, "Content-Type", "text/event-stream");
         MHD_add_response_header(r, "Cache-Control", "no-cache");
-        enum MHD_Result ok = MHD_queue_response(c, 200, r);
+        enum MHD_Result ok = queue(c, 200, r);
         MHD_destroy_response(r);
         return ok;
     }
@@ -224,7 +270,8 @@ static enum MHD_Result h_health(srv_server *s, struct MHD_Connection *c, conn_ct
 {
     enum MHD_Result out;
     if (!ready(s, c, &out)) return out;
-    return respond(c, 200, "application/json", "{}", 2);
+    static const char ok[] = "{\"status\":\"ok\"}"; /* llama-server's body */
+    return respond(c, 200, "application/json", ok, sizeof ok - 1);
 }
 
 static enum MHD_Result h_metrics(srv_server *s, struct MHD_Connection *c, conn_ctx *cc)
@@ -244,8 +291,26 @@ static enum MHD_Result h_models(srv_server *s, struct MHD_Connection *c, conn_ct
     return respond_json(c, 200, &b);
 }
 
+/* GET /v1/models/{id}: the served model, or 404 as OpenAI answers an unknown one. */
+static enum MHD_Result h_model(srv_server *s, struct MHD_Connection *c, conn_ctx *cc)
+{
+    const char *id = cc->path + strlen("/v1/models/");
+    if (strcmp(id, s->api.model_name)) {
+        srv_err e;
+        srv_err_set(&e, 404, "invalid_request_error", "model_not_found", "model", "The model `%.60s` does not exist (this server runs `%.60s`).",
+                    id, s->api.model_name);
+        return respond_err(c, &e);
+    }
+    srv_buf b = {0};
+    srv_model_json(&s->api, s->started, &b);
+    return respond_json(c, 200, &b);
+}
+
+static enum MHD_Result h_props(srv_server *s, struct MHD_Connection *c, conn_ctx *cc);
+
 static enum MHD_Result h_chat(srv_server *s, struct MHD_Connection *c, conn_ctx *cc) { return start_job(s, c, cc, srv_parse_chat); }
 static enum MHD_Result h_completions(srv_server *s, struct MHD_Connection *c, conn_ctx *cc) { return start_job(s, c, cc, srv_parse_completion); }
+static enum MHD_Result h_completion(srv_server *s, struct MHD_Connection *c, conn_ctx *cc) { return start_job(s, c, cc, srv_parse_llama_completion); }
 static enum MHD_Result h_tokenize(srv_server *s, struct MHD_Connection *c, conn_ctx *cc) { return answer_body(s, c, cc, srv_tokenize); }
 static enum MHD_Result h_detokenize(srv_server *s, struct MHD_Connection *c, conn_ctx *cc) { return answer_body(s, c, cc, srv_detokenize); }
 
@@ -257,6 +322,7 @@ typedef struct route {
     int needs_auth;   /* the API key, when the server has one (401) */
     int needs_ready;  /* 503 while loading or draining; the body's limits checked (413) */
 } route;
+/* A path ending in '*' matches every path that starts with what comes before it. */
 
 /* Every route the server answers. A path not here is 404; a path here with
  * another method is 405 with Allow listing the path's methods. The checks run
@@ -269,7 +335,51 @@ static const route ROUTES[] = {
     {"POST", "/v1/completions", h_completions, 1, 1},
     {"POST", "/tokenize", h_tokenize, 1, 1},
     {"POST", "/detokenize", h_detokenize, 1, 1},
+    /* what llama-server and OpenAI clients also ask for */
+    {"GET", "/v1/models/*", h_model, 1, 1},
+    {"GET", "/models", h_models, 1, 1},
+    {"POST", "/chat/completions", h_chat, 1, 1},
+    {"POST", "/completions", h_completions, 1, 1},
+    {"POST", "/completion", h_completion, 1, 1},
+    {"GET", "/props", h_props, 1, 1},
 };
+
+static int path_matches(const char *url, const char *path)
+{
+    size_t n = strlen(path);
+    if (n && path[n - 1] == '*') return !strncmp(url, path, n - 1) && url[n - 1];
+    return !strcmp(url, path);
+}
+
+/* GET /props: llama-server's fields (default_generation_settings.n_ctx,
+ * total_slots, chat_template, modalities, build_info) and what this server
+ * answers: its routes. */
+static enum MHD_Result h_props(srv_server *s, struct MHD_Connection *c, conn_ctx *cc)
+{
+    cJSON *r = cJSON_CreateObject();
+    cJSON_AddStringToObject(r, "model", s->api.model_name);
+    cJSON_AddStringToObject(r, "model_alias", s->api.model_name);
+    cJSON_AddNumberToObject(r, "n_ctx", s->api.n_ctx);
+    cJSON_AddNumberToObject(cJSON_AddObjectToObject(r, "default_generation_settings"), "n_ctx", s->api.n_ctx);
+    cJSON_AddNumberToObject(r, "total_slots", s->n_parallel);
+    cJSON_AddStringToObject(r, "chat_template", "qwen3 (Qwen3's template, rendered by q3 in C)");
+    cJSON *mod = cJSON_AddObjectToObject(r, "modalities");
+    cJSON_AddBoolToObject(mod, "vision", 0);
+    cJSON_AddBoolToObject(mod, "audio", 0);
+    char build[64];
+    snprintf(build, sizeof build, "q3 %s", q3_version());
+    cJSON_AddStringToObject(r, "build_info", build);
+    cJSON *routes = cJSON_AddArrayToObject(r, "endpoints");
+    for (size_t i = 0; i < sizeof ROUTES / sizeof *ROUTES; i++) {
+        char line[96];
+        snprintf(line, sizeof line, "%s %s", ROUTES[i].method, ROUTES[i].path);
+        cJSON_AddItemToArray(routes, cJSON_CreateString(line));
+    }
+    srv_buf b = {0};
+    srv_put_json(&b, r);
+    cJSON_Delete(r);
+    return respond_json(c, 200, &b);
+}
 
 /* 405: the path's methods in Allow and in the message. */
 static enum MHD_Result not_allowed(struct MHD_Connection *c, const char *allow, const char *path)
@@ -284,7 +394,22 @@ static enum MHD_Result not_allowed(struct MHD_Connection *c, const char *allow, 
     if (!r) return MHD_NO;
     MHD_add_response_header(r, "Content-Type", "application/json");
     MHD_add_response_header(r, "Allow", allow);
-    enum MHD_Result ok = MHD_queue_response(c, 405, r);
+    enum MHD_Result ok = queue(c, 405, r);
+    MHD_destroy_response(r);
+    return ok;
+}
+
+/* 204 to a CORS preflight on a known path: its methods, the headers a client sends. */
+static enum MHD_Result preflight(struct MHD_Connection *c, const char *allow)
+{
+    struct MHD_Response *r = MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
+    if (!r) return MHD_NO;
+    char methods[80];
+    snprintf(methods, sizeof methods, "%s, OPTIONS", allow);
+    MHD_add_response_header(r, "Access-Control-Allow-Methods", methods);
+    MHD_add_response_header(r, "Access-Control-Allow-Headers", "Authorization, Content-Type");
+    MHD_add_response_header(r, "Access-Control-Max-Age", "86400");
+    enum MHD_Result ok = queue(c, 204, r);
     MHD_destroy_response(r);
     return ok;
 }
@@ -296,7 +421,7 @@ static enum MHD_Result dispatch(srv_server *s, struct MHD_Connection *c, conn_ct
     char allow[64] = "";
     for (size_t i = 0; i < sizeof ROUTES / sizeof *ROUTES; i++) {
         const route *r = &ROUTES[i];
-        if (strcmp(url, r->path)) continue;
+        if (!path_matches(url, r->path)) continue;
         size_t n = strlen(allow);
         snprintf(allow + n, sizeof allow - n, "%s%s", on_path ? ", " : "", r->method);
         on_path = 1;
@@ -308,6 +433,8 @@ static enum MHD_Result dispatch(srv_server *s, struct MHD_Connection *c, conn_ct
         snprintf(msg, sizeof msg, "no route %.100s", url);
         return fail(c, 404, "invalid_request_error", "not_found", msg);
     }
+    if (s->cors_origin && !strcmp(method, "OPTIONS")) /* a browser's preflight: no credentials, no body */
+        return preflight(c, allow);
     if (auth && !authorized(s, c))
         return fail(c, 401, "invalid_request_error", "invalid_api_key", "a missing or wrong API key (Authorization: Bearer KEY)");
     if (!rt) return not_allowed(c, allow, url);
@@ -334,6 +461,11 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
         cc = calloc(1, sizeof *cc);
         if (!cc) return MHD_NO;
         *con_cls = cc;
+        snprintf(cc->method, sizeof cc->method, "%s", method);
+        snprintf(cc->path, sizeof cc->path, "%s", url);
+        cc->t0 = q3_now();
+        conn_sock *cs = conn_sock_of(c);
+        if (cs) cs->status = 0;
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
         if (cl && strtoull(cl, NULL, 10) > s->max_body) cc->too_big = 1;
         return MHD_YES;
@@ -359,6 +491,41 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
     return dispatch(s, c, cc, url, method);
 }
 
+/* One line a request on stderr (--log-format): method, path, status, tokens
+ * (prompt + completion, for a generation) and milliseconds from the headers to
+ * the last byte. A path is printed only up to a byte that needs escaping. */
+static void access_log(srv_server *s, struct MHD_Connection *c, const conn_ctx *cc, enum MHD_RequestTerminationCode toe)
+{
+    if (s->access_log == SRV_LOG_NONE) return;
+    conn_sock *cs = conn_sock_of(c);
+    unsigned status = cs ? cs->status : 0;
+    int prompt = -1, completion = -1;
+    if (cc->job) {
+        pthread_mutex_lock(&cc->job->mu);
+        prompt = cc->job->req.n_prompt;
+        completion = cc->job->res.n_completion;
+        pthread_mutex_unlock(&cc->job->mu);
+    }
+    char path[sizeof cc->path];
+    size_t n = 0;
+    for (; cc->path[n] && (unsigned char)cc->path[n] > 0x20 && cc->path[n] < 0x7f && cc->path[n] != '"' && cc->path[n] != '\\'; n++)
+        path[n] = cc->path[n];
+    path[n] = 0;
+    double ms = 1e3 * (q3_now() - cc->t0);
+    const char *end = toe == MHD_REQUEST_TERMINATED_COMPLETED_OK ? "" : " (the client went away)";
+    char line[320];
+    char tokens[64] = "";
+    if (prompt >= 0) snprintf(tokens, sizeof tokens, ",\"prompt_tokens\":%d,\"completion_tokens\":%d", prompt, completion);
+    if (s->access_log == SRV_LOG_JSON)
+        snprintf(line, sizeof line, "{\"method\":\"%s\",\"path\":\"%s\",\"status\":%u%s,\"ms\":%.1f,\"completed\":%s}\n",
+                 cc->method, path, status, tokens, ms, *end ? "false" : "true");
+    else if (prompt >= 0)
+        snprintf(line, sizeof line, "q3 serve: %s %s %u %d+%d tokens %.1f ms%s\n", cc->method, path, status, prompt, completion, ms, end);
+    else
+        snprintf(line, sizeof line, "q3 serve: %s %s %u %.1f ms%s\n", cc->method, path, status, ms, end);
+    fputs(line, stderr);
+}
+
 static void completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe)
 {
     (void)c;
@@ -366,6 +533,7 @@ static void completed(void *cls, struct MHD_Connection *c, void **con_cls, enum 
     srv_server *s = cls;
     conn_ctx *cc = *con_cls;
     if (!cc) return;
+    access_log(s, c, cc, toe);
     if (cc->job) {
         srv_job *j = cc->job;
         pthread_mutex_lock(&j->mu);
@@ -400,6 +568,9 @@ q3_status srv_server_start(const srv_server_opts *o, srv_server **out)
     s->max_body = o->max_body ? o->max_body : (size_t)8 << 20;
     s->api_key = o->api_key ? strdup(o->api_key) : NULL;
     s->started = (long long)time(NULL);
+    s->cors_origin = o->cors_origin ? strdup(o->cors_origin) : NULL;
+    s->access_log = o->access_log;
+    s->n_parallel = o->n_parallel;
     unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL_LINUX_ONLY | MHD_ALLOW_SUSPEND_RESUME;
     if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
     s->d = MHD_start_daemon(flags, 0, NULL, NULL, handle, s,
@@ -409,6 +580,7 @@ q3_status srv_server_start(const srv_server_opts *o, srv_server **out)
                             MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)(o->timeout_s > 0 ? o->timeout_s : 60),
                             MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(o->max_header ? o->max_header : 32768),
                             MHD_OPTION_NOTIFY_COMPLETED, completed, s,
+                            MHD_OPTION_NOTIFY_CONNECTION, on_connection, s,
                             MHD_OPTION_END);
     freeaddrinfo(ai);
     if (!s->d) {
@@ -454,5 +626,6 @@ void srv_server_free(srv_server *s)
     if (s->d) MHD_stop_daemon(s->d);
     srv_metrics_destroy(&s->metrics);
     free(s->api_key);
+    free(s->cors_origin);
     free(s);
 }
