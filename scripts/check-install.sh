@@ -64,5 +64,25 @@ left=$(find "$prefix" "$prefix2" -type f | wc -l)
 # and no empty folders: only the prefixes themselves remain
 dirs=$(find "$prefix" "$prefix2" -mindepth 1 -type d | wc -l)
 [ "$dirs" -eq 0 ] && ok || { fail "uninstall left $dirs folders"; find "$prefix" "$prefix2" -mindepth 1 -type d; }
+# The README's library and serving examples, run exactly as written (from the source tree, as the
+# README says). The library one in a scratch $HOME, so $HOME/.local is a scratch prefix too.
+readme_block() { # the first ```sh block after the heading $1
+  awk -v h="$1" '$0 == h {f=1; next} f && /^```sh$/ {b=1; next} b && /^```$/ {exit} b {print}' README.md
+}
+readme_block "## Use it as a library" > "$tmp/readme-lib.sh"
+grep -q 'pkg-config' "$tmp/readme-lib.sh" && ok || fail "README: no library example found"
+mkdir -p "$tmp/home"
+out=$(env -u PKG_CONFIG_PATH -u LD_LIBRARY_PATH HOME="$tmp/home" BUILD="$BUILD" timeout 600 sh -e "$tmp/readme-lib.sh" 2>"$tmp/readme-lib.err")
+rc=$?
+rm -f simple
+[ $rc -eq 0 ] && printf '%s\n' "$out" | grep -qF "$want" && ok ||
+  { fail "the README's library example (exit $rc)"; printf '%s\n' "$out" | tail -5; tail -5 "$tmp/readme-lib.err"; }
+make -s uninstall PREFIX="$tmp/home/.local" BUILD="$BUILD" >/dev/null 2>&1
+readme_block "## Serving" > "$tmp/readme-serve.sh"
+grep -q 'q3 serve' "$tmp/readme-serve.sh" && ok || fail "README: no serving example found"
+out=$(PORT=$((20000 + $$ % 20000)) timeout 120 sh -e "$tmp/readme-serve.sh" 2>"$tmp/readme-serve.err")
+rc=$?
+[ $rc -eq 0 ] && printf '%s\n' "$out" | grep -q '^data: \[DONE\]' && printf '%s\n' "$out" | grep -q '"usage"' && ok ||
+  { fail "the README's serving example (exit $rc)"; printf '%s\n' "$out" | tail -5; tail -5 "$tmp/readme-serve.err"; }
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]
