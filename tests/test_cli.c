@@ -281,6 +281,12 @@ static void test_llama_flags(void)
     snprintf(sys, sizeof sys, "%s", out);
     rc |= sh_stdout(&out, "%s run -m " E2E " -p hi -n 4 --temp 0 --no-perf -sys 'Be brief.'", q3_bin());
     CHECK(rc == 0 && !strcmp(out, sys), "-sys = --system: '%s' vs '%s'", out, sys);
+    /* the warm-up (issue 28 item 8): reported inside the load time, apart from the prompt's; the text is the same without it */
+    rc = sh_stdout(&out, "{ %s run -m " E2E " -p hi -n 4 --temp 0 2>&1 >/dev/null; }", q3_bin());
+    CHECK(rc == 0 && strstr(out, "load time") && strstr(out, "warm-up decode step") && strstr(out, "prompt eval time"),
+          "timings name the warm-up: %s", out);
+    rc = sh_stdout(&out, "%s run -m " E2E " -p hi -n 4 --temp 0 --no-perf --no-warmup", q3_bin());
+    CHECK(rc == 0 && !strcmp(out, greedy), "--no-warmup: the same text: '%s' vs '%s'", out, greedy);
     /* refused, exit 2, one line each */
     static const struct { const char *args, *want; } bad[] = {
         {"run -m " E2E " -p hi -ngx 1", "unknown option '-ngx'"},
