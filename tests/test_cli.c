@@ -161,7 +161,7 @@ static void test_threads(void)
     rc = sh_stdout(&out, "%s run -m " E2E " -p 'Tell me a story' -n 12 --temp 0 --threads 2", q3_bin());
     CHECK(rc == 0 && !strcmp(one, out), "-t 1 and -t 2 agree:\n%s\n%s", one, out);
     rc = sh(&out, "%s bench -m " TINY " -t 1 --no-limits --gen 2 --repeats 1 --chunk 8", q3_bin());
-    CHECK(rc == 0 && strstr(out, "1 threads, cpu kernels "), "bench says its threads and kernels: %s", out);
+    CHECK(rc == 0 && strstr(out, "1 thread, cpu kernels "), "bench says its threads and kernels: %s", out);
 }
 
 /* Random seeds, printed; a printed seed repeats the run. */
@@ -303,12 +303,20 @@ static void test_llama_flags(void)
         {"serve -m " TINY " -ctk bf16 --kv f16", "--kv f16 and -ctk bf16 differ"},
         {"tokenize -ngl 1 hello", "unknown option '-ngl'"},
         {"info -m " TINY " -fa", "unknown option '-fa'"},
+        {"run -m " E2E " -p hi -c 100000", "-c/--ctx-size 100000 is more than this model's context"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         rc = sh(&out, "%s %s", q3_bin(), bad[i].args);
         CHECK(rc == 2 && strstr(out, bad[i].want) && count_lines(out) == 1, "q3 %s: %d '%s' (want '%s')", bad[i].args, rc,
               out, bad[i].want);
     }
+    /* an environment variable q3 cannot use is refused, not ignored (issue 28 item 9) */
+    rc = sh(&out, "Q3_THREADS=two %s info -m " TINY, q3_bin());
+    CHECK(rc == 2 && strstr(out, "Q3_THREADS='two'") && count_lines(out) == 1, "Q3_THREADS=two: %d %s", rc, out);
+    rc = sh(&out, "Q3_CPU_ISA=sse4 %s info -m " TINY, q3_bin());
+    CHECK(rc == 2 && strstr(out, "Q3_CPU_ISA='sse4'") && count_lines(out) == 1, "Q3_CPU_ISA=sse4: %d %s", rc, out);
+    rc = sh(&out, "Q3_THREADS=1 Q3_CPU_ISA=avx2 %s info -m " TINY, q3_bin());
+    CHECK(rc == 0, "valid Q3_THREADS and Q3_CPU_ISA: %d %s", rc, out);
 }
 
 int main(void)

@@ -245,8 +245,8 @@ static q3_status bench_batch(const char *model, q3_bench_opts *o, const int *bat
         }
         jr = cJSON_AddArrayToObject(root, "batches");
     } else {
-        printf("q3 bench --batch: %s, depth %d, %d steps per batch size, %d threads, cpu kernels %s", model, o->depth, o->gen,
-               nth, q3_cpu_default_isa_name());
+        printf("q3 bench --batch: %s, depth %d, %d steps per batch size, %d thread%s, cpu kernels %s", model, o->depth, o->gen,
+               nth, nth == 1 ? "" : "s", q3_cpu_default_isa_name());
         if (limits) printf("; read %.1f GB/s, %s peak %.0f GFLOP/s (measured after)\n", bw, peak_name, peak);
         else printf("; machine limits not measured (--no-limits): no bound columns\n");
         if (moe)
@@ -383,9 +383,9 @@ q3_status q3_bench_report(q3_bench_report_opts *ro)
             printf("; mixture of experts, %d of %d a layer: %.2f B params, %.2f GB active per token", m->cfg.n_experts_used,
                    m->cfg.n_experts, (double)aparams / 1e9, (double)abytes / 1e9);
         int prompt = o.prompt_len > 0 ? o.prompt_len : o.chunk, depth = o.depth > prompt ? o.depth : prompt;
-        printf("), chunk %d, prompt %d; decode of %d tokens from depth %d (%s), drain %.0f tok/s; %d threads, cpu kernels %s\n",
+        printf("), chunk %d, prompt %d; decode of %d tokens from depth %d (%s), drain %.0f tok/s; %d thread%s, cpu kernels %s\n",
                o.chunk, prompt, o.gen, depth, o.depth > prompt ? "--depth" : "after the prompt", drain,
-               q3_cpu_default_threads(), q3_cpu_default_isa_name());
+               q3_cpu_default_threads(), q3_cpu_default_threads() == 1 ? "" : "s", q3_cpu_default_isa_name());
     }
     q3_load load;
     q3_load_begin(&load);

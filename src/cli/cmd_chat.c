@@ -161,10 +161,10 @@ int cmd_chat(int argc, char **argv)
     } else if (system_arg) {
         system = strdup(system_arg);
     }
-    if (cli_gen_open(&g) || cli_gen_check_template(&g) || cli_gen_sampler(&g, !g.no_think)) {
+    if ((rc = cli_gen_open(&g)) || (rc = cli_gen_check_template(&g)) || (rc = cli_gen_sampler(&g, !g.no_think))) {
         cli_gen_close(&g);
         free(system);
-        return 1;
+        return rc;
     }
     struct sigaction sa = {0};
     sa.sa_handler = on_sigint; /* no SA_RESTART: Ctrl-C at the prompt interrupts the read */

@@ -122,7 +122,8 @@ int cmd_run(int argc, char **argv)
             goto done;
         }
     }
-    if (cli_gen_open(&g)) goto done;
+    if ((rc = cli_gen_open(&g))) goto done;
+    rc = 1;
     int thinking = !g.no_think;
     if (raw) {
         if (q3_tokenizer_encode(g.tok, prompt, strlen(prompt), Q3_ENCODE_DEFAULT, &ids, &n_ids)) {

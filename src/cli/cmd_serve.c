@@ -106,6 +106,10 @@ int cmd_serve(int argc, char **argv)
         snprintf(model_name, sizeof model_name, "%s", base ? base + 1 : tmp);
     }
     if (q3_model_open(model_path, &m)) { cli_error("serve", "%s", q3_last_error()); goto done; }
+    if (co.n_ctx > q3_model_max_context(m)) {
+        rc = cli_usage_error("serve", "-c/--ctx-size %d is more than this model's context (%d)", co.n_ctx, q3_model_max_context(m));
+        goto done;
+    }
     if (cli_open_tokenizer("serve", tok_path, m, &tok)) goto done;
     int present; /* the chat endpoint renders Qwen3's template: refuse a model whose template is another */
     if (q3_model_chat_template_check(m, &present)) { cli_error("serve", "%s", q3_last_error()); goto done; }
@@ -123,8 +127,8 @@ int cmd_serve(int argc, char **argv)
     ctx = NULL; /* the engine owns it */
     srv_server_ready(srv, tok, model_name, n_ctx, q3_model_vocab_size(m), eng);
     eng = NULL; /* the server owns it */
-    fprintf(stderr, "q3 serve: ready: model %s, %d sequences at once, context %d, KV cache %d blocks of %d tokens\n",
-            model_name, co.max_seqs, n_ctx, total, bt);
+    fprintf(stderr, "q3 serve: ready: model %s, %d sequence%s at once, context %d, KV cache %d blocks of %d tokens\n",
+            model_name, co.max_seqs, co.max_seqs == 1 ? "" : "s", n_ctx, total, bt);
 
     int sig = 0;
     sigwait(&sigs, &sig);

@@ -86,9 +86,14 @@ int cli_gen_open(cli_gen *g)
 {
     double t0 = cli_now();
     if (q3_model_open(g->model_path, &g->model)) return cli_error(g->cmd, "%s", q3_last_error());
+    if (g->so.n_ctx > q3_model_max_context(g->model)) /* the flag's range depends on the model: still a usage error */
+        return cli_usage_error(g->cmd, "-c/--ctx-size %d is more than this model's context (%d)", g->so.n_ctx,
+                               q3_model_max_context(g->model));
     if (cli_open_tokenizer(g->cmd, g->tokenizer_path, g->model, &g->tok)) return 1;
     if (q3_tokenizer_vocab_size(g->tok) > q3_model_vocab_size(g->model))
-        return cli_error(g->cmd, "the tokenizer has %d tokens but the model's vocabulary is %d",
+        return cli_error(g->cmd, "the tokenizer has %d tokens but the model's vocabulary is %d: they do not belong "
+                         "together (a model with no tokenizer of its own, such as q3 synth --preset tiny, is run by "
+                         "token ids: q3 logits --tokens 1,2,3, q3 bench)",
                          q3_tokenizer_vocab_size(g->tok), q3_model_vocab_size(g->model));
     if (q3_session_new(g->model, &g->so, &g->session)) return cli_error(g->cmd, "%s", q3_last_error());
     if (!g->no_warmup) {

@@ -57,7 +57,8 @@ int cli_open_tokenizer(const char *cmd, const char *path, q3_model *m, q3_tokeni
  * then (unless --no-warmup) runs one decode step and forgets it, as llama.cpp
  * warms up: the weights are paged in from disk and the kernels' packed copies
  * made before the prompt is timed, so the load time holds that work and the
- * prompt's speed does not. Returns 0 or prints an error and returns 1. */
+ * prompt's speed does not. Returns 0, or prints an error and returns the exit
+ * status: 2 for a usage error (a context past the model's), else 1. */
 int cli_gen_open(cli_gen *g);
 /* The sampler: Qwen's defaults for the mode (thinking or not), the model
  * folder's generation_config.json over them (thinking mode only: that is the
