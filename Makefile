@@ -81,6 +81,7 @@ $(call stamp,$(FLAGS_STAMP),$(CC) $(BASE) $(WARN) $(CFLAGS) $(LDFLAGS) $(AVX512_
 $(call stamp,$(DIRS_STAMP),$(PREFIX) $(LIBDIR) $(INCDIR))
 
 all: $(BUILD)/q3 $(BUILD)/libq3.so $(TEST_BIN) $(BENCH_BIN)
+	@echo "q3 $(VERSION): $(BUILD)/q3, $(BUILD)/libq3.so.$(VERSION), $(BUILD)/libq3.a, $(words $(TEST_BIN)) tests, $(words $(BENCH_BIN)) benches are up to date$(if $(WERROR), (-Werror)); next: ./$(BUILD)/q3 bench, make test"
 
 $(BUILD)/libq3.a: $(LIB_OBJ)
 	@mkdir -p $(@D)
