@@ -36,7 +36,8 @@ typedef struct conn_ctx {
     srv_buf body;
     int too_big;
     srv_job *job;
-    char method[8], path[96]; /* for the access log */
+    char method[8];  /* for the access log */
+    char *path;      /* the request's path (malloc'd; NULL when out of memory) */
     double t0;
 } conn_ctx;
 
@@ -294,7 +295,7 @@ static enum MHD_Result h_models(srv_server *s, struct MHD_Connection *c, conn_ct
 /* GET /v1/models/{id}: the served model, or 404 as OpenAI answers an unknown one. */
 static enum MHD_Result h_model(srv_server *s, struct MHD_Connection *c, conn_ctx *cc)
 {
-    const char *id = cc->path + strlen("/v1/models/");
+    const char *id = cc->path ? cc->path + strlen("/v1/models/") : "";
     if (strcmp(id, s->api.model_name)) {
         srv_err e;
         srv_err_set(&e, 404, "invalid_request_error", "model_not_found", "model", "The model `%.60s` does not exist (this server runs `%.60s`).",
@@ -462,7 +463,7 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
         if (!cc) return MHD_NO;
         *con_cls = cc;
         snprintf(cc->method, sizeof cc->method, "%s", method);
-        snprintf(cc->path, sizeof cc->path, "%s", url);
+        cc->path = strdup(url);
         cc->t0 = q3_now();
         conn_sock *cs = conn_sock_of(c);
         if (cs) cs->status = 0;
@@ -506,10 +507,11 @@ static void access_log(srv_server *s, struct MHD_Connection *c, const conn_ctx *
         completion = cc->job->res.n_completion;
         pthread_mutex_unlock(&cc->job->mu);
     }
-    char path[sizeof cc->path];
+    char path[96];
     size_t n = 0;
-    for (; cc->path[n] && (unsigned char)cc->path[n] > 0x20 && cc->path[n] < 0x7f && cc->path[n] != '"' && cc->path[n] != '\\'; n++)
-        path[n] = cc->path[n];
+    const char *p = cc->path ? cc->path : "";
+    for (; n < sizeof path - 1 && p[n] && (unsigned char)p[n] > 0x20 && p[n] < 0x7f && p[n] != '"' && p[n] != '\\'; n++)
+        path[n] = p[n];
     path[n] = 0;
     double ms = 1e3 * (q3_now() - cc->t0);
     const char *end = toe == MHD_REQUEST_TERMINATED_COMPLETED_OK ? "" : " (the client went away)";
@@ -546,6 +548,7 @@ static void completed(void *cls, struct MHD_Connection *c, void **con_cls, enum 
         __atomic_sub_fetch(&s->in_flight, 1, __ATOMIC_SEQ_CST);
     }
     free(cc->body.data);
+    free(cc->path);
     free(cc);
     *con_cls = NULL;
 }
