@@ -420,12 +420,16 @@ static void test_compat(void)
     int zebra = (int)jnum(j, "tokens.0");
     CHECK(st == 200 && zebra > 0 && (int)jnum(j, "count") >= 1, "/tokenize {content}: %d %d", st, zebra);
     cJSON_Delete(j);
+    j = post_json("/tokenize", "{\"content\":\"zebra\",\"add_special\":true}", &st);
+    CHECK(st == 200 && (int)jnum(j, "tokens.0") == zebra, "/tokenize add_special: Qwen3 adds no BOS: %d", st);
+    cJSON_Delete(j);
     snprintf(body, sizeof body, "{\"prompt\":\"hi\",\"max_tokens\":2,\"temperature\":0,\"logit_bias\":{\"%d\":100}}", zebra);
     j = post_json("/v1/completions", body, &st);
     char want[64];
     cJSON *d = post_json("/detokenize", (snprintf(want, sizeof want, "{\"tokens\":[%d,%d]}", zebra, zebra), want), &st);
     CHECK(jstr(j, "choices.0.text") && jstr(d, "prompt") && !strcmp(jstr(j, "choices.0.text"), jstr(d, "prompt")),
           "logit_bias +100 forces the token: '%s'", jstr(j, "choices.0.text"));
+    CHECK(jstr(d, "content") && !strcmp(jstr(d, "content"), jstr(d, "prompt")), "/detokenize: llama-server's content too");
     cJSON_Delete(j);
     snprintf(body, sizeof body, "{\"prompt\":\"hi\",\"n_predict\":2,\"temperature\":0,\"logit_bias\":[[%d,100]]}", zebra);
     j = post_json("/v1/completions", body, &st);

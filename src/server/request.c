@@ -496,7 +496,7 @@ int srv_parse_llama_completion(const srv_api *a, const char *body, size_t len, s
 int srv_tokenize(const srv_api *a, const char *body, size_t len, srv_buf *out, srv_err *e)
 {
     static const char *const known[] = {"model", "prompt", "messages", "add_special_tokens", "add_generation_prompt",
-                                        "chat_template_kwargs", "tools", "content", NULL};
+                                        "chat_template_kwargs", "tools", "content", "add_special", NULL};
     cJSON *root = parse_body(body, len, e);
     if (!root) return e->status;
     int rc = check_fields(root, known, e);
@@ -504,6 +504,8 @@ int srv_tokenize(const srv_api *a, const char *body, size_t len, srv_buf *out, s
     if (!j) rc = srv_err_set(e, 500, "server_error", NULL, NULL, "out of memory");
     const cJSON *p = cJSON_GetObjectItemCaseSensitive(root, "prompt"), *m = cJSON_GetObjectItemCaseSensitive(root, "messages");
     if (!p) p = cJSON_GetObjectItemCaseSensitive(root, "content"); /* llama.cpp's name for it */
+    int add_special = 0; /* llama.cpp's: a BOS where the model wants one; Qwen3's tokenizer adds none, so no change */
+    if (!rc) rc = get_bool(root, "add_special", &add_special, e);
     if (!rc) {
         if (cJSON_IsString(p)) {
             int32_t *ids = NULL;
@@ -570,6 +572,7 @@ int srv_detokenize(const srv_api *a, const char *body, size_t len, srv_buf *out,
             q3_detokenizer_free(d);
             cJSON *r = cJSON_CreateObject();
             cJSON_AddStringToObject(r, "prompt", s.data ? s.data : "");
+            cJSON_AddStringToObject(r, "content", s.data ? s.data : ""); /* llama-server's name for it */
             srv_put_json(out, r);
             cJSON_Delete(r);
             free(s.data);
