@@ -74,10 +74,7 @@ static enum MHD_Result queue(struct MHD_Connection *c, unsigned status, struct M
     conn_sock *cs = conn_sock_of(c);
     if (cs) {
         cs->status = status;
-        if (cs->s->cors_origin) {
-            MHD_add_response_header(r, "Access-Control-Allow-Origin", cs->s->cors_origin);
-            if (strcmp(cs->s->cors_origin, "*")) MHD_add_response_header(r, "Vary", "Origin");
-        }
+        if (cs->s->cors_origin) MHD_add_response_header(r, "Access-Control-Allow-Origin", cs->s->cors_origin);
     }
     return MHD_queue_response(c, status, r);
 }
@@ -323,10 +320,10 @@ typedef struct route {
     int needs_auth;   /* the API key, when the server has one (401) */
     int needs_ready;  /* 503 while loading or draining; the body's limits checked (413) */
 } route;
-/* A path ending in '*' matches every path that starts with what comes before it. */
 
 /* Every route the server answers. A path not here is 404; a path here with
- * another method is 405 with Allow listing the path's methods. The checks run
+ * another method is 405 with Allow listing the path's methods; a path ending in
+ * '*' takes every longer path that starts with the rest. The checks run
  * in this order: path, key (of any route on the path), method, readiness, body. */
 static const route ROUTES[] = {
     {"GET", "/health", h_health, 0, 0},
