@@ -7,6 +7,9 @@
 set -u
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
+# install what is built, with the flags it was built with: objects depend on their flags, so a plain
+# `make install` after `make WERROR=1 test` (as CI runs them) would rebuild everything without -Werror
+grep -q -- '-Werror' "$BUILD/flags.stamp" 2>/dev/null && export WERROR=1
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 passed=0; failed=0
@@ -57,8 +60,15 @@ prefix2="$tmp/prefix2"
 if make -s install PREFIX="$prefix2" BUILD="$BUILD" >"$tmp/install2.log" 2>&1; then ok; else fail "make install (second prefix)"; cat "$tmp/install2.log"; fi
 [ "$(PKG_CONFIG_PATH="$prefix2/lib/pkgconfig" pkg-config --variable=prefix q3)" = "$prefix2" ] && ok ||
   fail "the second prefix's q3.pc says prefix=$(PKG_CONFIG_PATH="$prefix2/lib/pkgconfig" pkg-config --variable=prefix q3)"
-make -s uninstall PREFIX="$prefix2" BUILD="$BUILD" >/dev/null 2>&1
+# built against the second prefix, a program links the second prefix's library, and still runs once
+# the first prefix is gone (the bug was: B's q3.pc said prefix=A)
+c2=$(PKG_CONFIG_PATH="$prefix2/lib/pkgconfig" pkg-config --cflags --libs q3)
+if cc -std=c17 -Wall -Werror examples/simple.c $c2 -Wl,-rpath,"$prefix2/lib" -o "$tmp/simple-b" 2>"$tmp/cc.log"; then ok; else fail "build simple against the second prefix"; cat "$tmp/cc.log"; fi
+ldd "$tmp/simple-b" 2>/dev/null | grep -q "$prefix2/lib/libq3.so" && ok || fail "simple-b does not link $prefix2/lib/libq3.so"
 make -s uninstall PREFIX="$prefix" BUILD="$BUILD" >/dev/null 2>&1
+got=$("$tmp/simple-b" "$model" "$prompt" 16 2>"$tmp/err" | sed '$d')
+[ "$got" = "$want" ] && ok || { fail "simple-b after the first prefix's uninstall"; cat "$tmp/err"; }
+make -s uninstall PREFIX="$prefix2" BUILD="$BUILD" >/dev/null 2>&1
 left=$(find "$prefix" "$prefix2" -type f | wc -l)
 [ "$left" -eq 0 ] && ok || fail "uninstall left $left files"
 # and no empty folders: only the prefixes themselves remain
