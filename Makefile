@@ -2,7 +2,8 @@
 # `make test` runs the suite; `make SAN=1 test` builds into build-san/ with
 # AddressSanitizer + UBSan (and float-cast-overflow, which UBSan leaves out: a
 # float cast to an int it does not fit); `make install [PREFIX=/usr/local]
-# [DESTDIR=]` installs the binary, both libraries, include/q3.h and q3.pc.
+# [DESTDIR=]` installs the binary, both libraries, include/q3.h, q3.pc and the
+# built-in tokenizer (share/q3/qwen3-tokenizer); `make uninstall` removes them.
 CC      ?= cc
 BUILD   ?= build
 OPT     ?= -O2
@@ -64,6 +65,10 @@ LIBDIR   ?= $(PREFIX)/lib
 INCDIR   ?= $(PREFIX)/include
 BINDIR   ?= $(PREFIX)/bin
 PCDIR    ?= $(LIBDIR)/pkgconfig
+DATADIR  ?= $(PREFIX)/share/q3
+# The built-in tokenizer (make deps fetches it): installed where an installed q3
+# looks for it, BINDIR/../share/q3/qwen3-tokenizer (tools/defaults.c).
+TOKENIZER_SRC := models/qwen3-tokenizer
 
 # Stamps of what the outputs are built with, rewritten only when it changes:
 # objects depend on their flags (`make WERROR=1 test` after `make` rebuilds
@@ -76,6 +81,7 @@ $(call stamp,$(FLAGS_STAMP),$(CC) $(BASE) $(WARN) $(CFLAGS) $(LDFLAGS) $(AVX512_
 $(call stamp,$(DIRS_STAMP),$(PREFIX) $(LIBDIR) $(INCDIR))
 
 all: $(BUILD)/q3 $(BUILD)/libq3.so $(TEST_BIN) $(BENCH_BIN)
+	@echo "q3 $(VERSION): $(BUILD)/q3, $(BUILD)/libq3.so.$(VERSION), $(BUILD)/libq3.a, $(words $(TEST_BIN)) tests, $(words $(BENCH_BIN)) benches are up to date$(if $(WERROR), (-Werror)); next: ./$(BUILD)/q3 bench, make test"
 
 $(BUILD)/libq3.a: $(LIB_OBJ)
 	@mkdir -p $(@D)
@@ -109,11 +115,24 @@ install: $(BUILD)/q3 $(BUILD)/libq3.a $(BUILD)/libq3.so $(BUILD)/q3.pc
 	ln -sf libq3.so.$(VERSION) $(DESTDIR)$(LIBDIR)/libq3.so
 	install -m 644 include/q3.h $(DESTDIR)$(INCDIR)/q3.h
 	install -m 644 $(BUILD)/q3.pc $(DESTDIR)$(PCDIR)/q3.pc
+	@if [ -s $(TOKENIZER_SRC)/tokenizer.json ]; then \
+	  echo install -d $(DESTDIR)$(DATADIR)/qwen3-tokenizer; install -d $(DESTDIR)$(DATADIR)/qwen3-tokenizer; \
+	  for f in tokenizer.json tokenizer_config.json; do \
+	    echo install -m 644 $(TOKENIZER_SRC)/$$f $(DESTDIR)$(DATADIR)/qwen3-tokenizer/$$f; \
+	    install -m 644 $(TOKENIZER_SRC)/$$f $(DESTDIR)$(DATADIR)/qwen3-tokenizer/$$f || exit 1; done; \
+	else echo "make install: no built-in tokenizer in $(TOKENIZER_SRC) (run make deps first): the installed q3 needs -m MODEL with its own tokenizer or --tokenizer PATH" >&2; fi
+	@echo "installed q3 $(VERSION) into $(DESTDIR)$(PREFIX)"
 
+# Removes what install wrote, then the folders it leaves empty (never one that
+# still holds something else: rmdir refuses those).
 uninstall:
 	rm -f $(DESTDIR)$(BINDIR)/q3 $(DESTDIR)$(LIBDIR)/libq3.a $(DESTDIR)$(LIBDIR)/libq3.so \
 	  $(DESTDIR)$(LIBDIR)/libq3.so.$(SOMAJOR) $(DESTDIR)$(LIBDIR)/libq3.so.$(VERSION) \
-	  $(DESTDIR)$(INCDIR)/q3.h $(DESTDIR)$(PCDIR)/q3.pc
+	  $(DESTDIR)$(INCDIR)/q3.h $(DESTDIR)$(PCDIR)/q3.pc \
+	  $(DESTDIR)$(DATADIR)/qwen3-tokenizer/tokenizer.json $(DESTDIR)$(DATADIR)/qwen3-tokenizer/tokenizer_config.json
+	@for d in $(DESTDIR)$(DATADIR)/qwen3-tokenizer $(DESTDIR)$(DATADIR) $(DESTDIR)$(PCDIR) $(DESTDIR)$(BINDIR) \
+	  $(DESTDIR)$(LIBDIR) $(DESTDIR)$(INCDIR) $(dir $(DESTDIR)$(DATADIR)); do \
+	  [ -d "$$d" ] && rmdir "$$d" 2>/dev/null || true; done
 
 $(BUILD)/q3: $(CLI_OBJ) $(SERVER_OBJ) $(TOOLS_LIB) $(BUILD)/libq3.a
 	$(CC) $(LDFLAGS) -o $@ $(CLI_OBJ) $(SERVER_OBJ) $(TOOLS_LIB) $(BUILD)/libq3.a $(SERVER_LIBS) $(LDLIBS)

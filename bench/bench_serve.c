@@ -7,8 +7,12 @@
  *
  *   build/bench/bench_serve [-m MODEL] [--clients 1,4,8,16] [--requests 2]
  *                           [--gen 32] [--prompt-words 48] [-t THREADS]
- * MODEL defaults to models/synth-qwen3-0.6b (`./build/q3 bench` builds it). */
+ * MODEL defaults to the synthetic Qwen3-0.6B in the cache folder, where
+ * `./build/q3 bench` builds it ($Q3_MODELS, else $Q3_CACHE_DIR, else
+ * ~/.cache/q3: tools/defaults.h); built there first when absent. */
 #include <pthread.h>
+
+#include "tools/defaults.h"
 
 #include "../tests/serve_util.h"
 
@@ -88,7 +92,7 @@ static double pct(double *v, int n, double p)
 
 int main(int argc, char **argv)
 {
-    const char *model = "models/synth-qwen3-0.6b", *threads = "2", *clients = "1,4,8,16";
+    const char *model = NULL, *threads = "2", *clients = "1,4,8,16";
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h") || !v) {
@@ -115,12 +119,16 @@ int main(int argc, char **argv)
         if (!p) break;
         p++;
     }
+    if (!model && q3_default_model("bench_serve", &model)) {
+        fprintf(stderr, "bench_serve: %s (or pass -m MODEL)\n", q3_last_error());
+        return 1;
+    }
     char par[16];
     snprintf(par, sizeof par, "%d", max_n);
     test_server srv = {0};
     const char *args[] = {"-m", model, "-t", threads, "--parallel", par, "--ctx", "1024", NULL};
     if (ts_start(&srv, args) || ts_wait_line(&srv, "ready")) {
-        fprintf(stderr, "bench_serve: the server did not start (is %s there? `./build/q3 bench` builds it)\n", model);
+        fprintf(stderr, "bench_serve: the server did not start (is %s a Qwen3 folder or .gguf? its stderr is above)\n", model);
         ts_stop(&srv);
         return 1;
     }

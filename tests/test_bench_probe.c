@@ -226,6 +226,18 @@ int main(void)
         double tps = cJSON_GetObjectItem(r0, "decode_tok_s")->valuedouble;
         double rtfx = cJSON_GetObjectItem(r0, "rtfx")->valuedouble;
         CHECK(p50 > 0 && p99 >= p50, "prefill p50 %g p99 %g", p50, p99);
+        /* decode: the verdict's rate is 1000 / the mean; the tail ratio and its flag */
+        double dmean = num(r0, "decode_ms", "mean"), d50 = num(r0, "decode_ms", "p50"), d99 = num(r0, "decode_ms", "p99");
+        CHECK(dmean > 0 && fabs(tps - 1000 / dmean) < 1e-9 * tps, "decode tok/s = 1000 / mean ms: %g %g", tps, dmean);
+        CHECK(fabs(num(r0, "decode_p99_over_p50", NULL) - d99 / d50) < 1e-9 &&
+              cJSON_IsBool(cJSON_GetObjectItem(r0, "decode_tail")) &&
+              cJSON_IsTrue(cJSON_GetObjectItem(r0, "decode_tail")) == (d99 / d50 > 1.5), "decode tail %g / %g", d99, d50);
+        CHECK(num(doc, "settings", "decode_depth") == 16, "decode depth: after the 16-token prompt: %g", num(doc, "settings", "decode_depth"));
+        const cJSON *ld = cJSON_GetObjectItem(doc, "load");
+        CHECK(num(doc, "load", "cpus") >= 1 && cJSON_IsBool(cJSON_GetObjectItem(ld, "noisy")) &&
+              cJSON_IsTrue(cJSON_GetObjectItem(ld, "noisy")) == (num(doc, "load", "others_fraction") > 0.10 ||
+                                                             num(doc, "load", "steal_fraction") > 0.05),
+              "load: noisy as its figures say");
         CHECK(fabs(rtfx - tps / 15.0) < 1e-9 * (1 + rtfx), "RTFx = tok/s / drain");
         CHECK(cJSON_GetArraySize(cJSON_GetObjectItem(doc, "runs")) == 1, "one run");
         check_limits(doc);
@@ -261,6 +273,15 @@ int main(void)
     out = run("bench -m " TEST_DATA "/golden/tiny --prefill-on ref --decode-on ref --chunk 8 --gen 4 --repeats 2 "
               "--no-limits", &st);
     CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0 && strstr(out, "RTFx"), "split-phase table: %.300s", out);
+    /* the table shows the number the verdict uses, the true depth, and says what '-' and the load mean */
+    CHECK(strstr(out, "p50/mean/p99") && strstr(out, "tok/s mean") && strstr(out, "p99/p50") &&
+          strstr(out, "from depth 8 (after the prompt)") && strstr(out, "it published no such figure") &&
+          strstr(out, "machine load during the run"), "table labels: %.1500s", out);
+    free(out);
+    /* --batch --no-limits: no bound columns, no zeros that read as measured */
+    out = run("bench -m " TEST_DATA "/golden/tiny --batch 1,2 --depth 4 --gen 2 --no-limits", &st);
+    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0 && !strstr(out, "GB/s,") && !strstr(out, "reached") &&
+          !strstr(out, "bound ms") && strstr(out, "not measured (--no-limits)"), "--batch --no-limits: %.800s", out);
     free(out);
     out = run("bench -m " TEST_DATA "/golden/tiny --compute-units nope --chunk 8 --gen 2 --repeats 1 --no-limits", &st);
     CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 1, "unknown unit fails: %d", st);

@@ -161,7 +161,7 @@ static void test_threads(void)
     rc = sh_stdout(&out, "%s run -m " E2E " -p 'Tell me a story' -n 12 --temp 0 --threads 2", q3_bin());
     CHECK(rc == 0 && !strcmp(one, out), "-t 1 and -t 2 agree:\n%s\n%s", one, out);
     rc = sh(&out, "%s bench -m " TINY " -t 1 --no-limits --gen 2 --repeats 1 --chunk 8", q3_bin());
-    CHECK(rc == 0 && strstr(out, "1 threads, cpu kernels "), "bench says its threads and kernels: %s", out);
+    CHECK(rc == 0 && strstr(out, "1 thread, cpu kernels "), "bench says its threads and kernels: %s", out);
 }
 
 /* Random seeds, printed; a printed seed repeats the run. */
@@ -253,6 +253,72 @@ static void test_docs(void)
     free(doc);
 }
 
+/* llama.cpp's spellings (issue 28 item 6): the names users type work, and any
+ * other "-abc" is "unknown option '-abc'", never bundled letters ("-ngl 99"
+ * read as "-n gl"). */
+static void test_llama_flags(void)
+{
+    const char *out;
+    static char greedy[4096];
+    int rc = sh_stdout(&out, "%s run -m " E2E " -p hi -n 4 --temp 0 --no-perf", q3_bin());
+    snprintf(greedy, sizeof greedy, "%s", out);
+    CHECK(rc == 0 && greedy[0], "run: %d", rc);
+    /* accepted: the same text, -ngl noted as ignored on stderr */
+    rc = sh_stdout(&out, "{ %s run -m " E2E " -p hi -n 4 --temp 0 --no-perf -ngl 99 -fa -c 512 -b 512 -ub 64 -ctk f16 -ctv f16 2>&1 >/dev/null; }",
+            q3_bin());
+    CHECK(rc == 0 && strstr(out, "-ngl 99 ignored") && count_lines(out) == 1, "-ngl -fa -c -b -ub -ctk -ctv: %d %s", rc, out);
+    rc = sh_stdout(&out, "%s run -m " E2E " -p hi -n 4 --temp 0 --no-perf -ngl 99 -fa on --ctx-size 512 --flash-attn=auto", q3_bin());
+    CHECK(rc == 0 && !strcmp(out, greedy), "llama.cpp flags change nothing: '%s' vs '%s'", out, greedy);
+    /* -ctk q8_0 is --kv q8_0: the same text as --kv q8_0 */
+    static char kv8[4096];
+    rc = sh_stdout(&out, "%s run -m " E2E " -p hi -n 4 --temp 0 --no-perf --kv q8_0", q3_bin());
+    snprintf(kv8, sizeof kv8, "%s", out);
+    rc |= sh_stdout(&out, "%s run -m " E2E " -p hi -n 4 --temp 0 --no-perf -ctk q8_0 -ctv q8_0", q3_bin());
+    CHECK(rc == 0 && !strcmp(out, kv8), "-ctk/-ctv q8_0 = --kv q8_0: '%s' vs '%s'", out, kv8);
+    /* -sys is --system */
+    static char sys[4096];
+    rc = sh_stdout(&out, "%s run -m " E2E " -p hi -n 4 --temp 0 --no-perf --system 'Be brief.'", q3_bin());
+    snprintf(sys, sizeof sys, "%s", out);
+    rc |= sh_stdout(&out, "%s run -m " E2E " -p hi -n 4 --temp 0 --no-perf -sys 'Be brief.'", q3_bin());
+    CHECK(rc == 0 && !strcmp(out, sys), "-sys = --system: '%s' vs '%s'", out, sys);
+    /* the warm-up (issue 28 item 8): reported inside the load time, apart from the prompt's; the text is the same without it */
+    rc = sh_stdout(&out, "{ %s run -m " E2E " -p hi -n 4 --temp 0 2>&1 >/dev/null; }", q3_bin());
+    CHECK(rc == 0 && strstr(out, "load time") && strstr(out, "warm-up decode step") && strstr(out, "prompt eval time"),
+          "timings name the warm-up: %s", out);
+    rc = sh_stdout(&out, "%s run -m " E2E " -p hi -n 4 --temp 0 --no-perf --no-warmup", q3_bin());
+    CHECK(rc == 0 && !strcmp(out, greedy), "--no-warmup: the same text: '%s' vs '%s'", out, greedy);
+    /* refused, exit 2, one line each */
+    static const struct { const char *args, *want; } bad[] = {
+        {"run -m " E2E " -p hi -ngx 1", "unknown option '-ngx'"},
+        {"run -m " E2E " -p hi -xyz", "unknown option '-xyz'"},
+        {"run -m " E2E " -p hi -nfoo", "unknown option '-nfoo'"},
+        {"run -m " E2E " -p hi -ctk q8_0 -ctv f16", "-ctk q8_0 and -ctv f16 differ"},
+        {"run -m " E2E " -p hi --kv q4_0", "f32, f16, bf16 and q8_0, not 'q4_0'"},
+        {"run -m " E2E " -p hi --flash-attn=maybe", "--flash-attn takes on, off or auto"},
+        {"chat -m " E2E " -ctv q5_1", "not 'q5_1'"},
+        {"logits -m " E2E " --tokens 1 -o /dev/null -ngl", "-ngl needs a value"},
+        {"logits -m " E2E " --tokens 1 -o /dev/null -c 0", "-c must be an integer"},
+        {"serve -m " TINY " -np 0", "-np must be an integer in 1..256"},
+        {"serve -m " TINY " -c 0", "-c must be an integer"},
+        {"serve -m " TINY " -ctk bf16 --kv f16", "--kv f16 and -ctk bf16 differ"},
+        {"tokenize -ngl 1 hello", "unknown option '-ngl'"},
+        {"info -m " TINY " -fa", "unknown option '-fa'"},
+        {"run -m " E2E " -p hi -c 100000", "-c/--ctx-size 100000 is more than this model's context"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        rc = sh(&out, "%s %s", q3_bin(), bad[i].args);
+        CHECK(rc == 2 && strstr(out, bad[i].want) && count_lines(out) == 1, "q3 %s: %d '%s' (want '%s')", bad[i].args, rc,
+              out, bad[i].want);
+    }
+    /* an environment variable q3 cannot use is refused, not ignored (issue 28 item 9) */
+    rc = sh(&out, "Q3_THREADS=two %s info -m " TINY, q3_bin());
+    CHECK(rc == 2 && strstr(out, "Q3_THREADS='two'") && count_lines(out) == 1, "Q3_THREADS=two: %d %s", rc, out);
+    rc = sh(&out, "Q3_CPU_ISA=sse4 %s info -m " TINY, q3_bin());
+    CHECK(rc == 2 && strstr(out, "Q3_CPU_ISA='sse4'") && count_lines(out) == 1, "Q3_CPU_ISA=sse4: %d %s", rc, out);
+    rc = sh(&out, "Q3_THREADS=1 Q3_CPU_ISA=avx2 %s info -m " TINY, q3_bin());
+    CHECK(rc == 0, "valid Q3_THREADS and Q3_CPU_ISA: %d %s", rc, out);
+}
+
 int main(void)
 {
     test_tmpdir(); /* sets $Q3_TEST_TMP for the commands */
@@ -261,6 +327,7 @@ int main(void)
     test_threads();
     test_seeds();
     test_chat_repl();
+    test_llama_flags();
     test_docs();
     TEST_DONE();
 }

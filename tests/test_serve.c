@@ -384,6 +384,133 @@ static void test_channels_and_ends(void)
     CHECK(!strcmp(srv_finish_wire(SRV_FINISH_STOP_STRING), "stop") && !srv_finish_wire(SRV_FINISH_NONE), "finish on the wire");
 }
 
+/* What OpenAI SDKs and llama.cpp clients send beside the core fields (issue
+ * 28 item 7): accepted and ignored where they do not change the answer,
+ * implemented where they do; llama-server's routes and bodies. */
+static void test_compat(void)
+{
+    int st;
+    const char *base = "{\"messages\":[{\"role\":\"user\",\"content\":\"Hello there\"}],\"max_tokens\":6,\"temperature\":0";
+    char body[1024];
+    snprintf(body, sizeof body, "%s}", base);
+    char *plain = answer_text(body);
+    /* the SDKs' extra fields: the same answer */
+    snprintf(body, sizeof body, "%s,\"metadata\":{\"k\":\"v\"},\"store\":false,\"service_tier\":\"auto\",\"reasoning_effort\":\"low\","
+             "\"modalities\":[\"text\"],\"prediction\":{\"type\":\"content\",\"content\":\"x\"},\"parallel_tool_calls\":true,"
+             "\"user\":\"u\",\"cache_prompt\":true,\"id_slot\":-1}", base);
+    char *extra = answer_text(body);
+    CHECK(plain && extra && !strcmp(plain, extra), "ignored fields change nothing: '%s' vs '%s'", extra, plain);
+    /* the unprefixed route answers the same */
+    snprintf(body, sizeof body, "%s}", base);
+    cJSON *j = post_json("/chat/completions", body, &st);
+    CHECK(st == 200 && plain && jstr(j, "choices.0.message.content") && !strcmp(jstr(j, "choices.0.message.content"), plain),
+          "/chat/completions: %d", st);
+    cJSON_Delete(j);
+    /* n_predict is max_tokens; repeat_penalty is repetition_penalty */
+    j = post_json("/v1/completions", "{\"prompt\":\"Once upon a time\",\"n_predict\":3,\"temperature\":0}", &st);
+    CHECK(st == 200 && (int)jnum(j, "usage.completion_tokens") == 3, "n_predict 3: %d %g", st, jnum(j, "usage.completion_tokens"));
+    cJSON_Delete(j);
+    char *rp1 = answer_text("{\"prompt\":\"the the the the\",\"max_tokens\":12,\"temperature\":0,\"repetition_penalty\":1.5}");
+    char *rp2 = answer_text("{\"prompt\":\"the the the the\",\"max_tokens\":12,\"temperature\":0,\"repeat_penalty\":1.5}");
+    CHECK(rp1 && rp2 && !strcmp(rp1, rp2), "repeat_penalty = repetition_penalty: '%s' '%s'", rp1, rp2);
+    free(rp1);
+    free(rp2);
+    /* logit_bias (OpenAI's object and llama.cpp's pairs) steer a greedy answer: +100 on a token makes it the answer */
+    j = post_json("/tokenize", "{\"content\":\"zebra\"}", &st); /* llama.cpp's body */
+    int zebra = (int)jnum(j, "tokens.0");
+    CHECK(st == 200 && zebra > 0 && (int)jnum(j, "count") >= 1, "/tokenize {content}: %d %d", st, zebra);
+    cJSON_Delete(j);
+    j = post_json("/tokenize", "{\"content\":\"zebra\",\"add_special\":true}", &st);
+    CHECK(st == 200 && (int)jnum(j, "tokens.0") == zebra, "/tokenize add_special: Qwen3 adds no BOS: %d", st);
+    cJSON_Delete(j);
+    snprintf(body, sizeof body, "{\"prompt\":\"hi\",\"max_tokens\":2,\"temperature\":0,\"logit_bias\":{\"%d\":100}}", zebra);
+    j = post_json("/v1/completions", body, &st);
+    char want[64];
+    cJSON *d = post_json("/detokenize", (snprintf(want, sizeof want, "{\"tokens\":[%d,%d]}", zebra, zebra), want), &st);
+    CHECK(jstr(j, "choices.0.text") && jstr(d, "prompt") && !strcmp(jstr(j, "choices.0.text"), jstr(d, "prompt")),
+          "logit_bias +100 forces the token: '%s'", jstr(j, "choices.0.text"));
+    CHECK(jstr(d, "content") && !strcmp(jstr(d, "content"), jstr(d, "prompt")), "/detokenize: llama-server's content too");
+    cJSON_Delete(j);
+    snprintf(body, sizeof body, "{\"prompt\":\"hi\",\"n_predict\":2,\"temperature\":0,\"logit_bias\":[[%d,100]]}", zebra);
+    j = post_json("/v1/completions", body, &st);
+    CHECK(jstr(j, "choices.0.text") && jstr(d, "prompt") && !strcmp(jstr(j, "choices.0.text"), jstr(d, "prompt")),
+          "llama.cpp's logit_bias pairs: '%s'", jstr(j, "choices.0.text"));
+    cJSON_Delete(j);
+    cJSON_Delete(d);
+    /* ignore_eos: a turn that ends at once with a forced <|im_end|> runs to max_tokens instead */
+    snprintf(body, sizeof body, "%s,\"logit_bias\":{\"151645\":100}}", base);
+    j = post_json("/v1/chat/completions", body, &st);
+    CHECK(st == 200 && (int)jnum(j, "usage.completion_tokens") == 1 && !strcmp(jstr(j, "choices.0.finish_reason"), "stop"),
+          "a forced end of turn stops: %g", jnum(j, "usage.completion_tokens"));
+    cJSON_Delete(j);
+    snprintf(body, sizeof body, "%s,\"logit_bias\":{\"151645\":100},\"ignore_eos\":true}", base);
+    j = post_json("/v1/chat/completions", body, &st);
+    CHECK(st == 200 && (int)jnum(j, "usage.completion_tokens") == 6 && !strcmp(jstr(j, "choices.0.finish_reason"), "length"),
+          "ignore_eos: %g tokens", jnum(j, "usage.completion_tokens"));
+    cJSON_Delete(j);
+    /* refused: what would change the answer silently */
+    check_error("audio modality", "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"modalities\":[\"text\",\"audio\"]}", 400);
+    check_error("n_predict 0", "/v1/completions", "{\"prompt\":\"x\",\"n_predict\":0}", 400);
+    check_error("logit_bias pair out of range", "/v1/completions", "{\"prompt\":\"x\",\"logit_bias\":[[1,500]]}", 400);
+    check_error("ignore_eos not a bool", "/v1/completions", "{\"prompt\":\"x\",\"ignore_eos\":1}", 400);
+    /* llama-server's /completion: its body, its answer; its stream ends with stop: true and no [DONE] */
+    j = post_json("/completion", "{\"prompt\":\"Once upon a time\",\"n_predict\":4,\"temperature\":0,\"cache_prompt\":true}", &st);
+    cJSON *o = post_json("/v1/completions", "{\"prompt\":\"Once upon a time\",\"max_tokens\":4,\"temperature\":0}", &st);
+    CHECK(jstr(j, "content") && jstr(o, "choices.0.text") && !strcmp(jstr(j, "content"), jstr(o, "choices.0.text")) &&
+          cJSON_IsTrue(cJSON_GetObjectItem(j, "stop")) && !strcmp(jstr(j, "stop_type"), "limit") &&
+          (int)jnum(j, "tokens_predicted") == 4 && (int)jnum(j, "tokens_evaluated") == (int)jnum(o, "usage.prompt_tokens"),
+          "/completion: %s", jstr(j, "content"));
+    cJSON_Delete(j);
+    ts_resp r;
+    ts_request(port, "POST", "/completion", NULL, "{\"prompt\":\"Once upon a time\",\"n_predict\":4,\"temperature\":0,\"stream\":true}", &r);
+    {
+        srv_buf text = {0};
+        int events = 0, last_stop = 0;
+        for (const char *p = strstr(r.body, "data: "); p; p = strstr(p + 1, "data: ")) {
+            const char *nl = strstr(p, "\n\n");
+            char *ev = nl ? strndup(p + 6, (size_t)(nl - p - 6)) : NULL;
+            cJSON *e = ev ? cJSON_Parse(ev) : NULL;
+            free(ev);
+            events++;
+            if (jstr(e, "content")) srv_buf_puts(&text, jstr(e, "content"));
+            last_stop = cJSON_IsTrue(cJSON_GetObjectItem(e, "stop"));
+            cJSON_Delete(e);
+        }
+        CHECK(r.status == 200 && events == 5 && last_stop && !strstr(r.body, "[DONE]") && text.data && jstr(o, "choices.0.text") &&
+              !strcmp(text.data, jstr(o, "choices.0.text")), "/completion stream: %d events: %s", events, r.body);
+        free(text.data);
+    }
+    ts_resp_free(&r);
+    cJSON_Delete(o);
+    /* /health's body, /props, /v1/models/{id}, /models */
+    ts_request(port, "GET", "/health", NULL, NULL, &r);
+    CHECK(r.status == 200 && !strcmp(r.body, "{\"status\":\"ok\"}"), "/health: %s", r.body);
+    ts_resp_free(&r);
+    ts_request(port, "GET", "/props", NULL, NULL, &r);
+    j = cJSON_Parse(r.body);
+    CHECK(r.status == 200 && (int)jnum(j, "default_generation_settings.n_ctx") == 256 && (int)jnum(j, "total_slots") == 4 &&
+          jstr(j, "model") && !strcmp(jstr(j, "model"), "e2e") && strstr(r.body, "POST /completion"), "/props: %s", r.body);
+    cJSON_Delete(j);
+    ts_resp_free(&r);
+    ts_request(port, "GET", "/v1/models/e2e", NULL, NULL, &r);
+    j = cJSON_Parse(r.body);
+    CHECK(r.status == 200 && jstr(j, "id") && !strcmp(jstr(j, "id"), "e2e") && !strcmp(jstr(j, "object"), "model"), "/v1/models/e2e: %s", r.body);
+    cJSON_Delete(j);
+    ts_resp_free(&r);
+    ts_request(port, "GET", "/v1/models/gpt-9", NULL, NULL, &r);
+    CHECK(r.status == 404 && strstr(r.body, "model_not_found"), "/v1/models/gpt-9: %d", r.status);
+    ts_resp_free(&r);
+    ts_request(port, "GET", "/models", NULL, NULL, &r);
+    CHECK(r.status == 200 && strstr(r.body, "\"id\":\"e2e\""), "/models: %s", r.body);
+    ts_resp_free(&r);
+    /* no CORS unless asked: no header, OPTIONS is 405 */
+    ts_request(port, "OPTIONS", "/v1/chat/completions", NULL, NULL, &r);
+    CHECK(r.status == 405 && !strcasestr(r.head, "Access-Control-Allow-Origin"), "no --cors: %d", r.status);
+    ts_resp_free(&r);
+    free(plain);
+    free(extra);
+}
+
 int main(void)
 {
     test_splitter();
@@ -611,7 +738,13 @@ int main(void)
     check_error("wrong model", "/v1/chat/completions", "{\"model\":\"gpt-9\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}", 404);
     check_error("token id out of range", "/v1/completions", "{\"prompt\":[1,2,99999999]}", 400);
     check_error("empty prompt", "/v1/completions", "{\"prompt\":\"\"}", 400);
-    check_error("max_tokens past the context", "/v1/completions", "{\"prompt\":\"hi\",\"max_tokens\":100000}", 400);
+    {   /* max_tokens past the context: capped to what fits, as llama-server does; the answer ends with "length" */
+        j = post_json("/v1/completions", "{\"prompt\":\"hi\",\"max_tokens\":100000,\"temperature\":0,\"ignore_eos\":true}", &st);
+        int ct = (int)jnum(j, "usage.completion_tokens"), pt = (int)jnum(j, "usage.prompt_tokens");
+        CHECK(st == 200 && pt + ct == 256 && jstr(j, "choices.0.finish_reason") && !strcmp(jstr(j, "choices.0.finish_reason"), "length"),
+              "max_tokens past the context is capped: %d, %d + %d tokens", st, pt, ct);
+        cJSON_Delete(j);
+    }
     {
         char big[8192] = "{\"prompt\":\"";
         for (int i = 0; i < 300; i++) strcat(big, "word ");
@@ -664,6 +797,8 @@ int main(void)
         CHECK(r.status == 200, "alive after garbage");
         ts_resp_free(&r);
     }
+
+    test_compat();
 
     /* load: every answer alone first, then all at once (some clients hang up early) */
     for (int c = 0; c < N_CLIENTS; c++)
@@ -797,5 +932,38 @@ int main(void)
     }
     int rc = ts_stop(&srv);
     CHECK(rc == 0, "second server exit %d", rc);
+
+    /* a third: --cors and the JSON access log, with llama-server's flag spellings */
+    const char *args3[] = {"-m", MODEL, "-t", "1", "-np", "1", "-c", "128", "--alias", "q3-tiny", "--cors", "https://app.example",
+                           "--log-format", "json", NULL};
+    CHECK(ts_start(&srv, args3) == 0 && ts_wait_line(&srv, "ready") == 0, "third server");
+    port = srv.port;
+    ts_request(port, "OPTIONS", "/v1/chat/completions", "Origin: https://app.example\r\nAccess-Control-Request-Method: POST\r\n", NULL, &r);
+    CHECK(r.status == 204 && strcasestr(r.head, "Access-Control-Allow-Origin: https://app.example") &&
+          strcasestr(r.head, "Access-Control-Allow-Methods: POST") && strcasestr(r.head, "Access-Control-Allow-Headers: Authorization"),
+          "CORS preflight: %d %s", r.status, r.head);
+    ts_resp_free(&r);
+    ts_request(port, "POST", "/v1/completions", NULL, "{\"model\":\"q3-tiny\",\"prompt\":\"hi\",\"max_tokens\":3}", &r);
+    CHECK(r.status == 200 && strcasestr(r.head, "Access-Control-Allow-Origin: https://app.example"), "CORS header: %d", r.status);
+    ts_resp_free(&r);
+    ts_request(port, "GET", "/props", NULL, NULL, &r);
+    CHECK(r.status == 200 && strstr(r.body, "\"n_ctx\":128") && strstr(r.body, "\"total_slots\":1"), "-c 128 -np 1: %s", r.body);
+    ts_resp_free(&r);
+    {   /* the access log: one JSON line a request, in order */
+        char line[512];
+        int seen_options = 0, seen_post = 0, seen_props = 0;
+        for (int i = 0; i < 3 && fgets(line, sizeof line, srv.err); i++) {
+            cJSON *l = cJSON_Parse(line);
+            const char *m = jstr(l, "method"), *p = jstr(l, "path");
+            seen_options |= m && !strcmp(m, "OPTIONS") && jnum(l, "status") == 204;
+            seen_post |= m && !strcmp(m, "POST") && p && !strcmp(p, "/v1/completions") && jnum(l, "status") == 200 &&
+                         jnum(l, "completion_tokens") == 3 && jnum(l, "prompt_tokens") >= 1 && jnum(l, "ms") >= 0;
+            seen_props |= p && !strcmp(p, "/props") && jnum(l, "status") == 200 && !cJSON_GetObjectItem(l, "prompt_tokens");
+            cJSON_Delete(l);
+        }
+        CHECK(seen_options && seen_post && seen_props, "access log lines: %d %d %d", seen_options, seen_post, seen_props);
+    }
+    rc = ts_stop(&srv);
+    CHECK(rc == 0, "third server exit %d", rc);
     TEST_DONE();
 }

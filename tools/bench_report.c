@@ -17,6 +17,7 @@
 #include "model/model.h"
 #include "tools/defaults.h"
 #include "tools/limits.h"
+#include "tools/load.h"
 #include "util/error.h"
 #include "util/file.h"
 #include "util/outfile.h"
@@ -33,6 +34,9 @@ typedef struct run {
     char *sample;
 } run;
 
+/* A decode tail worth a flag: p99 over p50 above this (issue 25). */
+#define TAIL_RATIO 1.5
+
 static cJSON *stats_json(const q3_stats *s)
 {
     cJSON *o = cJSON_CreateObject();
@@ -43,6 +47,31 @@ static cJSON *stats_json(const q3_stats *s)
     cJSON_AddNumberToObject(o, "min", s->min);
     cJSON_AddNumberToObject(o, "max", s->max);
     cJSON_AddNumberToObject(o, "n", s->n);
+    return o;
+}
+
+/* "machine load: ..." and, for a noisy run, why its numbers may not hold. */
+static void print_load(const q3_load *l)
+{
+    if (l->others < 0) return;
+    printf("machine load during the run: load average %.2f -> %.2f on %d CPUs; other processes took %.0f%% of the CPUs, "
+           "steal %.1f%%%s\n", l->load1_begin, l->load1_end, l->n_cpus, 100 * l->others, 100 * l->steal,
+           l->noisy ? "" : " (quiet)");
+    if (l->noisy)
+        printf("NOISY RUN: other work (%.0f%% of the CPUs%s) competed with the benchmark: the timings and any verdict "
+               "above may not hold on a quiet machine; rerun when it is idle\n",
+               100 * l->others, l->steal > Q3_LOAD_NOISY_STEAL ? ", or the hypervisor's steal" : "");
+}
+
+static cJSON *load_json(const q3_load *l)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "cpus", l->n_cpus);
+    cJSON_AddNumberToObject(o, "load1_begin", l->load1_begin);
+    cJSON_AddNumberToObject(o, "load1_end", l->load1_end);
+    cJSON_AddNumberToObject(o, "others_fraction", l->others);
+    cJSON_AddNumberToObject(o, "steal_fraction", l->steal);
+    cJSON_AddBoolToObject(o, "noisy", l->noisy);
     return o;
 }
 
@@ -173,10 +202,13 @@ static q3_status bench_batch(const char *model, q3_bench_opts *o, const int *bat
     q3_batch_result res[32];
     bool moe = q3_config_is_moe(&m->cfg);
     if (!json) fprintf(stderr, "  measuring batched decode at depth %d ...\n", o->depth);
+    q3_load load;
+    q3_load_begin(&load);
     if ((st = q3_bench_batch(m, o, batches, nb, res))) {
         q3_model_close(m);
         return st;
     }
+    q3_load_end(&load);
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
     double peak_rss = (double)ru.ru_maxrss * 1024.0;
@@ -200,23 +232,28 @@ static q3_status bench_batch(const char *model, q3_bench_opts *o, const int *bat
         cJSON_AddNumberToObject(root, "depth", o->depth);
         cJSON_AddNumberToObject(root, "steps", o->gen);
         cJSON_AddNumberToObject(root, "threads", nth);
-        cJSON_AddNumberToObject(root, "read_gb_s", bw);
-        cJSON_AddNumberToObject(root, "peak_gflop_s", peak);
-        cJSON_AddStringToObject(root, "peak_instruction", peak_name);
+        if (limits) { /* not measured: absent, never a zero that reads as measured */
+            cJSON_AddNumberToObject(root, "read_gb_s", bw);
+            cJSON_AddNumberToObject(root, "peak_gflop_s", peak);
+            cJSON_AddStringToObject(root, "peak_instruction", peak_name);
+        }
         cJSON_AddNumberToObject(root, "peak_rss_bytes", peak_rss);
+        cJSON_AddItemToObject(root, "load", load_json(&load));
         if (moe) {
             cJSON_AddNumberToObject(root, "n_experts", m->cfg.n_experts);
             cJSON_AddNumberToObject(root, "n_experts_used", m->cfg.n_experts_used);
         }
         jr = cJSON_AddArrayToObject(root, "batches");
     } else {
-        printf("q3 bench --batch: %s, depth %d, %d steps per batch size, %d threads, cpu kernels %s; read %.1f GB/s, %s peak %.0f GFLOP/s "
-               "(measured after)\n", model, o->depth, o->gen, nth, q3_cpu_default_isa_name(), bw, peak_name, peak);
+        printf("q3 bench --batch: %s, depth %d, %d steps per batch size, %d thread%s, cpu kernels %s", model, o->depth, o->gen,
+               nth, nth == 1 ? "" : "s", q3_cpu_default_isa_name());
+        if (limits) printf("; read %.1f GB/s, %s peak %.0f GFLOP/s (measured after)\n", bw, peak_name, peak);
+        else printf("; machine limits not measured (--no-limits): no bound columns\n");
         if (moe)
             printf("mixture of experts: %d experts a layer, %d a token; a step reads the union of its rows' experts\n",
                    m->cfg.n_experts, m->cfg.n_experts_used);
-        printf("\n%5s %10s %10s %10s %8s %11s %10s %9s %-10s %8s", "B", "tok/s", "vs B=1", "ms/step", "p99",
-               "GB/step", "(KV GB)", "bound ms", "limit", "reached");
+        printf("\n%5s %10s %10s %10s %8s %11s %10s", "B", "tok/s", "vs B=1", "ms/step", "p99", "GB/step", "(KV GB)");
+        if (limits) printf(" %9s %-10s %8s", "bound ms", "limit", "reached");
         if (moe) printf(" %17s", "experts/layer");
         printf("\n");
     }
@@ -247,9 +284,9 @@ static q3_status bench_batch(const char *model, q3_bench_opts *o, const int *bat
             }
             cJSON_AddItemToArray(jr, x);
         } else {
-            printf("%5d %10.1f %9.2fx %10.2f %8.2f %11.3f %10.3f %9.2f %-10s %7.0f%%", r->batch, r->tok_s, speedup,
-                   r->step_ms.p50, r->step_ms.p99, bytes / 1e9, r->kv_bytes / 1e9, bound, limits ? limit : "-",
-                   limits ? 100 * bound / r->step_ms.mean : 0);
+            printf("%5d %10.1f %9.2fx %10.2f %8.2f %11.3f %10.3f", r->batch, r->tok_s, speedup, r->step_ms.p50, r->step_ms.p99,
+                   bytes / 1e9, r->kv_bytes / 1e9);
+            if (limits) printf(" %9.2f %-10s %7.0f%%", bound, limit, 100 * bound / r->step_ms.mean);
             if (moe) printf(" %8.2f (%6.2f)", r->experts_measured, r->experts_expected);
             printf("\n");
         }
@@ -260,9 +297,10 @@ static q3_status bench_batch(const char *model, q3_bench_opts *o, const int *bat
         free(text);
         cJSON_Delete(root);
     } else {
-        printf("\n'vs B=1': aggregate tok/s against the first batch size of the list, same run; 'reached': the bound "
-               "(bytes / read bandwidth, or FLOPs / peak) over the mean step time. Peak resident memory %.0f MB.\n",
-               peak_rss / 1e6);
+        printf("\n'tok/s': B / the mean step time; 'vs B=1': aggregate tok/s against the first batch size of the list, same run");
+        if (limits) printf("; 'reached': the bound (bytes / read bandwidth, or FLOPs / peak) over the mean step time");
+        printf(". Peak resident memory %.0f MB.\n", peak_rss / 1e6);
+        print_load(&load);
         if (moe)
             printf("'experts/layer': distinct experts a layer read per step, counted from the router's choices of the timed "
                    "steps (random tokens), and in parentheses E(1-(1-k/E)^B), uniform routing; GB/step counts the counted "
@@ -344,10 +382,13 @@ q3_status q3_bench_report(q3_bench_report_opts *ro)
         if (moe)
             printf("; mixture of experts, %d of %d a layer: %.2f B params, %.2f GB active per token", m->cfg.n_experts_used,
                    m->cfg.n_experts, (double)aparams / 1e9, (double)abytes / 1e9);
-        printf("), chunk %d, prompt %d, depth %d, %d decode tokens, drain %.0f tok/s; %d threads, cpu kernels %s\n",
-               o.chunk, o.prompt_len > 0 ? o.prompt_len : o.chunk, o.depth, o.gen, drain, q3_cpu_default_threads(),
-               q3_cpu_default_isa_name());
+        int prompt = o.prompt_len > 0 ? o.prompt_len : o.chunk, depth = o.depth > prompt ? o.depth : prompt;
+        printf("), chunk %d, prompt %d; decode of %d tokens from depth %d (%s), drain %.0f tok/s; %d thread%s, cpu kernels %s\n",
+               o.chunk, prompt, o.gen, depth, o.depth > prompt ? "--depth" : "after the prompt", drain,
+               q3_cpu_default_threads(), q3_cpu_default_threads() == 1 ? "" : "s", q3_cpu_default_isa_name());
     }
+    q3_load load;
+    q3_load_begin(&load);
     for (int i = 0; i < n_runs; i++) {
         o.prefill_unit = runs[i].prefill_unit;
         o.decode_unit = runs[i].decode_unit;
@@ -363,6 +404,7 @@ q3_status q3_bench_report(q3_bench_report_opts *ro)
         }
         runs[i].sample = sample_text(model, m->cfg.vocab_size, runs[i].r.generated, runs[i].r.n_generated);
     }
+    q3_load_end(&load); /* the runs alone: the limit benchmarks below load the machine on purpose */
     /* peak memory of the runs, before the limit benchmarks allocate their buffer */
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
@@ -383,24 +425,36 @@ q3_status q3_bench_report(q3_bench_report_opts *ro)
     double prefill_peak = peak[Q3_LIMIT_AMX_BF16] > 0 ? peak[Q3_LIMIT_AMX_BF16] : peak[Q3_LIMIT_DOT_BF16];
     const char *prefill_peak_name = peak[Q3_LIMIT_AMX_BF16] > 0 ? "AMX BF16" : "BF16 dot";
     if (!json) {
-        printf("\n%-13s %-30s %12s %-28s %8s %12s\n", "unit", "prefill ms/chunk p50/p99 ±sd", "prompt tok/s",
-               "decode ms/tok p50/p99 ±sd", "tok/s", "RTFx");
+        printf("\n%-13s %-26s %12s %-26s %7s %10s %12s\n", "unit", "prefill ms/chunk p50/p99", "prompt tok/s",
+               "decode ms/tok p50/mean/p99", "p99/p50", "tok/s mean", "RTFx");
+        int tails = 0;
         for (int i = 0; i < n_runs; i++) {
             const q3_bench_result *r = &runs[i].r;
-            char unit[40], pre[40], dec[40];
+            char unit[40], pre[40], dec[48];
             if (strcmp(runs[i].prefill_unit, runs[i].decode_unit))
                 snprintf(unit, sizeof unit, "%s->%s", runs[i].prefill_unit, runs[i].decode_unit);
             else
                 snprintf(unit, sizeof unit, "%s", runs[i].prefill_unit);
-            snprintf(pre, sizeof pre, "%.1f / %.1f ± %.1f", r->prefill_ms.p50 / r->n_chunks,
-                     r->prefill_ms.p99 / r->n_chunks, r->prefill_ms.sd / r->n_chunks);
-            snprintf(dec, sizeof dec, "%.2f / %.2f ± %.2f", r->decode_ms.p50, r->decode_ms.p99, r->decode_ms.sd);
-            double rtfx = r->decode_tok_s / drain;
-            printf("%-13s %-30s %12.1f %-28s %8.2f %7.2f %s\n", unit, pre, r->prompt_tok_s, dec, r->decode_tok_s,
+            snprintf(pre, sizeof pre, "%.1f / %.1f", r->prefill_ms.p50 / r->n_chunks, r->prefill_ms.p99 / r->n_chunks);
+            snprintf(dec, sizeof dec, "%.2f / %.2f / %.2f", r->decode_ms.p50, r->decode_ms.mean, r->decode_ms.p99);
+            double rtfx = r->decode_tok_s / drain, ratio = r->decode_ms.p50 > 0 ? r->decode_ms.p99 / r->decode_ms.p50 : 0;
+            char tail[16];
+            snprintf(tail, sizeof tail, "%.2f%s", ratio, ratio > TAIL_RATIO ? "!" : "");
+            tails += ratio > TAIL_RATIO;
+            printf("%-13s %-26s %12.1f %-26s %7s %10.2f %7.2f %s\n", unit, pre, r->prompt_tok_s, dec, tail, r->decode_tok_s,
                    rtfx, rtfx > 1 ? "PASS" : "FAIL");
         }
-        printf("%-13s %-30s %12s %-28s %8.2f %7.2f (laptop GPU)\n", "experiment", "46.0 CPU/12.5 ANE/9.3 GPU", "-",
-               "-", experiment_decode_tok_s, experiment_rtfx);
+        printf("%-13s %-26s %12s %-26s %7s %10.2f %7.2f (laptop GPU)\n", "experiment", "46.0 CPU/12.5 ANE/9.3 GPU", "-",
+               "-", "-", experiment_decode_tok_s, experiment_rtfx);
+        printf("\n'tok/s mean': 1000 / the mean decode ms/token, the sustained rate; RTFx = it / the drain rate, PASS above 1.\n"
+               "'p99/p50': the decode tail; '!' above %.1f (a few tokens far slower than the median).\n"
+               "'experiment': the published split-phase run on one laptop (prefill ms per 128-token chunk on its\n"
+               "CPU, neural accelerator and GPU; decode %.0f tok/s on its GPU); '-': it published no such figure.\n",
+               TAIL_RATIO, experiment_decode_tok_s);
+        if (tails)
+            printf("TAIL: %d unit%s decoded with p99 over %.1fx p50: the mean (and RTFx) is below what the median suggests.\n",
+                   tails, tails == 1 ? "" : "s", TAIL_RATIO);
+        print_load(&load);
         for (int i = 0; i < n_runs; i++) {
             const q3_bench_result *r = &runs[i].r;
             printf("\n%s: prefill of %d tokens (%d chunks): %.1f GFLOP/s (%.1f GFLOP, spread %.1f-%.1f ms over %d runs), "
@@ -454,10 +508,13 @@ q3_status q3_bench_report(q3_bench_report_opts *ro)
         cJSON_AddNumberToObject(jc, "drain_tok_s", drain);
         cJSON_AddNumberToObject(jc, "prompt_len", o.prompt_len > 0 ? o.prompt_len : o.chunk);
         cJSON_AddNumberToObject(jc, "depth", o.depth);
+        int prompt = o.prompt_len > 0 ? o.prompt_len : o.chunk;
+        cJSON_AddNumberToObject(jc, "decode_depth", o.depth > prompt ? o.depth : prompt);
         cJSON_AddNumberToObject(jc, "threads", q3_cpu_default_threads());
         cJSON_AddStringToObject(jc, "cpu_kernels", q3_cpu_default_isa_name());
         cJSON_AddNumberToObject(root, "ttft_ms", ttft_ms);
         cJSON_AddNumberToObject(root, "peak_rss_bytes", peak_rss);
+        cJSON_AddItemToObject(root, "load", load_json(&load));
         if (limits) {
             cJSON *mc = cJSON_AddObjectToObject(root, "machine");
             cJSON_AddNumberToObject(mc, "threads", nth);
@@ -481,6 +538,9 @@ q3_status q3_bench_report(q3_bench_report_opts *ro)
             cJSON_AddNumberToObject(x, "prompt_tok_s", r->prompt_tok_s);
             cJSON_AddItemToObject(x, "decode_ms", stats_json(&r->decode_ms));
             cJSON_AddNumberToObject(x, "decode_tok_s", r->decode_tok_s);
+            double ratio = r->decode_ms.p50 > 0 ? r->decode_ms.p99 / r->decode_ms.p50 : 0;
+            cJSON_AddNumberToObject(x, "decode_p99_over_p50", ratio);
+            cJSON_AddBoolToObject(x, "decode_tail", ratio > TAIL_RATIO);
             cJSON_AddNumberToObject(x, "rtfx", r->decode_tok_s / drain);
             cJSON_AddBoolToObject(x, "realtime", r->decode_tok_s > drain);
             cJSON_AddNumberToObject(x, "handoff_ms", r->handoff_ms);

@@ -169,7 +169,7 @@ q3_status q3_compare_run(const q3_compare_opts *o, int *usage)
     printf("model %s: %d layers, hidden %d, vocab %d, weights %s (%.1f MB)\n", model, m->cfg.n_layers, m->cfg.dim,
            m->cfg.vocab_size, q3_dtype_name(m->w.layers[0].wq->dtype), (double)q3_model_weight_bytes(m) / 1e6);
     printf("%zu sequences from %s, %zu positions, unit %s", s.n, cases_dir, positions, backend);
-    if (kv_arg) printf(", KV cache types against a %s cache", q3_dtype_name((q3_dtype)kv_ref));
+    if (kv_arg) printf(", KV cache types against the %s cache", q3_dtype_name((q3_dtype)kv_ref));
     printf("\n\n");
 
     struct timespec t0, t1;
@@ -190,7 +190,7 @@ q3_status q3_compare_run(const q3_compare_opts *o, int *usage)
                    100.0 * rep[k].top1_agree, rep[k].max_abs_logit);
         double secs = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
         if (kv_arg)
-            printf("\n(KL in nats, of the next-token distribution with each KV cache type from the one with a %s "
+            printf("\n(KL in nats, of the next-token distribution with each KV cache type from the one with the %s "
                    "cache; %.1f s)\n",
                    q3_dtype_name((q3_dtype)kv_ref), secs);
         else

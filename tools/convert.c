@@ -139,7 +139,7 @@ q3_status q3_convert_pick_type(const q3_convert_opts *o, const q3_config *c, int
         if (cols % 32) t = Q3_F16;
         else if (lacking)
             return q3_fail(Q3_ERR_UNSUPPORTED,
-                           "convert: %s has rows of %lld values, not whole 256-value super-blocks; llama-quantize "
+                           "%s has rows of %lld values, not whole 256-value super-blocks; llama-quantize "
                            "stores it in %s there, a type q3 has no quantizer for",
                            name, (long long)cols, lacking);
         else t = Q3_Q8_0; /* from Q6_K (Q8_0 itself fits: 32 divides cols) */
@@ -534,7 +534,7 @@ q3_status q3_convert_add_metadata(q3_gguf_writer *w, const q3_config *c, const q
     if (y->type == Q3_ROPE_YARN) { /* the keys llama.cpp reads; a non-default extra has no key there */
         if (y->attn_factor > 0 || y->mscale > 0 || y->mscale_all_dim > 0 || !y->truncate)
             return q3_fail(Q3_ERR_UNSUPPORTED,
-                           "convert: YaRN with attention_factor, mscale or truncate=false has no GGUF key "
+                           "YaRN with attention_factor, mscale or truncate=false has no GGUF key "
                            "llama.cpp reads; q3 will not write a GGUF that computes something else");
         if ((st = q3_gguf_writer_add_str(w, KEY("rope.scaling.type"), "yarn")) ||
             (st = q3_gguf_writer_add_f32(w, KEY("rope.scaling.factor"), y->factor)) ||
@@ -692,7 +692,7 @@ static q3_status add_model(q3_gguf_writer *w, const q3_model *m, const q3_conver
     for (size_t i = 0; i < n_plan && !st; i++) {
         const q3_convert_entry *e = &plan[i];
         const q3_tensor *t = source_of(m, e);
-        if (!t) return q3_fail(Q3_ERR_INVALID, "convert: the model has no tensor for %s", e->name);
+        if (!t) return q3_fail(Q3_ERR_INVALID, "the model has no tensor for %s", e->name);
         jobs[i] = (tensor_job){.src = t, .dst = e->type};
         st = q3_gguf_writer_add_tensor_fn(w, e->name, e->type, e->ndim, e->shape, fill_tensor, &jobs[i]);
     }

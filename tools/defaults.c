@@ -77,7 +77,10 @@ q3_status q3_default_model(const char *cmd, const char **out)
         return Q3_OK;
     }
     if (make_dirs(root))
-        return q3_fail(Q3_ERR_IO, "cannot create the cache folder %s (set Q3_CACHE_DIR, or pass -m MODEL)", root);
+        return q3_fail(Q3_ERR_IO, "cannot create the cache folder %s (%s, or pass -m MODEL)", root,
+                       getenv("Q3_MODELS") && *getenv("Q3_MODELS") ? "Q3_MODELS names it: point it at a folder you can write"
+                       : getenv("Q3_CACHE_DIR") && *getenv("Q3_CACHE_DIR") ? "Q3_CACHE_DIR names it: point it at a folder you can write"
+                       : "set Q3_CACHE_DIR to a folder you can write");
     q3_config cfg;
     q3_synth_preset_qwen3_0_6b(&cfg);
     fprintf(stderr, "q3 %s: no model given: writing the synthetic Qwen3-0.6B (random BF16 weights) to %s ...\n", cmd,

@@ -51,7 +51,8 @@ static q3_status info_json(const char *path, const q3_model *m)
     }
     cJSON_AddNumberToObject(o, "rms_eps", c->rms_eps);
     cJSON_AddBoolToObject(o, "tied_embeddings", c->tied_embeddings);
-    if (c->torch_dtype[0]) cJSON_AddStringToObject(o, "torch_dtype", c->torch_dtype);
+    /* a GGUF keeps its general.file_type there: named as what it is */
+    if (c->torch_dtype[0]) cJSON_AddStringToObject(o, m->gguf ? "file_type" : "torch_dtype", c->torch_dtype);
     if (q3_config_is_moe(c)) {
         cJSON *x = cJSON_AddObjectToObject(o, "experts");
         cJSON_AddNumberToObject(x, "count", c->n_experts);
@@ -75,6 +76,7 @@ static q3_status info_json(const char *path, const q3_model *m)
     cJSON *kv = cJSON_AddObjectToObject(o, "kv_bytes_per_token");
     cJSON_AddNumberToObject(kv, "f32", (double)q3_kv_bytes_per_token(c, Q3_F32));
     cJSON_AddNumberToObject(kv, "f16", (double)q3_kv_bytes_per_token(c, Q3_F16));
+    if (c->head_dim % 32 == 0) cJSON_AddNumberToObject(kv, "q8_0", (double)q3_kv_bytes_per_token(c, Q3_Q8_0));
     char *text = cJSON_Print(o);
     cJSON_Delete(o);
     if (!text) return q3_fail(Q3_ERR_NOMEM, "out of memory");
@@ -111,7 +113,8 @@ q3_status q3_info_print(const char *path, int json)
                c->rope_scaling.orig_ctx);
     printf("rms eps          %g\n", c->rms_eps);
     printf("tied embeddings  %s\n", c->tied_embeddings ? "yes" : "no");
-    printf("torch_dtype      %s\n", c->torch_dtype[0] ? c->torch_dtype : "(not given)");
+    if (m->gguf) printf("file type        %s\n", c->torch_dtype[0] ? c->torch_dtype : "(not given)");
+    else printf("torch_dtype      %s\n", c->torch_dtype[0] ? c->torch_dtype : "(not given)");
     size_t params = q3_model_param_count(m), bytes = q3_model_weight_bytes(m);
     printf("parameters       %zu (%.3f B)\n", params, (double)params / 1e9);
     printf("weight bytes     %zu (%.3f GB)\n", bytes, (double)bytes / 1e9);
@@ -122,8 +125,9 @@ q3_status q3_info_print(const char *path, int json)
     count_all(m, by, cnt);
     for (int d = 0; d < Q3_DTYPE_COUNT; d++)
         if (cnt[d]) printf("  %-6s         %zu tensors, %zu bytes\n", q3_dtype_name((q3_dtype)d), cnt[d], by[d]);
-    printf("KV cache / token %zu bytes F32, %zu bytes F16/BF16\n", q3_kv_bytes_per_token(c, Q3_F32),
-           q3_kv_bytes_per_token(c, Q3_F16));
+    printf("KV cache / token %zu bytes F32, %zu bytes F16/BF16", q3_kv_bytes_per_token(c, Q3_F32), q3_kv_bytes_per_token(c, Q3_F16));
+    if (c->head_dim % 32 == 0) printf(", %zu bytes Q8_0", q3_kv_bytes_per_token(c, Q3_Q8_0));
+    printf("\n");
     q3_model_close(m);
     return Q3_OK;
 }

@@ -246,8 +246,8 @@ q3_status q3_probe_run(const q3_probe_opts *o)
     cJSON_AddNumberToObject(root, "threads", q3_cpu_default_threads());
     cJSON_AddStringToObject(root, "cpu_kernels", q3_cpu_default_isa_name());
     if (!po.json)
-        printf("q3 probe: %s\n%d threads, cpu kernels %s\ncompute units in this build:\n", model,
-               q3_cpu_default_threads(), q3_cpu_default_isa_name());
+        printf("q3 probe: %s\n%d thread%s, cpu kernels %s\ncompute units in this build:\n", model,
+               q3_cpu_default_threads(), q3_cpu_default_threads() == 1 ? "" : "s", q3_cpu_default_isa_name());
     for (int i = 0; q3_backends[i]; i++) {
         const q3_backend *b = q3_backends[i];
         int present = !b->present || b->present(b);

@@ -88,6 +88,7 @@ q3_status q3_synth_run(const q3_synth_run_opts *o, int *usage)
         dtype = Q3_F32;
     }
 
+    int builtin_too_big = 0; /* the built-in tokenizer was left out: its ids do not fit this vocabulary */
     if (!tokenizer_dir && !no_tokenizer && (tokenizer_dir = q3_default_tokenizer_dir())) {
         /* the built-in tokenizer only where its ids fit the model's vocabulary */
         char p[PATH_MAX];
@@ -95,10 +96,16 @@ q3_status q3_synth_run(const q3_synth_run_opts *o, int *usage)
         q3_tokenizer *tok;
         if (q3_tokenizer_load(p, &tok)) tokenizer_dir = NULL;
         else {
-            if (q3_tokenizer_vocab_size(tok) > cfg.vocab_size) tokenizer_dir = NULL;
+            if (q3_tokenizer_vocab_size(tok) > cfg.vocab_size) tokenizer_dir = NULL, builtin_too_big = 1;
             q3_tokenizer_free(tok);
         }
     }
+    if (!tokenizer_dir && !no_tokenizer && !o->quiet)
+        fprintf(stderr, "q3 synth: no tokenizer goes with this model (%s): q3 run and q3 chat need one; run it by token "
+                        "ids instead (q3 logits -m %s --tokens 1,2,3; q3 bench -m %s), or take a preset with Qwen3's "
+                        "vocabulary (0.6b)\n",
+                builtin_too_big ? "the built-in Qwen3 tokenizer's ids do not fit its vocabulary" : "the built-in one is not fetched: make deps",
+                out_dir, out_dir);
     double t0 = seconds_now();
     if (o->type_name) {
         co.name = o->name;

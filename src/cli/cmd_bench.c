@@ -57,16 +57,22 @@ int cmd_bench(int argc, char **argv)
     };
     cli_spec spec = {"bench", "q3 bench [-m MODEL] [-t N] [--compute-units U1,U2|all] [options]",
                      "The split-phase experiment's table on this machine, per compute unit:\n"
-                     "  prefill ms/chunk   one prefill run of --chunk tokens (p50 / p99, ± sd)\n"
+                     "  prefill ms/chunk   one prefill run of --chunk tokens (p50 / p99)\n"
                      "  prompt tok/s       prefill tokens per second\n"
-                     "  decode ms/tok      one decode step at --depth (p50 / p99, ± sd)\n"
-                     "  tok/s              decode tokens per second (1000 / mean ms)\n"
+                     "  decode ms/tok      one decode step, from --depth or right after the prompt\n"
+                     "                     (p50 / mean / p99)\n"
+                     "  p99/p50            the decode tail; '!' above 1.5\n"
+                     "  tok/s mean         decode tokens per second, 1000 / the mean ms: the sustained\n"
+                     "                     rate the verdict uses\n"
                      "  RTFx               real-time factor: decode tok/s / the drain rate (--drain, 15\n"
                      "                     tok/s: brisk speech); PASS when above 1, i.e. the model\n"
                      "                     writes faster than a listener drains the text\n"
                      "  experiment         the row q3 is measured against: the split-phase experiment\n"
                      "                     on one laptop (prefill of 128 tokens on its CPU, neural\n"
-                     "                     accelerator and GPU; decode on its GPU)\n",
+                     "                     accelerator and GPU; decode on its GPU); '-' where it\n"
+                     "                     published no figure\n"
+                     "Then the machine's load while the runs were timed, and NOISY RUN when other\n"
+                     "processes took more than 10% of the CPUs (or 5% was stolen).\n",
                      tab, 0, NULL};
     int rc = cli_parse(&spec, argc, argv, NULL);
     if (rc) return rc == CLI_HELP_SHOWN ? 0 : rc;

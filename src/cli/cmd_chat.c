@@ -139,7 +139,8 @@ int cmd_chat(int argc, char **argv)
     cli_gen_init(&g, "chat");
     const char *system_arg = NULL, *system_file = NULL;
     cli_opt tab[CLI_GEN_N_OPTS + 8] = {
-        CLI_OPT("system", 0, CLI_STR, &system_arg, "TEXT", "a system message"),
+        CLI_OPT("system", 0, CLI_STR, &system_arg, "TEXT", "a system message", .dash = "sys"),
+        CLI_OPT("system-prompt", 0, CLI_STR, &system_arg, "TEXT", NULL, .flags = CLI_HIDDEN),
         CLI_OPT("system-file", 0, CLI_FILE, &system_file, "FILE", "the system message from a file"),
     };
     int n = 0;
@@ -151,6 +152,7 @@ int cmd_chat(int argc, char **argv)
                      "Talks with a model turn by turn: type a message and Enter.\n", tab, 0, notes};
     int rc = cli_parse(&spec, argc, argv, NULL);
     if (rc) return rc == CLI_HELP_SHOWN ? 0 : rc;
+    if ((rc = cli_gen_parsed(&g, &spec))) return rc;
     if (system_arg && system_file) return cli_usage_error("chat", "--system and --system-file exclude each other");
     char *system = NULL;
     if (system_file) {
@@ -159,10 +161,10 @@ int cmd_chat(int argc, char **argv)
     } else if (system_arg) {
         system = strdup(system_arg);
     }
-    if (cli_gen_open(&g) || cli_gen_check_template(&g) || cli_gen_sampler(&g, !g.no_think)) {
+    if ((rc = cli_gen_open(&g)) || (rc = cli_gen_check_template(&g)) || (rc = cli_gen_sampler(&g, !g.no_think))) {
         cli_gen_close(&g);
         free(system);
-        return 1;
+        return rc;
     }
     struct sigaction sa = {0};
     sa.sa_handler = on_sigint; /* no SA_RESTART: Ctrl-C at the prompt interrupts the read */

@@ -14,7 +14,8 @@ int cmd_logits(int argc, char **argv)
     const char *model = NULL, *tokens = NULL, *out_path = NULL;
     q3_session_opts o = {0};
     int decode_from = -1;
-    const cli_opt tab[] = {
+    cli_llama llama = {0};
+    cli_opt tab[16 + CLI_LLAMA_N_OPTS] = {
         CLI_OPT("model", 'm', CLI_FILE, &model, "PATH", "a Hugging Face folder or a .gguf", .flags = CLI_REQUIRED),
         CLI_OPT("tokens", 0, CLI_STR, &tokens, "IDS",
                 "the token ids: 1,2,3 or [1, 2, 3] (what q3 tokenize prints); '-': stdin", .flags = CLI_REQUIRED),
@@ -23,18 +24,22 @@ int cmd_logits(int argc, char **argv)
                 "the first K tokens go through prefill, every later one through decode", .lo = 1, .hi = CLI_MAX_CTX),
         CLI_OPT("threads", 't', CLI_INT, &o.n_threads, "N", "CPU threads (default: one per physical core)", .lo = 1,
                 .hi = 256),
-        CLI_OPT("ctx", 'c', CLI_INT, &o.n_ctx, "N", "context length (default: min(model, 4096), or the tokens)", .lo = 1,
-                .hi = CLI_MAX_CTX),
+        CLI_OPT("ctx-size", 'c', CLI_INT, &o.n_ctx, "N", "context length (default: min(model, 4096), or the tokens); --ctx too",
+                .lo = 1, .hi = CLI_MAX_CTX),
+        CLI_OPT("ctx", 0, CLI_INT, &o.n_ctx, "N", NULL, .lo = 1, .hi = CLI_MAX_CTX, .flags = CLI_HIDDEN),
         CLI_OPT("chunk", 0, CLI_INT, &o.chunk, "N", "prefill chunk in tokens (default 128)", .lo = 1, .hi = 4096),
         CLI_OPT("backend", 0, CLI_STR, &o.backend, "UNIT", "compute unit: cpu or ref (default: the best present)"),
         CLI_OPT("kv", 0, CLI_STR, &o.kv_dtype, "TYPE", "KV cache type: f32, f16, bf16 or q8_0"),
-        {0},
     };
+    int n_tab = 0;
+    while (tab[n_tab].name) n_tab++;
+    cli_llama_add_opts(&llama, &o.chunk, tab + n_tab);
     cli_spec spec = {"logits", "q3 logits -m MODEL --tokens 1,2,3 -o OUT.f32 [options]",
                      "Writes float32 little-endian logits [n_tokens][vocab]; row t = the logits after tokens[0..t].\n",
                      tab, 0, NULL};
     int rc = cli_parse(&spec, argc, argv, NULL);
     if (rc) return rc == CLI_HELP_SHOWN ? 0 : rc;
+    if ((rc = cli_llama_apply(&spec, &llama, &o.kv_dtype))) return rc;
     char *tok_text = NULL;
     if (!strcmp(tokens, "-")) {
         size_t len;

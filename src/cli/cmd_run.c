@@ -66,7 +66,8 @@ int cmd_run(int argc, char **argv)
     cli_opt tab[CLI_GEN_N_OPTS + 16] = {
         CLI_OPT("prompt", 'p', CLI_STR, &prompt, "TEXT", "the user's message (plain text with --raw); '-': stdin"),
         CLI_OPT("file", 'f', CLI_FILE, &prompt_file, "FILE", "the prompt from a file ('-': stdin)", .flags = CLI_STDIN),
-        CLI_OPT("system", 0, CLI_STR, &system, "TEXT", "a system message before the prompt"),
+        CLI_OPT("system", 0, CLI_STR, &system, "TEXT", "a system message before the prompt", .dash = "sys"),
+        CLI_OPT("system-prompt", 0, CLI_STR, &system, "TEXT", NULL, .flags = CLI_HIDDEN),
         CLI_OPT("system-file", 0, CLI_FILE, &system_file, "FILE", "the system message from a file ('-': stdin)", .flags = CLI_STDIN),
         CLI_OPT("messages", 0, CLI_FILE, &messages, "FILE", "a conversation ('-': stdin): an OpenAI-style messages array, or an object\n"
          "{messages, tools, enable_thinking} as q3 chat-template reads", .flags = CLI_STDIN),
@@ -83,6 +84,7 @@ int cmd_run(int argc, char **argv)
         tab, 0, NULL};
     int rc = cli_parse(&spec, argc, argv, NULL);
     if (rc) return rc == CLI_HELP_SHOWN ? 0 : rc;
+    if ((rc = cli_gen_parsed(&g, &spec))) return rc;
     int n_prompt_src = !!prompt + !!prompt_file + !!messages;
     if (n_prompt_src > 1) return cli_usage_error("run", "-p, -f and --messages exclude each other");
     if (messages && (raw || system || system_file))
@@ -120,7 +122,8 @@ int cmd_run(int argc, char **argv)
             goto done;
         }
     }
-    if (cli_gen_open(&g)) goto done;
+    if ((rc = cli_gen_open(&g))) goto done;
+    rc = 1;
     int thinking = !g.no_think;
     if (raw) {
         if (q3_tokenizer_encode(g.tok, prompt, strlen(prompt), Q3_ENCODE_DEFAULT, &ids, &n_ids)) {

@@ -19,19 +19,24 @@
 /* The model's own tokenizer, or --tokenizer (a tokenizer.json or its folder). */
 int cmd_serve(int argc, char **argv)
 {
-    const char *model_path = NULL, *tok_path = NULL, *name = NULL;
+    const char *model_path = NULL, *tok_path = NULL, *name = NULL, *log_format = "text";
     srv_server_opts so = {.host = "127.0.0.1", .port = 8080, .api_key = getenv("Q3_API_KEY")};
     q3_ctx_opts co = {.max_seqs = 4};
     int port = 8080, max_body = 8 << 20, max_conn = 0, per_ip = 64, timeout = 60, drain = 30, max_queue = 256;
     int header_timeout = 10, body_timeout = 30, admin_port = -1;
-    const cli_opt tab[] = {
+    cli_llama llama = {0};
+    cli_opt tab[40 + CLI_LLAMA_N_OPTS] = {
         CLI_OPT("model", 'm', CLI_FILE, &model_path, "PATH", "a Hugging Face folder (or .gguf)", .flags = CLI_REQUIRED),
         CLI_OPT("tokenizer", 0, CLI_FILE, &tok_path, "PATH", "tokenizer.json (or its folder) when the model has none"),
-        CLI_OPT("name", 0, CLI_STR, &name, "NAME", "the model's name in the API (default: the folder or file name)"),
+        CLI_OPT("name", 0, CLI_STR, &name, "NAME", "the model's name in the API (default: the folder or file name);\n"
+                "--alias too (llama-server's name)"),
+        CLI_OPT("alias", 'a', CLI_STR, &name, "NAME", NULL, .flags = CLI_HIDDEN),
         CLI_OPT("host", 0, CLI_STR, &so.host, "ADDR", "address to listen on (default 127.0.0.1; 0.0.0.0 for every interface)"),
         CLI_OPT("port", 0, CLI_INT, &port, "N", "port (default 8080; 0: any free port, printed)", .lo = 0, .hi = 65535),
-        CLI_OPT("parallel", 0, CLI_INT, &co.max_seqs, "N", "sequences generated at once (default 4)", .lo = 1, .hi = 256),
-        CLI_OPT("ctx", 0, CLI_INT, &co.n_ctx, "N", "positions per sequence (default: min(model, 4096))", .lo = 1, .hi = 1 << 24),
+        CLI_OPT("parallel", 0, CLI_INT, &co.max_seqs, "N", "sequences generated at once (default 4)", .lo = 1, .hi = 256, .dash = "np"),
+        CLI_OPT("ctx-size", 'c', CLI_INT, &co.n_ctx, "N", "positions per sequence (default: min(model, 4096)); --ctx too", .lo = 1,
+                .hi = 1 << 24),
+        CLI_OPT("ctx", 0, CLI_INT, &co.n_ctx, "N", NULL, .lo = 1, .hi = 1 << 24, .flags = CLI_HIDDEN),
         CLI_OPT("kv-size", 0, CLI_INT, &co.kv_tokens, "TOKENS", "KV cache for all sequences together (default: parallel x ctx)",
                 .lo = 16, .hi = 1 << 28),
         CLI_OPT("chunk", 0, CLI_INT, &co.chunk, "N", "prefill chunk (default 128)", .lo = 1, .hi = 4096),
@@ -54,16 +59,31 @@ int cmd_serve(int argc, char **argv)
         CLI_OPT("admin-port", 0, CLI_INT, &admin_port, "N",
                 "also serve /health and /metrics on this port, on a listener of their own (0: any free port, printed)", .lo = 0,
                 .hi = 65535),
+        CLI_OPT("cors", 0, CLI_STR, &so.cors_origin, "ORIGIN",
+                "let browser pages from ORIGIN ('*': any) call the API: Access-Control-Allow-Origin\n"
+                "on every answer, OPTIONS preflights answered (default: no CORS headers)"),
+        CLI_OPT("log-format", 0, CLI_STR, &log_format, "FMT",
+                "the access log, one line a request on stderr: text (default), json or none"),
         CLI_OPT("drain-timeout", 0, CLI_INT, &drain, "S", "on SIGTERM, wait at most S seconds for requests in flight (default 30)",
                 .lo = 0, .hi = 86400),
-        {0},
     };
+    int n_tab = 0;
+    while (tab[n_tab].name) n_tab++;
+    cli_llama_add_opts(&llama, &co.chunk, tab + n_tab);
     cli_spec spec = {"serve", "q3 serve -m MODEL [options]",
                      "An OpenAI-compatible HTTP server with continuous batching: /v1/chat/completions, /v1/completions,\n"
-                     "/v1/models, /tokenize, /detokenize, /health, /metrics. SIGTERM or SIGINT drain and exit 0.\n",
+                     "/v1/models, /tokenize, /detokenize, /health, /metrics; llama-server's /completion, /props and\n"
+                     "the routes without /v1. SIGTERM or SIGINT drain and exit 0.\n",
                      tab, 0, NULL};
     int prc = cli_parse(&spec, argc, argv, NULL);
     if (prc) return prc == CLI_HELP_SHOWN ? 0 : prc;
+    if ((prc = cli_llama_apply(&spec, &llama, &co.kv_dtype))) return prc;
+    if (!strcmp(log_format, "text")) so.access_log = SRV_LOG_TEXT;
+    else if (!strcmp(log_format, "json")) so.access_log = SRV_LOG_JSON;
+    else if (!strcmp(log_format, "none")) so.access_log = SRV_LOG_NONE;
+    else return cli_usage_error("serve", "--log-format is text, json or none, not '%.40s'", log_format);
+    if (so.cors_origin && !*so.cors_origin) return cli_usage_error("serve", "--cors needs an origin ('*' for any)");
+    so.n_parallel = co.max_seqs;
     so.port = port;
     so.max_body = (size_t)max_body;
     /* above the queue: a full queue answers 429 instead of leaving clients in the kernel's backlog */
@@ -122,6 +142,10 @@ int cmd_serve(int argc, char **argv)
         snprintf(model_name, sizeof model_name, "%s", base ? base + 1 : tmp);
     }
     if (q3_model_open(model_path, &m)) { cli_error("serve", "%s", q3_last_error()); goto done; }
+    if (co.n_ctx > q3_model_max_context(m)) {
+        rc = cli_usage_error("serve", "-c/--ctx-size %d is more than this model's context (%d)", co.n_ctx, q3_model_max_context(m));
+        goto done;
+    }
     if (cli_open_tokenizer("serve", tok_path, m, &tok)) goto done;
     int present; /* the chat endpoint renders Qwen3's template: refuse a model whose template is another */
     if (q3_model_chat_template_check(m, &present)) { cli_error("serve", "%s", q3_last_error()); goto done; }
@@ -143,8 +167,8 @@ int cmd_serve(int argc, char **argv)
     ctx = NULL; /* the engine owns it */
     srv_server_ready(srv, tok, model_name, n_ctx, q3_model_vocab_size(m), eng);
     eng = NULL; /* the server owns it */
-    fprintf(stderr, "q3 serve: ready: model %s, %d sequences at once, context %d, KV cache %d blocks of %d tokens\n",
-            model_name, co.max_seqs, n_ctx, total, bt);
+    fprintf(stderr, "q3 serve: ready: model %s, %d sequence%s at once, context %d, KV cache %d blocks of %d tokens\n",
+            model_name, co.max_seqs, co.max_seqs == 1 ? "" : "s", n_ctx, total, bt);
 
     int sig = 0;
     sigwait(&sigs, &sig);

@@ -27,6 +27,7 @@ void cli_gen_init(cli_gen *g, const char *cmd)
     g->temp = g->top_p = g->min_p = g->repeat_penalty = g->presence_penalty = -1e30f;
     g->top_k = -1;
     g->seed = -1;
+    g->ended_line = 1;
 }
 
 int cli_gen_add_opts(cli_gen *g, cli_opt *t)
@@ -35,8 +36,8 @@ int cli_gen_add_opts(cli_gen *g, cli_opt *t)
         CLI_OPT("model", 'm', CLI_FILE, &g->model_path, "PATH", "a Hugging Face folder or a .gguf", .flags = CLI_REQUIRED),
         CLI_OPT("tokenizer", 0, CLI_FILE, &g->tokenizer_path, "PATH", "tokenizer.json (or its folder) when the model has none"),
         CLI_OPT("threads", 't', CLI_INT, &g->so.n_threads, "N", "CPU threads (default: one per physical core, or $Q3_THREADS)", .lo = 1, .hi = 256),
-        CLI_OPT("ctx", 'c', CLI_INT, &g->so.n_ctx, "N", "context length (default: min(model, 4096))", .lo = 1, .hi = CLI_MAX_CTX),
-        CLI_OPT("ctx-size", 0, CLI_INT, &g->so.n_ctx, "N", NULL, .lo = 1, .hi = CLI_MAX_CTX, .flags = CLI_HIDDEN),
+        CLI_OPT("ctx-size", 'c', CLI_INT, &g->so.n_ctx, "N", "context length (default: min(model, 4096)); --ctx too", .lo = 1, .hi = CLI_MAX_CTX),
+        CLI_OPT("ctx", 0, CLI_INT, &g->so.n_ctx, "N", NULL, .lo = 1, .hi = CLI_MAX_CTX, .flags = CLI_HIDDEN),
         CLI_OPT("chunk", 0, CLI_INT, &g->so.chunk, "N", "prefill chunk in tokens (default 128)", .lo = 1, .hi = 4096),
         CLI_OPT("backend", 0, CLI_STR, &g->so.backend, "UNIT", "compute unit: cpu or ref (default: the best present)"),
         CLI_OPT("kv", 0, CLI_STR, &g->so.kv_dtype, "TYPE", "KV cache type: f32, f16, bf16 or q8_0 (default f16 on cpu)"),
@@ -57,10 +58,17 @@ int cli_gen_add_opts(cli_gen *g, cli_opt *t)
          "becomes the control token (the reference's behaviour; unsafe: by\n"
          "default content is plain text, only the template's markup is special)"),
         CLI_OPT("verbose-prompt", 0, CLI_FLAG, &g->verbose_prompt, NULL, "print the prompt's token ids to stderr first"),
+        CLI_OPT("no-warmup", 0, CLI_FLAG, &g->no_warmup, NULL, "no warm-up decode step at load (the first prompt's time then\n"
+                "includes reading the weights from disk)"),
     };
     size_t n = sizeof o / sizeof o[0];
     memcpy(t, o, sizeof o);
-    return (int)n;
+    return (int)n + cli_llama_add_opts(&g->llama, &g->so.chunk, t + n);
+}
+
+int cli_gen_parsed(cli_gen *g, const cli_spec *s)
+{
+    return cli_llama_apply(s, &g->llama, &g->so.kv_dtype);
 }
 
 int cli_open_tokenizer(const char *cmd, const char *path, q3_model *m, q3_tokenizer **tok)
@@ -78,11 +86,27 @@ int cli_gen_open(cli_gen *g)
 {
     double t0 = cli_now();
     if (q3_model_open(g->model_path, &g->model)) return cli_error(g->cmd, "%s", q3_last_error());
+    if (g->so.n_ctx > q3_model_max_context(g->model)) /* the flag's range depends on the model: still a usage error */
+        return cli_usage_error(g->cmd, "-c/--ctx-size %d is more than this model's context (%d)", g->so.n_ctx,
+                               q3_model_max_context(g->model));
     if (cli_open_tokenizer(g->cmd, g->tokenizer_path, g->model, &g->tok)) return 1;
     if (q3_tokenizer_vocab_size(g->tok) > q3_model_vocab_size(g->model))
-        return cli_error(g->cmd, "the tokenizer has %d tokens but the model's vocabulary is %d",
+        return cli_error(g->cmd, "the tokenizer has %d tokens but the model's vocabulary is %d: they do not belong "
+                         "together (a model with no tokenizer of its own, such as q3 synth --preset tiny, is run by "
+                         "token ids: q3 logits --tokens 1,2,3, q3 bench)",
                          q3_tokenizer_vocab_size(g->tok), q3_model_vocab_size(g->model));
     if (q3_session_new(g->model, &g->so, &g->session)) return cli_error(g->cmd, "%s", q3_last_error());
+    if (!g->no_warmup) {
+        double tw = cli_now();
+        float *logits = malloc((size_t)q3_model_vocab_size(g->model) * sizeof *logits);
+        int32_t tok = q3_tokenizer_end_of_text(g->tok);
+        if (tok < 0 || tok >= q3_model_vocab_size(g->model)) tok = 0;
+        q3_status st = logits ? q3_session_decode(g->session, tok, logits) : Q3_ERR_NOMEM;
+        free(logits);
+        q3_session_reset(g->session);
+        if (st) return cli_error(g->cmd, "warm-up: %s", st == Q3_ERR_NOMEM ? "out of memory" : q3_last_error());
+        g->warmup_s = cli_now() - tw;
+    }
     g->color = isatty(STDOUT_FILENO) && !getenv("NO_COLOR");
     g->load_s = cli_now() - t0;
     return 0;
@@ -216,8 +240,10 @@ void cli_gen_print(void *user, const q3_text_piece *p)
         break;
     case Q3_EDGE_NONE:
         fwrite(p->text, 1, p->len, stdout);
+        if (p->len) g->ended_line = p->text[p->len - 1] == '\n';
         break;
     }
+    if (p->edge != Q3_EDGE_NONE) g->ended_line = 0;
     fflush(stdout);
 }
 
@@ -232,13 +258,19 @@ static void timing_line(const char *what, double s, int n, const char *unit)
 void cli_gen_print_stats(const cli_gen *g, const q3_gen_result *r, double load_s)
 {
     if (g->in_think && g->color) fputs("\033[0m", stdout);
+    /* on a terminal, the shell's prompt starts on a line of its own; a pipe gets the text as generated */
+    if (!g->ended_line && isatty(STDOUT_FILENO)) fputc('\n', stdout);
     fflush(stdout);
     if (g->no_perf) return;
     /* the first generated token comes from the prompt's logits; each later
      * one took a decode run of the token before it */
     int runs = r->n_ids > 1 ? r->n_ids - 1 : 0;
     fputc('\n', stderr);
-    if (load_s >= 0) fprintf(stderr, "q3: %-16s = %10.2f ms\n", "load time", 1e3 * load_s);
+    if (load_s >= 0 && g->warmup_s > 0)
+        fprintf(stderr, "q3: %-16s = %10.2f ms (warm-up decode step %.2f ms: weights paged in before the prompt)\n",
+                "load time", 1e3 * load_s, 1e3 * g->warmup_s);
+    else if (load_s >= 0)
+        fprintf(stderr, "q3: %-16s = %10.2f ms\n", "load time", 1e3 * load_s);
     timing_line("prompt eval time", r->prefill_s, r->n_prompt, "tokens");
     timing_line("eval time", r->decode_s, runs, "runs");
     double total = (load_s > 0 ? load_s : 0) + r->prefill_s + r->decode_s;

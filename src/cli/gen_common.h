@@ -26,28 +26,39 @@ typedef struct cli_gen {
     int no_think, hide_think, raw, output_ids, no_perf;
     int parse_special_in_content; /* message content may hold special tokens (unsafe) */
     int verbose_prompt;           /* print the prompt's ids to stderr */
+    int no_warmup;                /* skip the warm-up decode step before the prompt is timed */
+    cli_llama llama;              /* llama.cpp's spellings (-ngl, -fa, -ctk/-ctv, -b, -ub) */
     q3_model *model;
     q3_tokenizer *tok;
     q3_session *session;
     q3_sampler *sampler;
     q3_sampler_params sp; /* what the sampler runs with (after cli_gen_sampler) */
     uint64_t seed_used;
-    double load_s; /* model + tokenizer + session */
+    double load_s; /* model + tokenizer + session + warm-up */
+    double warmup_s; /* the warm-up step alone (0: none) */
     /* printing state */
     int in_think, color;
+    int ended_line; /* the text printed so far ends with a newline (or nothing was printed) */
 } cli_gen;
 
 void cli_gen_init(cli_gen *g, const char *cmd);
 /* Appends the shared options (model, session, sampling, printing) to tab;
  * returns how many. tab must have room for CLI_GEN_N_OPTS more. */
-#define CLI_GEN_N_OPTS 24
+#define CLI_GEN_N_OPTS (25 + CLI_LLAMA_N_OPTS)
 int cli_gen_add_opts(cli_gen *g, cli_opt *tab);
+/* After cli_parse of s: resolves llama.cpp's spellings (cli_llama_apply).
+ * Returns 0 or 2 (a usage error, printed). */
+int cli_gen_parsed(cli_gen *g, const cli_spec *s);
 /* The tokenizer at path (a tokenizer.json, a folder holding one, or a .gguf's
  * metadata), or model m's own when path is NULL. Returns 0 or prints an error
  * naming cmd and returns 1. */
 int cli_open_tokenizer(const char *cmd, const char *path, q3_model *m, q3_tokenizer **tok);
-/* Opens model, tokenizer (model folder, --tokenizer, or the GGUF), session.
- * Returns 0 or prints an error and returns 1. */
+/* Opens model, tokenizer (model folder, --tokenizer, or the GGUF), session,
+ * then (unless --no-warmup) runs one decode step and forgets it, as llama.cpp
+ * warms up: the weights are paged in from disk and the kernels' packed copies
+ * made before the prompt is timed, so the load time holds that work and the
+ * prompt's speed does not. Returns 0, or prints an error and returns the exit
+ * status: 2 for a usage error (a context past the model's), else 1. */
 int cli_gen_open(cli_gen *g);
 /* The sampler: Qwen's defaults for the mode (thinking or not), the model
  * folder's generation_config.json over them (thinking mode only: that is the

@@ -1,8 +1,10 @@
 /* q3 — entry point: dispatches to one command per file. */
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "cli/args.h"
 #include "cli/cli.h"
 #include "q3.h"
 #include "tools/files.h"
@@ -71,6 +73,24 @@ static void usage(FILE *f)
     fprintf(f, "\nEvery command: -h/--help; usage errors exit 2, runtime errors 1. Reference: docs/cli.md.\n");
 }
 
+/* The environment variables the CPU unit reads ignore a value they do not
+ * understand; the command line refuses it instead (exit 2), so a typo is never
+ * a silent default. 0, or 2 after saying which variable and what it takes. */
+static int check_environment(void)
+{
+    const char *t = getenv("Q3_THREADS"), *isa = getenv("Q3_CPU_ISA");
+    long long n;
+    if (t && *t && cli_scan_int(t, 1, 256, &n)) {
+        fprintf(stderr, "q3: Q3_THREADS='%.40s' is not a number of threads in 1..256 (fix or unset it)\n", t);
+        return 2;
+    }
+    if (isa && *isa && strcmp(isa, "avx2") && strcmp(isa, "avx512")) {
+        fprintf(stderr, "q3: Q3_CPU_ISA='%.40s' is not a kernel table q3 can be asked for: avx2 or avx512 (fix or unset it)\n", isa);
+        return 2;
+    }
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     q3_process_init();
@@ -100,7 +120,10 @@ int main(int argc, char **argv)
         return 2;
     }
     for (size_t i = 0; i < N_COMMANDS; i++)
-        if (!strcmp(argv[1], commands[i].name)) return q3_process_finish_stdout(commands[i].fn(argc - 1, argv + 1));
+        if (!strcmp(argv[1], commands[i].name)) {
+            int rc = check_environment();
+            return rc ? rc : q3_process_finish_stdout(commands[i].fn(argc - 1, argv + 1));
+        }
     fprintf(stderr, "q3: unknown command '%.60s' (see q3 --help)\n", argv[1]);
     return 2;
 }

@@ -2,6 +2,7 @@
 
 #include <errno.h>
 #include <limits.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,7 +39,8 @@ static int store(const cli_spec *s, const cli_opt *o, const char *spelled, const
     long long n;
     double x;
     switch (o->kind) {
-    case CLI_FLAG: *(int *)o->dest = 1; return 0;
+    case CLI_FLAG:
+    case CLI_ONOFF: *(int *)o->dest = 1; return 0;
     case CLI_STR: *(const char **)o->dest = v; return 0;
     case CLI_FILE: {
         struct stat st;
@@ -103,20 +105,42 @@ int cli_parse(const cli_spec *s, int argc, char **argv, int *n_pos)
                 if (strlen(s->opts[k].name) == len && !strncmp(s->opts[k].name, a + 2, len)) o = &s->opts[k];
             snprintf(spelled, sizeof spelled, "--%.*s", (int)(len < 40 ? len : 40), a + 2);
             if (eq) inline_v = eq + 1;
+        } else if (a[2]) { /* "-ngl": a name of several letters, or a number glued to "-n" */
+            for (int k = 0; s->opts[k].name; k++)
+                if (s->opts[k].dash && !strcmp(s->opts[k].dash, a + 1)) o = &s->opts[k];
+            snprintf(spelled, sizeof spelled, "-%.40s", a + 1);
+            if (!o) {
+                for (int k = 0; s->opts[k].name; k++)
+                    if (s->opts[k].short_name == a[1]) o = &s->opts[k];
+                long long n;
+                double x;
+                int number = o && (o->kind == CLI_INT || o->kind == CLI_LLONG ? !cli_scan_int(a + 2, LLONG_MIN, LLONG_MAX, &n)
+                                   : o->kind == CLI_FLOAT || o->kind == CLI_DOUBLE ? !cli_scan_double(a + 2, -HUGE_VAL, HUGE_VAL, &x)
+                                   : 0);
+                if (!number) o = NULL;
+                else inline_v = a + 2, snprintf(spelled, sizeof spelled, "-%c", a[1]);
+            }
         } else {
             for (int k = 0; s->opts[k].name; k++)
                 if (s->opts[k].short_name == a[1]) o = &s->opts[k];
             snprintf(spelled, sizeof spelled, "-%c", a[1]);
-            if (a[2]) {
-                if (!o || o->kind == CLI_FLAG) o = NULL; /* "-xyz": only a value-taking option glues its value */
-                else inline_v = a + 2;
-            }
         }
         if (!o) return cli_usage_error(s->cmd, "unknown option '%.60s'", a);
         given[o - s->opts] = 1;
         if (o->kind == CLI_FLAG) {
             if (inline_v) return cli_usage_error(s->cmd, "%s takes no value", spelled);
             *(int *)o->dest = 1;
+            continue;
+        }
+        if (o->kind == CLI_ONOFF) {
+            static const char *const on[] = {"on", "auto", "1", "true"}, *const off[] = {"off", "0", "false"};
+            const char *v = inline_v ? inline_v : i + 1 < argc ? argv[i + 1] : "";
+            int val = -1;
+            for (size_t k = 0; k < 4; k++) if (!strcmp(v, on[k])) val = 1;
+            for (size_t k = 0; k < 3; k++) if (!strcmp(v, off[k])) val = 0;
+            if (inline_v && val < 0) return cli_usage_error(s->cmd, "%s takes on, off or auto, not '%.40s'", spelled, v);
+            if (val >= 0 && !inline_v) i++;
+            *(int *)o->dest = val < 0 ? 1 : val;
             continue;
         }
         const char *v = inline_v;
@@ -164,8 +188,10 @@ void cli_help(const cli_spec *s, FILE *f)
         char left[80];
         int n = 0;
         if (o->short_name) n = snprintf(left, sizeof left, "-%c, ", o->short_name);
+        if (o->dash) n += snprintf(left + n, sizeof left - (size_t)n, "-%s, ", o->dash);
         n += snprintf(left + n, sizeof left - (size_t)n, "--%s", o->name);
-        if (o->kind != CLI_FLAG) snprintf(left + n, sizeof left - (size_t)n, " %s", o->meta ? o->meta : "V");
+        if (o->kind == CLI_ONOFF) snprintf(left + n, sizeof left - (size_t)n, " [%s]", o->meta ? o->meta : "on|off");
+        else if (o->kind != CLI_FLAG) snprintf(left + n, sizeof left - (size_t)n, " %s", o->meta ? o->meta : "V");
         const char *h = o->help ? o->help : "";
         if (strlen(left) > 24) fprintf(f, "  %s\n%28s", left, "");
         else fprintf(f, "  %-24s  ", left);
@@ -211,5 +237,49 @@ int cli_parse_ids(const char *text, int32_t **ids, size_t *n, const char **bad)
     }
     *ids = v;
     *n = k;
+    return 0;
+}
+
+/* ---- llama.cpp's spellings ---- */
+
+int cli_llama_add_opts(cli_llama *l, int *chunk, cli_opt *t)
+{
+    const cli_opt o[] = {
+        CLI_OPT("n-gpu-layers", 0, CLI_STR, &l->ngl, "N", "llama.cpp's GPU offload: accepted; q3 has no GPU unit yet, so a\n"
+                "CPU build says it ignores it", .dash = "ngl"),
+        CLI_OPT("gpu-layers", 0, CLI_STR, &l->ngl, "N", NULL, .flags = CLI_HIDDEN),
+        CLI_OPT("flash-attn", 0, CLI_ONOFF, &l->fa, "on|off|auto", "accepted for llama.cpp: q3's attention is always fused", .dash = "fa"),
+        CLI_OPT("cache-type-k", 0, CLI_STR, &l->ctk, "TYPE", "llama.cpp's K cache type: q3 has one type for K and V, so\n"
+                "-ctk and -ctv must agree with each other and --kv", .dash = "ctk"),
+        CLI_OPT("cache-type-v", 0, CLI_STR, &l->ctv, "TYPE", "llama.cpp's V cache type (see -ctk)", .dash = "ctv"),
+        CLI_OPT("batch-size", 'b', CLI_INT, &l->batch, "N", "llama.cpp's logical batch: accepted; q3 prefills in --chunk pieces",
+                .lo = 1, .hi = 1 << 30),
+        CLI_OPT("ubatch-size", 0, CLI_INT, chunk, "N", "llama.cpp's physical batch: the same as --chunk", .lo = 1, .hi = 4096,
+                .dash = "ub"),
+    };
+    memcpy(t, o, sizeof o);
+    return (int)(sizeof o / sizeof o[0]);
+}
+
+int cli_llama_apply(const cli_spec *s, const cli_llama *l, const char **kv_dtype)
+{
+    static const char *const types[] = {"f32", "f16", "bf16", "q8_0"};
+    const char *given_by[3] = {"--kv", "-ctk", "-ctv"}, *vals[3] = {*kv_dtype, l->ctk, l->ctv};
+    const char *kv = NULL, *by = NULL;
+    for (int k = 0; k < 3; k++) {
+        if (!vals[k]) continue;
+        int known = 0;
+        for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) known |= !strcmp(vals[k], types[t]);
+        if (!known)
+            return cli_usage_error(s->cmd, "%s: q3's KV cache types are f32, f16, bf16 and q8_0, not '%.40s'", given_by[k],
+                                   vals[k]);
+        if (kv && strcmp(kv, vals[k]))
+            return cli_usage_error(s->cmd, "%s %s and %s %s differ: q3 keeps K and V in one type (--kv)", by, kv, given_by[k],
+                                   vals[k]);
+        kv = vals[k];
+        by = given_by[k];
+    }
+    *kv_dtype = kv;
+    if (l->ngl) fprintf(stderr, "q3 %s: -ngl %.40s ignored: this build has no GPU unit, every layer runs on the CPU\n", s->cmd, l->ngl);
     return 0;
 }

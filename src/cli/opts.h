@@ -4,7 +4,12 @@
  * and cli_help prints --help from the same table, so the two cannot drift
  * (and docs/cli.md is checked against --help by tests/test_cli.c).
  *
- *   -x V   -xV   --long V   --long=V   --   (ends options; '-' alone is a positional)
+ *   -x V   -xN   --long V   --long=V   -abc V   --   (ends options; '-' alone is a positional)
+ *
+ * A single dash and several letters is one name, never bundled letters:
+ * "-ngl 99" is the option whose `dash` is "ngl" (llama.cpp's spellings), or
+ * "unknown option '-ngl'"; a glued value ("-n16") only for a one-letter
+ * option that takes a number, and only when the rest is one.
  *
  * Exit codes: a usage error (unknown option, missing value, bad number, an
  * input file that does not exist, a positional where none is taken, a missing
@@ -28,6 +33,8 @@ typedef enum cli_kind {
     CLI_STR,    /* const char **: any text */
     CLI_FILE,   /* const char **: a path that must exist ('-' is stdin when CLI_STDIN is set) */
     CLI_STRS,   /* const char **dest[hi entries], *count: repeatable */
+    CLI_ONOFF,  /* int *: 1 alone or with on|auto|1|true, 0 with off|0|false; takes
+                   the next argument only when it is one of those (llama.cpp's -fa) */
 } cli_kind;
 
 enum {
@@ -39,6 +46,7 @@ enum {
 typedef struct cli_opt {
     const char *name; /* long name without "--"; NULL ends a table */
     char short_name;  /* 0: none */
+    const char *dash; /* NULL, or a spelling of several letters after one dash ("ngl" for -ngl) */
     cli_kind kind;
     void *dest;
     const char *meta; /* the value's name in --help ("PATH", "N"); NULL for flags */
@@ -60,6 +68,25 @@ typedef struct cli_spec {
 /* A table entry: CLI_OPT("threads", 't', CLI_INT, &n, "N", "help", .lo = 1, .hi = 256) */
 #define CLI_OPT(n, s, k, d, m, h, ...) \
     {.name = (n), .short_name = (s), .kind = (k), .dest = (d), .meta = (m), .help = (h), __VA_ARGS__}
+
+/* llama.cpp's spellings of what q3 has (or accepts and ignores), for the
+ * commands with a model context: cli_llama_add_opts appends them to a table
+ * (hidden where q3 has its own name), cli_llama_apply resolves them after
+ * cli_parse. */
+typedef struct cli_llama {
+    const char *ngl;        /* -ngl/--n-gpu-layers: accepted; a CPU build notes it ignores it */
+    int fa;                 /* -fa/--flash-attn: accepted; q3's attention is always fused */
+    const char *ctk, *ctv;  /* -ctk/-ctv: q3 has one type for both (--kv) */
+    int batch;              /* -b/--batch-size: accepted; q3 prefills in --chunk pieces */
+} cli_llama;
+#define CLI_LLAMA_N_OPTS 7
+/* Appends -ngl, -fa, -ctk, -ctv, -b and -ub (the last into *chunk) to tab;
+ * returns how many (at most CLI_LLAMA_N_OPTS). */
+int cli_llama_add_opts(cli_llama *l, int *chunk, cli_opt *tab);
+/* After cli_parse: *kv_dtype from --kv, -ctk and -ctv (a usage error when they
+ * disagree, or a type q3 has not: f32, f16, bf16, q8_0), and the note for
+ * -ngl on stderr. Returns 0 or 2 (printed). */
+int cli_llama_apply(const cli_spec *s, const cli_llama *l, const char **kv_dtype);
 
 #define CLI_HELP_SHOWN (-1)
 

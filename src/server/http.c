@@ -6,6 +6,7 @@
 #include "server.h"
 
 #include <arpa/inet.h>
+#include <cjson/cJSON.h>
 #include <microhttpd.h>
 #include <netdb.h>
 #include <stdio.h>
@@ -34,6 +35,8 @@ typedef struct conn_watch {
     int cut;               /* the reaper shut it down */
     int nul_in_url;        /* the URL held %00 (kept undecoded by unescape()) */
     int admin;             /* on the admin listener */
+    srv_server *s;
+    unsigned status;       /* of the answer queued last, for the access log */
 } conn_watch;
 
 /* A listener as its connection callbacks see it (set before the daemon starts). */
@@ -52,6 +55,8 @@ struct srv_server {
     srv_metrics metrics;
     srv_api api;
     srv_engine *eng;
+    char *cors_origin;     /* NULL: no CORS */
+    int access_log, n_parallel;
     long long started;
     int ready, draining;   /* read with atomics */
     int in_flight;         /* connections holding a job */
@@ -70,7 +75,31 @@ typedef struct conn_ctx {
     int answered;          /* a response was queued on the headers alone */
     srv_buf body;
     srv_job *job;
+    char method[8];  /* for the access log */
+    char *path;      /* the request's path (malloc'd; NULL when out of memory) */
+    double t0;
 } conn_ctx;
+
+/* A connection's socket context (MHD_OPTION_NOTIFY_CONNECTION, notify_conn):
+ * its deadlines' state, its server, the status of the answer queued last (for
+ * the access log). NULL when it could not be allocated. */
+static conn_watch *watch_of(struct MHD_Connection *c)
+{
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return ci ? ci->socket_context : NULL;
+}
+
+/* Every answer goes out here: the CORS header when the server has an origin,
+ * the status kept for the access log. */
+static enum MHD_Result queue(struct MHD_Connection *c, unsigned status, struct MHD_Response *r)
+{
+    conn_watch *cs = watch_of(c);
+    if (cs) {
+        cs->status = status;
+        if (cs->s->cors_origin) MHD_add_response_header(r, "Access-Control-Allow-Origin", cs->s->cors_origin);
+    }
+    return MHD_queue_response(c, status, r);
+}
 
 /* ---- answers ---------------------------------------------------------------- */
 
@@ -82,7 +111,7 @@ static enum MHD_Result respond_h(struct MHD_Connection *c, unsigned status, cons
     if (!r) return MHD_NO;
     MHD_add_response_header(r, "Content-Type", type);
     if (hdr) MHD_add_response_header(r, hdr, val);
-    enum MHD_Result ok = MHD_queue_response(c, status, r);
+    enum MHD_Result ok = queue(c, status, r);
     MHD_destroy_response(r);
     return ok;
 }
@@ -238,7 +267,7 @@ static enum MHD_Result start_job(srv_server *s, struct MHD_Connection *c, conn_c
         srv_job_ref(j);
         MHD_add_response_header(r, "Content-Type", "text/event-stream");
         MHD_add_response_header(r, "Cache-Control", "no-cache");
-        enum MHD_Result ok = MHD_queue_response(c, 200, r);
+        enum MHD_Result ok = queue(c, 200, r);
         MHD_destroy_response(r);
         return ok;
     }
@@ -285,7 +314,8 @@ static enum MHD_Result h_health(srv_server *s, struct MHD_Connection *c, conn_ct
 {
     enum MHD_Result out;
     if (!ready(s, c, &out)) return out;
-    return respond(c, 200, "application/json", "{}", 2);
+    static const char ok[] = "{\"status\":\"ok\"}"; /* llama-server's body */
+    return respond(c, 200, "application/json", ok, sizeof ok - 1);
 }
 
 static enum MHD_Result h_metrics(srv_server *s, struct MHD_Connection *c, conn_ctx *cc)
@@ -305,8 +335,26 @@ static enum MHD_Result h_models(srv_server *s, struct MHD_Connection *c, conn_ct
     return respond_json(c, 200, &b);
 }
 
+/* GET /v1/models/{id}: the served model, or 404 as OpenAI answers an unknown one. */
+static enum MHD_Result h_model(srv_server *s, struct MHD_Connection *c, conn_ctx *cc)
+{
+    const char *id = cc->path ? cc->path + strlen("/v1/models/") : "";
+    if (strcmp(id, s->api.model_name)) {
+        srv_err e;
+        srv_err_set(&e, 404, "invalid_request_error", "model_not_found", "model", "The model `%.60s` does not exist (this server runs `%.60s`).",
+                    id, s->api.model_name);
+        return respond_err(c, &e);
+    }
+    srv_buf b = {0};
+    srv_model_json(&s->api, s->started, &b);
+    return respond_json(c, 200, &b);
+}
+
+static enum MHD_Result h_props(srv_server *s, struct MHD_Connection *c, conn_ctx *cc);
+
 static enum MHD_Result h_chat(srv_server *s, struct MHD_Connection *c, conn_ctx *cc) { return start_job(s, c, cc, srv_parse_chat); }
 static enum MHD_Result h_completions(srv_server *s, struct MHD_Connection *c, conn_ctx *cc) { return start_job(s, c, cc, srv_parse_completion); }
+static enum MHD_Result h_completion(srv_server *s, struct MHD_Connection *c, conn_ctx *cc) { return start_job(s, c, cc, srv_parse_llama_completion); }
 static enum MHD_Result h_tokenize(srv_server *s, struct MHD_Connection *c, conn_ctx *cc) { return answer_body(s, c, cc, srv_tokenize); }
 static enum MHD_Result h_detokenize(srv_server *s, struct MHD_Connection *c, conn_ctx *cc) { return answer_body(s, c, cc, srv_detokenize); }
 
@@ -320,9 +368,10 @@ struct route {
 };
 
 /* Every route the server answers. A path not here is 404; a path here with
- * another method is 405 with Allow listing the path's methods. The checks run
- * on the headers alone, before any byte of the body is read, in this order:
- * path, key (of any route on the path), method, readiness, declared length. */
+ * another method is 405 with Allow listing the path's methods; a path ending in
+ * '*' takes every longer path that starts with the rest. The checks run on the
+ * headers alone, before any byte of the body is read, in this order: path, key
+ * (of any route on the path), method, readiness, declared length. */
 static const route ROUTES[] = {
     {"GET", "/health", h_health, 0, 0},
     {"HEAD", "/health", h_health, 0, 0},
@@ -332,10 +381,54 @@ static const route ROUTES[] = {
     {"POST", "/v1/completions", h_completions, 1, 1},
     {"POST", "/tokenize", h_tokenize, 1, 1},
     {"POST", "/detokenize", h_detokenize, 1, 1},
+    /* what llama-server and OpenAI clients also ask for */
+    {"GET", "/v1/models/*", h_model, 1, 1},
+    {"GET", "/models", h_models, 1, 1},
+    {"POST", "/chat/completions", h_chat, 1, 1},
+    {"POST", "/completions", h_completions, 1, 1},
+    {"POST", "/completion", h_completion, 1, 1},
+    {"GET", "/props", h_props, 1, 1},
 };
 
 /* The routes the admin listener (--admin-port) answers: nothing that parses a body or waits on the engine. */
 static int admin_route(const route *r) { return r->handler == h_health || r->handler == h_metrics; }
+
+static int path_matches(const char *url, const char *path)
+{
+    size_t n = strlen(path);
+    if (n && path[n - 1] == '*') return !strncmp(url, path, n - 1) && url[n - 1];
+    return !strcmp(url, path);
+}
+
+/* GET /props: llama-server's fields (default_generation_settings.n_ctx,
+ * total_slots, chat_template, modalities, build_info) and what this server
+ * answers: its routes. */
+static enum MHD_Result h_props(srv_server *s, struct MHD_Connection *c, conn_ctx *cc)
+{
+    cJSON *r = cJSON_CreateObject();
+    cJSON_AddStringToObject(r, "model", s->api.model_name);
+    cJSON_AddStringToObject(r, "model_alias", s->api.model_name);
+    cJSON_AddNumberToObject(r, "n_ctx", s->api.n_ctx);
+    cJSON_AddNumberToObject(cJSON_AddObjectToObject(r, "default_generation_settings"), "n_ctx", s->api.n_ctx);
+    cJSON_AddNumberToObject(r, "total_slots", s->n_parallel);
+    cJSON_AddStringToObject(r, "chat_template", "qwen3 (Qwen3's template, rendered by q3 in C)");
+    cJSON *mod = cJSON_AddObjectToObject(r, "modalities");
+    cJSON_AddBoolToObject(mod, "vision", 0);
+    cJSON_AddBoolToObject(mod, "audio", 0);
+    char build[64];
+    snprintf(build, sizeof build, "q3 %s", q3_version());
+    cJSON_AddStringToObject(r, "build_info", build);
+    cJSON *routes = cJSON_AddArrayToObject(r, "endpoints");
+    for (size_t i = 0; i < sizeof ROUTES / sizeof *ROUTES; i++) {
+        char line[96];
+        snprintf(line, sizeof line, "%s %s", ROUTES[i].method, ROUTES[i].path);
+        cJSON_AddItemToArray(routes, cJSON_CreateString(line));
+    }
+    srv_buf b = {0};
+    srv_put_json(&b, r);
+    cJSON_Delete(r);
+    return respond_json(c, 200, &b);
+}
 
 /* 405: the path's methods in Allow and in the message. */
 static enum MHD_Result not_allowed(struct MHD_Connection *c, const char *allow, const char *path)
@@ -350,13 +443,22 @@ static enum MHD_Result not_allowed(struct MHD_Connection *c, const char *allow, 
     return ok;
 }
 
-/* ---- connections: deadlines and framing checks ---------------------------------- */
-
-static conn_watch *watch_of(struct MHD_Connection *c)
+/* 204 to a CORS preflight on a known path: its methods, the headers a client sends. */
+static enum MHD_Result preflight(struct MHD_Connection *c, const char *allow)
 {
-    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
-    return ci ? ci->socket_context : NULL;
+    struct MHD_Response *r = MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
+    if (!r) return MHD_NO;
+    char methods[80];
+    snprintf(methods, sizeof methods, "%s, OPTIONS", allow);
+    MHD_add_response_header(r, "Access-Control-Allow-Methods", methods);
+    MHD_add_response_header(r, "Access-Control-Allow-Headers", "Authorization, Content-Type");
+    MHD_add_response_header(r, "Access-Control-Max-Age", "86400");
+    enum MHD_Result ok = queue(c, 204, r);
+    MHD_destroy_response(r);
+    return ok;
 }
+
+/* ---- connections: deadlines and framing checks ---------------------------------- */
 
 static void watch_phase(srv_server *s, struct MHD_Connection *c, conn_phase p)
 {
@@ -379,6 +481,7 @@ static void notify_conn(void *cls, struct MHD_Connection *c, void **socket_conte
         const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
         w->fd = ci ? dup(ci->connect_fd) : -1;
         w->admin = l->admin;
+        w->s = s;
         w->phase = PHASE_HEADERS;
         w->since = q3_now();
         pthread_mutex_lock(&s->watch_mu);
@@ -512,7 +615,7 @@ static int check_headers(srv_server *s, struct MHD_Connection *c, conn_ctx *cc, 
     char allow[64] = "";
     for (size_t i = 0; i < sizeof ROUTES / sizeof *ROUTES; i++) {
         const route *r = &ROUTES[i];
-        if (strcmp(url, r->path) || (admin && !admin_route(r))) continue;
+        if (!path_matches(url, r->path) || (admin && !admin_route(r))) continue;
         size_t n = strlen(allow);
         snprintf(allow + n, sizeof allow - n, "%s%s", on_path ? ", " : "", r->method);
         on_path = 1;
@@ -523,6 +626,10 @@ static int check_headers(srv_server *s, struct MHD_Connection *c, conn_ctx *cc, 
         srv_err e;
         srv_err_set(&e, 404, "invalid_request_error", "not_found", NULL, "no route %.100s", url);
         *out = respond_err(c, &e);
+        return 1;
+    }
+    if (s->cors_origin && !strcmp(method, "OPTIONS")) { /* a browser's preflight: no credentials, no body */
+        *out = preflight(c, allow);
         return 1;
     }
     if (auth && !authorized(s, c)) {
@@ -556,6 +663,11 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
         cc = calloc(1, sizeof *cc);
         if (!cc) return MHD_NO;
         *con_cls = cc;
+        snprintf(cc->method, sizeof cc->method, "%s", method);
+        cc->path = strdup(url);
+        cc->t0 = q3_now();
+        conn_watch *cs = watch_of(c);
+        if (cs) cs->status = 0;
         watch_phase(s, c, PHASE_BODY);
         enum MHD_Result out;
         if (check_headers(s, c, cc, url, method, &out)) {
@@ -592,6 +704,42 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
     return cc->rt->handler(s, c, cc);
 }
 
+/* One line a request on stderr (--log-format): method, path, status, tokens
+ * (prompt + completion, for a generation) and milliseconds from the headers to
+ * the last byte. A path is printed only up to a byte that needs escaping. */
+static void access_log(srv_server *s, struct MHD_Connection *c, const conn_ctx *cc, enum MHD_RequestTerminationCode toe)
+{
+    if (s->access_log == SRV_LOG_NONE) return;
+    conn_watch *cs = watch_of(c);
+    unsigned status = cs ? cs->status : 0;
+    int prompt = -1, completion = -1;
+    if (cc->job) {
+        pthread_mutex_lock(&cc->job->mu);
+        prompt = cc->job->req.n_prompt;
+        completion = cc->job->res.n_completion;
+        pthread_mutex_unlock(&cc->job->mu);
+    }
+    char path[96];
+    size_t n = 0;
+    const char *p = cc->path ? cc->path : "";
+    for (; n < sizeof path - 1 && p[n] && (unsigned char)p[n] > 0x20 && p[n] < 0x7f && p[n] != '"' && p[n] != '\\'; n++)
+        path[n] = p[n];
+    path[n] = 0;
+    double ms = 1e3 * (q3_now() - cc->t0);
+    const char *end = toe == MHD_REQUEST_TERMINATED_COMPLETED_OK ? "" : " (the client went away)";
+    char line[320];
+    char tokens[64] = "";
+    if (prompt >= 0) snprintf(tokens, sizeof tokens, ",\"prompt_tokens\":%d,\"completion_tokens\":%d", prompt, completion);
+    if (s->access_log == SRV_LOG_JSON)
+        snprintf(line, sizeof line, "{\"method\":\"%s\",\"path\":\"%s\",\"status\":%u%s,\"ms\":%.1f,\"completed\":%s}\n",
+                 cc->method, path, status, tokens, ms, *end ? "false" : "true");
+    else if (prompt >= 0)
+        snprintf(line, sizeof line, "q3 serve: %s %s %u %d+%d tokens %.1f ms%s\n", cc->method, path, status, prompt, completion, ms, end);
+    else
+        snprintf(line, sizeof line, "q3 serve: %s %s %u %.1f ms%s\n", cc->method, path, status, ms, end);
+    fputs(line, stderr);
+}
+
 static void completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe)
 {
     (void)toe;
@@ -599,6 +747,7 @@ static void completed(void *cls, struct MHD_Connection *c, void **con_cls, enum 
     watch_phase(s, c, PHASE_HEADERS); /* a kept-alive connection waits for its next request */
     conn_ctx *cc = *con_cls;
     if (!cc) return;
+    access_log(s, c, cc, toe);
     if (cc->job) {
         srv_job *j = cc->job;
         pthread_mutex_lock(&j->mu);
@@ -611,6 +760,7 @@ static void completed(void *cls, struct MHD_Connection *c, void **con_cls, enum 
         __atomic_sub_fetch(&s->in_flight, 1, __ATOMIC_SEQ_CST);
     }
     free(cc->body.data);
+    free(cc->path);
     free(cc);
     *con_cls = NULL;
 }
@@ -668,6 +818,9 @@ q3_status srv_server_start(const srv_server_opts *o, srv_server **out)
     s->body_timeout = o->body_timeout_s > 0 ? o->body_timeout_s : 30;
     s->api_key = o->api_key ? strdup(o->api_key) : NULL;
     s->started = (long long)time(NULL);
+    s->cors_origin = o->cors_origin ? strdup(o->cors_origin) : NULL;
+    s->access_log = o->access_log;
+    s->n_parallel = o->n_parallel;
     s->admin_port = -1;
     if (pthread_create(&s->reaper, NULL, reaper_main, s)) {
         srv_server_free(s);
@@ -737,5 +890,6 @@ void srv_server_free(srv_server *s)
     pthread_cond_destroy(&s->watch_cv);
     srv_metrics_destroy(&s->metrics);
     free(s->api_key);
+    free(s->cors_origin);
     free(s);
 }

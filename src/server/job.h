@@ -32,7 +32,9 @@ typedef struct srv_bias {
 
 struct q3_tokenizer;
 
-typedef enum srv_kind { SRV_CHAT, SRV_COMPLETION } srv_kind;
+/* SRV_LLAMA_COMPLETION: llama-server's POST /completion (its body's fields as
+ * /v1/completions reads them, its answer: content, stop, stop_type, tokens_*). */
+typedef enum srv_kind { SRV_CHAT, SRV_COMPLETION, SRV_LLAMA_COMPLETION } srv_kind;
 
 /* Why generation ended with an answer; render.c's srv_finish_wire says it in
  * the wire's words, metrics.c in vLLM's label. */

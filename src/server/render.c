@@ -305,6 +305,25 @@ static void choice_tail(cJSON *choice, srv_finish f)
     else cJSON_AddNullToObject(choice, "finish_reason");
 }
 
+/* llama-server's /completion answer: {"index", "content", "stop", ...}; with
+ * `last`, the counts and why it stopped ("eos", "word", "limit"). */
+static cJSON *llama_chunk(const srv_job *j, const char *content, size_t n, int last)
+{
+    cJSON *c = cJSON_CreateObject();
+    cJSON_AddNumberToObject(c, "index", 0);
+    add_text(c, "content", content, n);
+    cJSON_AddBoolToObject(c, "stop", last);
+    if (!last) return c;
+    cJSON_AddStringToObject(c, "model", j->req.model_name);
+    cJSON_AddNumberToObject(c, "tokens_predicted", j->res.n_completion);
+    cJSON_AddNumberToObject(c, "tokens_evaluated", j->req.n_prompt);
+    cJSON_AddNumberToObject(c, "tokens_cached", j->res.n_cached);
+    srv_finish f = j->res.finish;
+    cJSON_AddStringToObject(c, "stop_type", f == SRV_FINISH_LENGTH ? "limit" : f == SRV_FINISH_STOP_STRING ? "word" : "eos");
+    cJSON_AddBoolToObject(c, "truncated", 0);
+    return c;
+}
+
 /* ---- the answer as it comes: SSE chunks, or the whole answer's fields ------------- */
 
 void srv_stream_begin(srv_job *j)
@@ -327,6 +346,10 @@ static void put_text(srv_job *j, int reasoning, const char *s, size_t n)
     if (!n) return;
     if (!j->req.stream) {
         srv_buf_put(reasoning ? &j->res.reasoning : &j->res.content, s, n);
+        return;
+    }
+    if (j->req.kind == SRV_LLAMA_COMPLETION) {
+        sse_put(j, llama_chunk(j, s, n, 0));
         return;
     }
     cJSON *choice, *c = chunk_choice(j, &choice);
@@ -370,6 +393,10 @@ void srv_render_tool_call(srv_job *j, char *name, char *arguments)
 void srv_render_end(srv_job *j)
 {
     if (!j->req.stream) return;
+    if (j->req.kind == SRV_LLAMA_COMPLETION) { /* llama-server ends this stream with stop: true, no [DONE] */
+        sse_put(j, llama_chunk(j, "", 0, 1));
+        return;
+    }
     cJSON *choice, *c = chunk_choice(j, &choice);
     if (j->req.kind == SRV_CHAT) cJSON_AddObjectToObject(choice, "delta");
     else cJSON_AddStringToObject(choice, "text", "");
@@ -389,6 +416,12 @@ void srv_render_end(srv_job *j)
 
 void srv_response_json(const srv_job *j, srv_buf *out)
 {
+    if (j->req.kind == SRV_LLAMA_COMPLETION) {
+        cJSON *r = llama_chunk(j, j->res.content.data, j->res.content.len, 1);
+        srv_put_json(out, r);
+        cJSON_Delete(r);
+        return;
+    }
     cJSON *r = cJSON_CreateObject();
     cJSON_AddStringToObject(r, "id", j->req.id);
     cJSON_AddStringToObject(r, "object", j->req.kind == SRV_CHAT ? "chat.completion" : "text_completion");

@@ -40,6 +40,27 @@ static int check_fields(const cJSON *root, const char *const *known, srv_err *e)
     return 0;
 }
 
+/* Fields clients commonly send that do not change the answer: accepted and
+ * ignored, as vLLM and llama-server do (docs/api.md lists them). OpenAI SDKs:
+ * metadata, store, service_tier, prediction (a latency hint), reasoning_effort
+ * (Qwen3's thinking is chat_template_kwargs.enable_thinking); llama.cpp
+ * clients: cache_prompt (checked as a bool: q3 reuses cached prefixes always)
+ * and id_slot (q3 picks the sequence). */
+#define SRV_IGNORED_FIELDS "metadata", "store", "service_tier", "prediction", "reasoning_effort", "cache_prompt", "id_slot"
+/* Fields beyond OpenAI's that q3 implements: n_predict (max_tokens), ignore_eos,
+ * repeat_penalty (repetition_penalty), modalities (["text"] only). */
+#define SRV_EXTRA_FIELDS "n_predict", "ignore_eos", "repeat_penalty", "modalities"
+
+/* A request body's top level: its endpoint's fields, plus the ones above. */
+static int check_body_fields(const cJSON *root, const char *const *known, srv_err *e)
+{
+    static const char *const compat[] = {SRV_IGNORED_FIELDS, SRV_EXTRA_FIELDS, NULL};
+    for (const cJSON *it = root->child; it; it = it->next)
+        if (!is_known(it->string, known) && !is_known(it->string, compat))
+            return bad(e, it->string, "unknown field '%s' (q3 serve refuses what it would otherwise ignore)", it->string);
+    return 0;
+}
+
 /* A number field in [lo, hi]; absent or null leaves *out. */
 static int get_num(const cJSON *root, const char *name, double lo, double hi, double *out, srv_err *e)
 {
@@ -90,7 +111,9 @@ static int parse_common(const srv_api *a, const cJSON *root, srv_job *j, int thi
     x = sp.top_p; if (get_num(root, "top_p", 1e-9, 1, &x, e)) return e->status; sp.top_p = (float)x;
     n = sp.top_k; if (get_int(root, "top_k", -1, 1e9, &n, e)) return e->status; sp.top_k = n < 0 ? 0 : (int)n;
     x = sp.min_p; if (get_num(root, "min_p", 0, 1, &x, e)) return e->status; sp.min_p = (float)x;
-    x = 1; if (get_num(root, "repetition_penalty", 1e-6, 10, &x, e)) return e->status; sp.repeat_penalty = (float)x;
+    x = 1; if (get_num(root, "repetition_penalty", 1e-6, 10, &x, e)) return e->status;
+    if (get_num(root, "repeat_penalty", 1e-6, 10, &x, e)) return e->status; /* llama.cpp's name */
+    sp.repeat_penalty = (float)x;
     x = 0; if (get_num(root, "presence_penalty", -2, 2, &x, e)) return e->status; sp.presence_penalty = (float)x;
     x = 0; if (get_num(root, "frequency_penalty", -2, 2, &x, e)) return e->status; sp.frequency_penalty = (float)x;
     /* the penalties see the whole answer; the prompt too only with repetition_penalty (as llama.cpp's
@@ -110,7 +133,13 @@ static int parse_common(const srv_api *a, const cJSON *root, srv_job *j, int thi
     long long mt = 0;
     if (get_int(root, "max_tokens", 1, 1e9, &mt, e)) return e->status;
     if (get_int(root, "max_completion_tokens", 1, 1e9, &mt, e)) return e->status;
+    long long np = -1; /* llama.cpp's n_predict: max_tokens; -1 is "until the context ends" */
+    if (get_int(root, "n_predict", -1, 1e9, &np, e)) return e->status;
+    if (np == 0) return bad(e, "n_predict", "'n_predict' 0 (evaluate the prompt only) is not supported: give -1 or 1 and more");
+    if (np > 0) mt = np;
     j->req.max_tokens = (int)mt;
+    int flag = 0; /* cache_prompt: accepted; q3 reuses cached prefixes always, and the answer is the same either way */
+    if (get_bool(root, "cache_prompt", &flag, e)) return e->status;
     v = cJSON_GetObjectItemCaseSensitive(root, "stop");
     if (cJSON_IsString(v)) {
         if (v->valuestring[0]) j->req.stop[j->req.n_stop++] = strdup(v->valuestring);
@@ -147,12 +176,31 @@ static int parse_common(const srv_api *a, const cJSON *root, srv_job *j, int thi
         j->req.logprobs = top >= 0;
         j->req.top_logprobs = top > 0 ? (int)top : 0;
     }
+    int ignore_eos = 0; /* llama.cpp's: the end-of-turn and end-of-text tokens are never sampled */
+    if (get_bool(root, "ignore_eos", &ignore_eos, e)) return e->status;
+    int32_t eog[2] = {q3_tokenizer_end_of_turn(a->tok), q3_tokenizer_end_of_text(a->tok)};
     v = cJSON_GetObjectItemCaseSensitive(root, "logit_bias");
-    if (v && !cJSON_IsNull(v)) { /* {"token id": bias in [-100, 100]}, as OpenAI's */
+    if (v && !cJSON_IsNull(v) && cJSON_IsArray(v)) { /* llama.cpp's form: [[id, bias], ...], bias false: never */
+        int n = cJSON_GetArraySize(v);
+        if (n > SRV_MAX_LOGIT_BIAS) return bad(e, "logit_bias", "at most %d entries in 'logit_bias'", SRV_MAX_LOGIT_BIAS);
+        if (!(j->req.bias = malloc((size_t)(n + 2) * sizeof *j->req.bias)))
+            return srv_err_set(e, 500, "server_error", NULL, NULL, "out of memory");
+        int k = 0;
+        for (const cJSON *b = v->child; b; b = b->next, k++) {
+            const cJSON *id = cJSON_GetArrayItem(b, 0), *bias = cJSON_GetArrayItem(b, 1);
+            if (!cJSON_IsArray(b) || cJSON_GetArraySize(b) != 2 || !cJSON_IsNumber(id) || id->valuedouble != floor(id->valuedouble) ||
+                id->valuedouble < 0 || id->valuedouble >= a->vocab)
+                return bad(e, "logit_bias", "logit_bias[%d] must be [token id (0..%d), bias]", k, a->vocab - 1);
+            if (!cJSON_IsFalse(bias) && !(cJSON_IsNumber(bias) && bias->valuedouble >= -100 && bias->valuedouble <= 100))
+                return bad(e, "logit_bias", "logit_bias[%d]'s bias must be a number in [-100, 100] or false", k);
+            j->req.bias[j->req.n_bias++] =
+                (srv_bias){.id = (int32_t)id->valuedouble, .bias = cJSON_IsFalse(bias) ? -INFINITY : (float)bias->valuedouble};
+        }
+    } else if (v && !cJSON_IsNull(v)) { /* {"token id": bias in [-100, 100]}, as OpenAI's */
         if (!cJSON_IsObject(v)) return bad(e, "logit_bias", "'logit_bias' must be an object of token ids to biases");
         int n = cJSON_GetArraySize(v);
         if (n > SRV_MAX_LOGIT_BIAS) return bad(e, "logit_bias", "at most %d entries in 'logit_bias'", SRV_MAX_LOGIT_BIAS);
-        if (n && !(j->req.bias = malloc((size_t)n * sizeof *j->req.bias)))
+        if (!(j->req.bias = malloc((size_t)(n + 2) * sizeof *j->req.bias)))
             return srv_err_set(e, 500, "server_error", NULL, NULL, "out of memory");
         for (const cJSON *b = v->child; b; b = b->next) {
             char *end;
@@ -164,14 +212,26 @@ static int parse_common(const srv_api *a, const cJSON *root, srv_job *j, int thi
             j->req.bias[j->req.n_bias++] = (srv_bias){.id = (int32_t)id, .bias = (float)b->valuedouble};
         }
     }
+    if (ignore_eos) {
+        if (!j->req.bias && !(j->req.bias = malloc(2 * sizeof *j->req.bias)))
+            return srv_err_set(e, 500, "server_error", NULL, NULL, "out of memory");
+        for (int k = 0; k < 2; k++)
+            if (eog[k] >= 0 && eog[k] < a->vocab) j->req.bias[j->req.n_bias++] = (srv_bias){.id = eog[k], .bias = -INFINITY};
+    }
     v = cJSON_GetObjectItemCaseSensitive(root, "user");
     if (v && !cJSON_IsNull(v) && !cJSON_IsString(v)) return bad(e, "user", "'user' must be a string");
+    v = cJSON_GetObjectItemCaseSensitive(root, "modalities"); /* ["text"] is what q3 answers; audio would change it */
+    for (const cJSON *m = cJSON_IsArray(v) ? v->child : NULL; m; m = m->next)
+        if (!cJSON_IsString(m) || strcmp(m->valuestring, "text"))
+            return bad(e, "modalities", "only the \"text\" modality is supported");
+    if (v && !cJSON_IsNull(v) && !cJSON_IsArray(v)) return bad(e, "modalities", "'modalities' must be a list");
     return 0;
 }
 
 /* The prompt fits with room for at least one token, and max_tokens fits after
- * it, in the context and in the KV pool; max_tokens defaults to what fits.
- * param: the field that holds the prompt ("messages" or "prompt"). */
+ * it in the KV pool; max_tokens defaults to what fits, and past the context it
+ * is capped to the room after the prompt (as llama-server does; vLLM answers
+ * 400 instead). param: the field that holds the prompt ("messages" or "prompt"). */
 static int check_length(const srv_api *a, srv_job *j, const char *param, srv_err *e)
 {
     if (j->req.n_prompt < 1) return bad(e, param, "the prompt is empty");
@@ -179,6 +239,8 @@ static int check_length(const srv_api *a, srv_job *j, const char *param, srv_err
         return srv_err_set(e, 400, "invalid_request_error", "context_length_exceeded", param,
                            "This model's maximum context length is %d tokens. However, your request has %d input "
                            "tokens. Please reduce the length of the input messages.", a->n_ctx, j->req.n_prompt);
+    /* max_tokens past the context is capped to what fits, as llama-server does (the answer then ends with
+       finish_reason "length" where the context does); vLLM answers 400 instead */
     int room = a->n_ctx - j->req.n_prompt;
     int kv_room = a->kv_tokens > 0 ? a->kv_tokens - j->req.n_prompt : room;
     if (kv_room < 1)
@@ -186,12 +248,8 @@ static int check_length(const srv_api *a, srv_job *j, const char *param, srv_err
                            "The prompt's %d tokens need more KV cache than this server has (%d tokens, --kv-size).",
                            j->req.n_prompt, a->kv_tokens);
     if (j->req.max_tokens == 0) j->req.max_tokens = room < kv_room ? room : kv_room;
-    else if (j->req.max_tokens > room)
-        return srv_err_set(e, 400, "invalid_request_error", "context_length_exceeded", "max_tokens",
-                           "This model's maximum context length is %d tokens. However, you requested %d tokens "
-                           "(%d in the messages, %d in the completion). Please reduce the length of the messages "
-                           "or completion.", a->n_ctx, j->req.n_prompt + j->req.max_tokens, j->req.n_prompt, j->req.max_tokens);
-    else if (j->req.max_tokens > kv_room)
+    else if (j->req.max_tokens > room) j->req.max_tokens = room;
+    if (j->req.max_tokens > kv_room)
         return srv_err_set(e, 400, "invalid_request_error", "context_length_exceeded", "max_tokens",
                            "The prompt's %d tokens and max_tokens %d need more KV cache than this server has "
                            "(%d tokens, --kv-size).", j->req.n_prompt, j->req.max_tokens, a->kv_tokens);
@@ -416,7 +474,7 @@ int srv_parse_chat(const srv_api *a, const char *body, size_t len, srv_job *j, s
         "user", "response_format", "logit_bias", NULL};
     cJSON *root = parse_body(body, len, e);
     if (!root) return e->status;
-    int rc = check_fields(root, known, e);
+    int rc = check_body_fields(root, known, e);
     j->req.kind = SRV_CHAT;
     j->req.parse_reasoning = 1;
     int thinking = -1;
@@ -477,7 +535,7 @@ int srv_parse_completion(const srv_api *a, const char *body, size_t len, srv_job
     cJSON *root = parse_body(body, len, e);
     if (!root) return e->status;
     j->req.kind = SRV_COMPLETION;
-    int rc = check_fields(root, known, e);
+    int rc = check_body_fields(root, known, e);
     if (!rc) rc = parse_common(a, root, j, 0, e);
     int echo = 0;
     long long best_of = 1;
@@ -523,18 +581,28 @@ int srv_parse_completion(const srv_api *a, const char *body, size_t len, srv_job
     return rc;
 }
 
+int srv_parse_llama_completion(const srv_api *a, const char *body, size_t len, srv_job *j, srv_err *e)
+{
+    int rc = srv_parse_completion(a, body, len, j, e);
+    j->req.kind = SRV_LLAMA_COMPLETION;
+    return rc;
+}
+
 /* ---- tokenize / detokenize / models ----------------------------------------- */
 
 int srv_tokenize(const srv_api *a, const char *body, size_t len, srv_buf *out, srv_err *e)
 {
     static const char *const known[] = {"model", "prompt", "messages", "add_special_tokens", "add_generation_prompt",
-                                        "chat_template_kwargs", "tools", NULL};
+                                        "chat_template_kwargs", "tools", "content", "add_special", NULL};
     cJSON *root = parse_body(body, len, e);
     if (!root) return e->status;
     int rc = check_fields(root, known, e);
     srv_job *j = srv_job_new();
     if (!j) rc = srv_err_set(e, 500, "server_error", NULL, NULL, "out of memory");
     const cJSON *p = cJSON_GetObjectItemCaseSensitive(root, "prompt"), *m = cJSON_GetObjectItemCaseSensitive(root, "messages");
+    if (!p) p = cJSON_GetObjectItemCaseSensitive(root, "content"); /* llama.cpp's name for it */
+    int add_special = 0; /* llama.cpp's: a BOS where the model wants one; Qwen3's tokenizer adds none, so no change */
+    if (!rc) rc = get_bool(root, "add_special", &add_special, e);
     if (!rc) {
         if (cJSON_IsString(p)) {
             int32_t *ids = NULL;
@@ -553,7 +621,7 @@ int srv_tokenize(const srv_api *a, const char *body, size_t len, srv_buf *out, s
             const cJSON *tools = cJSON_GetObjectItemCaseSensitive(root, "tools");
             rc = render_chat(a, m, cJSON_IsArray(tools) ? tools : NULL, thinking, j, e);
         } else {
-            rc = bad(e, "prompt", "'prompt' (a string) or 'messages' is required");
+            rc = bad(e, "prompt", "'prompt' (or 'content', a string) or 'messages' is required");
         }
     }
     if (!rc) { /* written straight into the buffer: a long prompt is no cJSON node per token */
@@ -604,7 +672,10 @@ int srv_detokenize(const srv_api *a, const char *body, size_t len, srv_buf *out,
             if (d && !q3_detokenizer_flush(d, &piece, &pl)) srv_buf_put(&s, piece, pl);
             q3_detokenizer_free(d);
             if (s.oom) out->oom = 1;
-            srv_buf_puts(out, "{\"prompt\":"); /* NUL bytes (token 188 is one) stay in the text */
+            /* NUL bytes (token 188 is one) stay in the text; content: llama-server's name for it */
+            srv_buf_puts(out, "{\"prompt\":");
+            srv_json_string(out, s.data, s.len);
+            srv_buf_puts(out, ",\"content\":");
             srv_json_string(out, s.data, s.len);
             srv_buf_puts(out, "}");
             free(s.data);
@@ -616,17 +687,29 @@ int srv_detokenize(const srv_api *a, const char *body, size_t len, srv_buf *out,
     return rc;
 }
 
-void srv_models_json(const srv_api *a, long long created, srv_buf *out)
+static cJSON *model_object(const srv_api *a, long long created)
 {
-    cJSON *r = cJSON_CreateObject();
-    cJSON_AddStringToObject(r, "object", "list");
-    cJSON *data = cJSON_AddArrayToObject(r, "data"), *m = cJSON_CreateObject();
-    cJSON_AddItemToArray(data, m);
+    cJSON *m = cJSON_CreateObject();
     cJSON_AddStringToObject(m, "id", a->model_name);
     cJSON_AddStringToObject(m, "object", "model");
     cJSON_AddNumberToObject(m, "created", (double)created);
     cJSON_AddStringToObject(m, "owned_by", "q3");
     cJSON_AddNumberToObject(m, "max_model_len", a->n_ctx);
+    return m;
+}
+
+void srv_models_json(const srv_api *a, long long created, srv_buf *out)
+{
+    cJSON *r = cJSON_CreateObject();
+    cJSON_AddStringToObject(r, "object", "list");
+    cJSON_AddItemToArray(cJSON_AddArrayToObject(r, "data"), model_object(a, created));
     srv_put_json(out, r);
     cJSON_Delete(r);
+}
+
+void srv_model_json(const srv_api *a, long long created, srv_buf *out)
+{
+    cJSON *m = model_object(a, created);
+    srv_put_json(out, m);
+    cJSON_Delete(m);
 }

@@ -32,6 +32,8 @@ void srv_api_limits(srv_api *a);
  * beyond what srv_job_unref frees). */
 int srv_parse_chat(const srv_api *a, const char *body, size_t len, srv_job *j, srv_err *e);
 int srv_parse_completion(const srv_api *a, const char *body, size_t len, srv_job *j, srv_err *e);
+/* llama-server's POST /completion: the same fields as /v1/completions, its own answer (SRV_LLAMA_COMPLETION). */
+int srv_parse_llama_completion(const srv_api *a, const char *body, size_t len, srv_job *j, srv_err *e);
 
 /* POST /tokenize and /detokenize bodies -> answer JSON (0) or an error status. */
 int srv_tokenize(const srv_api *a, const char *body, size_t len, srv_buf *out, srv_err *e);
@@ -39,5 +41,7 @@ int srv_detokenize(const srv_api *a, const char *body, size_t len, srv_buf *out,
 
 /* GET /v1/models */
 void srv_models_json(const srv_api *a, long long created, srv_buf *out);
+/* GET /v1/models/{id}: the one model object */
+void srv_model_json(const srv_api *a, long long created, srv_buf *out);
 
 #endif

@@ -30,7 +30,12 @@ typedef struct srv_server_opts {
     int http_threads;       /* 0: 4 */
     int admin_port;         /* -1: none; else a listener of its own (0: any free port) for /health and /metrics */
     const char *admin_host; /* its address (NULL: host) */
+    const char *cors_origin; /* NULL: no CORS headers; else Access-Control-Allow-Origin (and OPTIONS preflights) */
+    int access_log;         /* one line a request on stderr: SRV_LOG_NONE, SRV_LOG_TEXT or SRV_LOG_JSON */
+    int n_parallel;         /* sequences at once, for GET /props */
 } srv_server_opts;
+
+enum { SRV_LOG_NONE, SRV_LOG_TEXT, SRV_LOG_JSON };
 
 /* Binds and starts answering (503 on everything but /health and /metrics). */
 q3_status srv_server_start(const srv_server_opts *o, srv_server **out);
