@@ -1,0 +1,337 @@
+/* Embeddings and reranker scores (q3_embed, q3_rerank), on every unit:
+ *  - an embedding (unnormalized) times the LM head is the golden logits of
+ *    the same prefix, within the golden sets' tolerance (tests/data/golden/README.md);
+ *  - an input's vector is bit for bit the same alone or packed among others
+ *    of different lengths, in any batch size;
+ *  - normalization and Matryoshka cuts are what they say;
+ *  - a reranker score is P(yes) / (P(yes) + P(no)) from the full logits of the
+ *    same prompt (a session's prefill), and the prompts are the model card's;
+ *  - bad inputs fail with a message and change nothing. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/registry.h"
+#include "golden.h"
+#include "model/model.h"
+#include "q3.h"
+#include "test.h"
+
+static uint64_t rng = 0x9e3779b97f4a7c15ull;
+static uint32_t rnd(void)
+{
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return (uint32_t)(rng >> 32);
+}
+
+static q3_ctx *new_ctx(q3_model *m, const char *unit)
+{
+    q3_ctx_opts o = q3_ctx_opts_default();
+    o.backend = unit;
+    o.n_ctx = 512;
+    o.kv_dtype = "f32";
+    q3_ctx *c = NULL;
+    q3_status st = q3_ctx_new(m, &o, &c);
+    CHECK(st == Q3_OK, "ctx on %s: %s", unit, q3_last_error());
+    return c;
+}
+
+/* logits[v] = h . lm_head[v], in double */
+static void head_logits(const q3_model *m, const float *h, float *logits)
+{
+    const q3_tensor *w = m->w.lm_head;
+    int dim = m->cfg.dim;
+    float *row = malloc((size_t)dim * sizeof *row);
+    size_t rb = q3_dtype_row_bytes(w->dtype, (size_t)dim);
+    for (int v = 0; v < m->cfg.vocab_size; v++) {
+        q3_row_to_f32(w->dtype, (const char *)w->data + (size_t)v * rb, row, (size_t)dim);
+        double s = 0;
+        for (int i = 0; i < dim; i++) s += (double)h[i] * row[i];
+        logits[v] = (float)s;
+    }
+    free(row);
+}
+
+/* ---- embedding x LM head == golden logits ----------------------------------------------- */
+
+static void golden_embed(const char *model, const char *unit)
+{
+    char dir[256];
+    snprintf(dir, sizeof dir, TEST_DATA "/golden/%s", model);
+    q3_model *m;
+    if (q3_model_open(dir, &m)) {
+        CHECK(0, "open %s: %s", dir, q3_last_error());
+        return;
+    }
+    q3_ctx *c = new_ctx(m, unit);
+    CHECK(q3_model_task(m) == Q3_TASK_GENERATE, "%s is a generator", model);
+    static char names[64][128];
+    int n = golden_list(dir, names, 64), cases = 0;
+    int dim = m->cfg.dim, vocab = m->cfg.vocab_size;
+    float *logits = malloc((size_t)vocab * sizeof *logits);
+    for (int i = 0; c && i < n; i++) {
+        if (strstr(names[i], ".numpy") || strstr(names[i], "decode")) continue;
+        golden_case g;
+        if (golden_load(dir, names[i], &g)) {
+            CHECK(0, "cannot load %s/%s", dir, names[i]);
+            continue;
+        }
+        /* the first, a middle and the last stored row: each a prefix, all packed in one call */
+        int pick[3] = {0, g.n_rows / 2, g.n_rows - 1}, np = g.n_rows >= 3 ? 3 : g.n_rows;
+        const int32_t *in[3];
+        size_t lens[3];
+        for (int k = 0; k < np; k++) {
+            in[k] = g.tokens;
+            lens[k] = (size_t)g.rows[pick[k]] + 1;
+        }
+        float *emb = malloc((size_t)np * dim * sizeof *emb);
+        q3_embed_opts o = q3_embed_opts_default();
+        o.unnormalized = 1;
+        q3_status st = q3_embed(c, in, lens, (size_t)np, &o, emb);
+        CHECK(st == Q3_OK, "%s/%s [%s]: %s", model, names[i], unit, q3_last_error());
+        for (int k = 0; !st && k < np; k++) {
+            head_logits(m, emb + (size_t)k * dim, logits);
+            const float *want = g.logits + (size_t)pick[k] * vocab;
+            double worst = 0;
+            int am = 0, wm = 0;
+            for (int v = 0; v < vocab; v++) {
+                double d = fabs((double)logits[v] - want[v]);
+                if (d > worst) worst = d;
+                if (logits[v] > logits[am]) am = v;
+                if (want[v] > want[wm]) wm = v;
+            }
+            CHECK(worst <= 1e-4, "%s/%s [%s] row %d: max |embedding x head - golden| %.3g > 1e-4", model, names[i],
+                  unit, g.rows[pick[k]], worst);
+            CHECK(am == wm, "%s/%s [%s] row %d: argmax %d, golden %d", model, names[i], unit, g.rows[pick[k]], am, wm);
+        }
+        cases++;
+        free(emb);
+        golden_free(&g);
+    }
+    CHECK(cases >= 4, "%s: %d golden cases compared", model, cases);
+    free(logits);
+    q3_ctx_free(c);
+    q3_model_close(m);
+}
+
+/* ---- alone == packed, bit for bit; normalization; Matryoshka ---------------------------------- */
+
+static void packing(const char *unit)
+{
+    q3_model *m;
+    if (q3_model_open(TEST_DATA "/golden/small", &m)) {
+        CHECK(0, "open small: %s", q3_last_error());
+        return;
+    }
+    q3_ctx *c = new_ctx(m, unit);
+    enum { N = 9 };
+    int dim = m->cfg.dim, vocab = m->cfg.vocab_size;
+    int32_t *in[N];
+    size_t lens[N];
+    const size_t len_of[N] = {1, 37, 5, 120, 2, 64, 17, 90, 33};
+    for (int i = 0; i < N; i++) {
+        lens[i] = len_of[i];
+        in[i] = malloc(lens[i] * sizeof *in[i]);
+        for (size_t t = 0; t < lens[i]; t++) in[i][t] = (int32_t)(rnd() % (uint32_t)vocab);
+    }
+    in[5][0] = in[3][0]; /* two inputs with a common start: no leak from one to the next either way */
+    float *alone = malloc((size_t)N * dim * sizeof(float)), *packed = malloc((size_t)N * dim * sizeof(float));
+    q3_embed_opts o = q3_embed_opts_default();
+    o.unnormalized = 1;
+    for (int i = 0; c && i < N; i++) {
+        q3_status st = q3_embed(c, (const int32_t *const *)&in[i], &lens[i], 1, &o, alone + (size_t)i * dim);
+        CHECK(st == Q3_OK, "alone %d [%s]: %s", i, unit, q3_last_error());
+    }
+    const int batches[] = {1024, 128, 40};
+    for (size_t b = 0; c && b < sizeof batches / sizeof *batches; b++) {
+        o.batch_tokens = batches[b];
+        memset(packed, 0, (size_t)N * dim * sizeof(float));
+        q3_status st = q3_embed(c, (const int32_t *const *)in, lens, N, &o, packed);
+        CHECK(st == Q3_OK, "packed [%s]: %s", unit, q3_last_error());
+        for (int i = 0; i < N; i++)
+            CHECK(!memcmp(alone + (size_t)i * dim, packed + (size_t)i * dim, (size_t)dim * sizeof(float)),
+                  "[%s] input %d (%zu tokens): packed in batches of %d differs from alone", unit, i, lens[i], batches[b]);
+    }
+    /* normalized, and the Matryoshka cut: the first d values, renormalized */
+    if (c) {
+        o = q3_embed_opts_default();
+        o.dim = 32;
+        float *cut = malloc((size_t)N * 32 * sizeof(float));
+        CHECK(q3_embed(c, (const int32_t *const *)in, lens, N, &o, cut) == Q3_OK, "dim 32: %s", q3_last_error());
+        o.dim = 0;
+        CHECK(q3_embed(c, (const int32_t *const *)in, lens, N, &o, packed) == Q3_OK, "normalized: %s", q3_last_error());
+        double worst_norm = 0, worst_cut = 0, worst_full = 0;
+        for (int i = 0; i < N; i++) {
+            const float *raw = alone + (size_t)i * dim;
+            double ss = 0, ss32 = 0, n1 = 0, n2 = 0;
+            for (int k = 0; k < dim; k++) ss += (double)raw[k] * raw[k];
+            for (int k = 0; k < 32; k++) ss32 += (double)raw[k] * raw[k];
+            for (int k = 0; k < dim; k++) {
+                n1 += (double)packed[(size_t)i * dim + k] * packed[(size_t)i * dim + k];
+                worst_full = fmax(worst_full, fabs(packed[(size_t)i * dim + k] - raw[k] / sqrt(ss)));
+            }
+            for (int k = 0; k < 32; k++) {
+                n2 += (double)cut[i * 32 + k] * cut[i * 32 + k];
+                worst_cut = fmax(worst_cut, fabs(cut[i * 32 + k] - raw[k] / sqrt(ss32)));
+            }
+            worst_norm = fmax(worst_norm, fmax(fabs(n1 - 1), fabs(n2 - 1)));
+        }
+        CHECK(worst_norm < 1e-5, "[%s] normalized vectors' norms off 1 by %.3g", unit, worst_norm);
+        CHECK(worst_full < 1e-6, "[%s] normalized != raw / |raw| by %.3g", unit, worst_full);
+        CHECK(worst_cut < 1e-6, "[%s] dim 32 != raw[0..32) / |raw[0..32)| by %.3g", unit, worst_cut);
+        free(cut);
+    }
+    /* bad input: refused with a message, nothing written */
+    if (c) {
+        float sentinel = 12345.0f, out1[4096];
+        out1[0] = sentinel;
+        size_t zero = 0, too_long = 513;
+        int32_t bad_tok[2] = {1, vocab};
+        const int32_t *bad_in[1] = {bad_tok};
+        size_t bad_len = 2;
+        CHECK(q3_embed(c, (const int32_t *const *)in, &zero, 1, NULL, out1) == Q3_ERR_INVALID, "an empty input");
+        CHECK_CONTAINS(q3_last_error(), "empty");
+        CHECK(q3_embed(c, bad_in, &bad_len, 1, NULL, out1) == Q3_ERR_INVALID, "a token outside the vocabulary");
+        CHECK_CONTAINS(q3_last_error(), "outside the vocabulary");
+        int32_t *long_in = calloc(too_long, sizeof *long_in);
+        const int32_t *li[1] = {long_in};
+        CHECK(q3_embed(c, li, &too_long, 1, NULL, out1) == Q3_ERR_CONTEXT, "an input longer than the context");
+        free(long_in);
+        o = q3_embed_opts_default();
+        o.dim = dim + 1;
+        CHECK(q3_embed(c, (const int32_t *const *)in, lens, 1, &o, out1) == Q3_ERR_INVALID, "dim > hidden");
+        CHECK(out1[0] == sentinel, "a refused call wrote its output");
+    }
+    for (int i = 0; i < N; i++) free(in[i]);
+    free(alone);
+    free(packed);
+    q3_ctx_free(c);
+    q3_model_close(m);
+}
+
+/* ---- the reranker: score == P(yes) / (P(yes) + P(no)) from the full logits ----------------------- */
+
+static void rerank(const char *unit)
+{
+    const char *dir = TEST_DATA "/golden/e2e"; /* the real Qwen3 vocabulary: "yes" and "no" are tokens */
+    q3_model *m;
+    q3_tokenizer *tok;
+    if (q3_model_open(dir, &m)) {
+        CHECK(0, "open e2e: %s", q3_last_error());
+        return;
+    }
+    if (q3_tokenizer_for_model(m, &tok)) {
+        CHECK(0, "tokenizer: %s", q3_last_error());
+        q3_model_close(m);
+        return;
+    }
+    const char *query = "What is the capital of China?";
+    const char *docs[] = {"The capital of China is Beijing.",
+                          "Gravity is a force that attracts two bodies towards each other. It gives weight to physical "
+                          "objects and is responsible for the movement of planets around the sun.",
+                          "<|im_end|> special-token text in a document stays text", "no"};
+    enum { N = 4 };
+    int32_t *ids[N];
+    size_t lens[N];
+    for (int i = 0; i < N; i++) {
+        q3_status st = q3_rerank_tokenize(tok, i == 3 ? "Judge it" : NULL, query, docs[i], &ids[i], &lens[i]);
+        CHECK(st == Q3_OK, "rerank_tokenize: %s", q3_last_error());
+    }
+    /* the model card's prompt, byte for byte (the document's markup as text) */
+    char *text;
+    size_t tl;
+    CHECK(q3_tokenizer_decode(tok, ids[0], lens[0], &text, &tl) == Q3_OK, "decode");
+    const char *want =
+        "<|im_start|>system\nJudge whether the Document meets the requirements based on the Query and the Instruct "
+        "provided. Note that the answer can only be \"yes\" or \"no\".<|im_end|>\n<|im_start|>user\n<Instruct>: Given "
+        "a web search query, retrieve relevant passages that answer the query\n<Query>: What is the capital of "
+        "China?\n<Document>: The capital of China is Beijing.<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n";
+    CHECK(!strcmp(text, want), "the reranker prompt is\n%s", text);
+    free(text);
+    CHECK(ids[0][0] == q3_tokenizer_token_id(tok, "<|im_start|>", 12), "the prompt opens with <|im_start|>");
+    int32_t im_end = q3_tokenizer_end_of_turn(tok);
+    int n_im_end = 0;
+    for (size_t t = 0; t < lens[2]; t++) n_im_end += ids[2][t] == im_end;
+    CHECK(n_im_end == 2, "a document's <|im_end|> text is not the token (%d of them)", n_im_end);
+
+    q3_ctx *c = new_ctx(m, unit);
+    float scores[N], logits[2 * N], scores2[N];
+    q3_status st = c ? q3_rerank(c, tok, (const int32_t *const *)ids, lens, N, NULL, scores, logits) : Q3_ERR_INVALID;
+    CHECK(st == Q3_OK, "rerank [%s]: %s", unit, q3_last_error());
+    int32_t yes = q3_tokenizer_token_id(tok, "yes", 3), no = q3_tokenizer_token_id(tok, "no", 2);
+    CHECK(yes >= 0 && no >= 0, "yes %d, no %d", yes, no);
+    int vocab = m->cfg.vocab_size;
+    float *full = malloc((size_t)vocab * sizeof *full);
+    for (int i = 0; !st && i < N; i++) {
+        q3_session_opts so = q3_session_opts_default();
+        so.backend = unit;
+        so.kv_dtype = "f32";
+        so.n_ctx = 512;
+        q3_session *s;
+        CHECK(q3_session_new(m, &so, &s) == Q3_OK, "session: %s", q3_last_error());
+        CHECK(q3_session_prefill(s, ids[i], lens[i], full, 0) == Q3_OK, "prefill: %s", q3_last_error());
+        q3_session_free(s);
+        double p = 1.0 / (1.0 + exp((double)full[no] - (double)full[yes]));
+        CHECK(fabs(logits[2 * i] - full[yes]) <= 1e-5 && fabs(logits[2 * i + 1] - full[no]) <= 1e-5,
+              "[%s] doc %d: logits yes %.9g no %.9g; the full head's %.9g %.9g", unit, i, logits[2 * i],
+              logits[2 * i + 1], full[yes], full[no]);
+        CHECK(fabs(scores[i] - p) <= 1e-6, "[%s] doc %d: score %.9g, from the full logits %.9g", unit, i, scores[i], p);
+        CHECK(scores[i] > 0 && scores[i] < 1, "[%s] score %g in (0, 1)", unit, scores[i]);
+    }
+    /* one at a time == all together, bit for bit */
+    for (int i = 0; !st && i < N; i++) {
+        CHECK(q3_rerank(c, tok, (const int32_t *const *)&ids[i], &lens[i], 1, NULL, &scores2[i], NULL) == Q3_OK,
+              "rerank alone: %s", q3_last_error());
+        CHECK(scores2[i] == scores[i], "[%s] doc %d: alone %.9g, packed %.9g", unit, i, scores2[i], scores[i]);
+    }
+    /* embeddings after a rerank (the graph keeps its score head): still the same vectors */
+    if (c && !st) {
+        int dim = m->cfg.dim;
+        float *a = malloc((size_t)dim * sizeof *a), *b = malloc((size_t)dim * sizeof *b);
+        int32_t *e;
+        size_t en;
+        CHECK(q3_embed_tokenize(tok, "Given a web search query, retrieve relevant passages", "capital of China?", 17,
+                                &e, &en) == Q3_OK,
+              "embed_tokenize: %s", q3_last_error());
+        CHECK(q3_tokenizer_decode(tok, e, en, &text, &tl) == Q3_OK, "decode");
+        CHECK(!strcmp(text, "Instruct: Given a web search query, retrieve relevant passages\nQuery:capital of "
+                            "China?<|endoftext|>"),
+              "embedding input %s", text);
+        free(text);
+        CHECK(e[en - 1] == q3_tokenizer_end_of_text(tok), "ends with <|endoftext|>");
+        const int32_t *ein[1] = {e};
+        CHECK(q3_embed(c, ein, &en, 1, NULL, a) == Q3_OK, "embed: %s", q3_last_error());
+        q3_ctx *c2 = new_ctx(m, unit);
+        CHECK(c2 && q3_embed(c2, ein, &en, 1, NULL, b) == Q3_OK, "embed (fresh context): %s", q3_last_error());
+        CHECK(!memcmp(a, b, (size_t)dim * sizeof(float)), "[%s] an embedding after a rerank differs", unit);
+        q3_ctx_free(c2);
+        free(e);
+        free(a);
+        free(b);
+    }
+    free(full);
+    for (int i = 0; i < N; i++) free(ids[i]);
+    q3_ctx_free(c);
+    q3_tokenizer_free(tok);
+    q3_model_close(m);
+}
+
+int main(void)
+{
+    for (int u = 0; q3_backends[u]; u++) {
+        const q3_backend *b = q3_backends[u];
+        if (b->present && !b->present(b)) {
+            if (b == &q3_backend_cpu) SKIP_ISA("avx2", "embeddings on the cpu unit: the unit is absent");
+            else SKIP("%s: embeddings on this unit: device absent (%s)", b->name, b->device);
+            continue;
+        }
+        golden_embed("tiny", b->name);
+        golden_embed("small", b->name);
+        golden_embed("moe-tiny", b->name);
+        packing(b->name);
+        rerank(b->name);
+    }
+    TEST_DONE();
+}
