@@ -530,6 +530,8 @@ q3_status q3_convert_add_metadata(q3_gguf_writer *w, const q3_config *c, const q
         (st = q3_gguf_writer_add_u32(w, "general.file_type", q3_convert_file_type(o->type, o->kmix))) ||
         (st = q3_gguf_writer_add_u32(w, "general.quantization_version", 2)))
         return st;
+    /* an embedding model or a reranker says so, as llama.cpp's converter writes it */
+    if (c->pooling && (st = q3_gguf_writer_add_u32(w, KEY("pooling_type"), (uint32_t)c->pooling))) return st;
     const q3_rope_scaling *y = &c->rope_scaling;
     if (y->type == Q3_ROPE_YARN) { /* the keys llama.cpp reads; a non-default extra has no key there */
         if (y->attn_factor > 0 || y->mscale > 0 || y->mscale_all_dim > 0 || !y->truncate)
