@@ -577,6 +577,11 @@ typedef struct q3_embed_opts {
 /* Every field 0, size set. */
 Q3_API q3_embed_opts q3_embed_opts_default(void);
 
+/* v[0..dim) divided by its L2 norm (computed in double), in place, as
+ * q3_embed normalizes (a zero vector stays zero): for a caller that cuts a
+ * raw embedding to fewer dimensions itself. */
+Q3_API void q3_embed_normalize(float *v, int dim);
+
 /* Qwen3-Embedding's input: "Instruct: {instruct}\nQuery:{text}" (a query with
  * a task instruction) or text alone (instruct NULL: a document), tokenized
  * as plain text (special-token text stays text), then <|endoftext|>

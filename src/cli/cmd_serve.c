@@ -21,6 +21,7 @@ int cmd_serve(int argc, char **argv)
     srv_server_opts so = {.host = "127.0.0.1", .port = 8080, .api_key = getenv("Q3_API_KEY")};
     q3_ctx_opts co = {.max_seqs = 4};
     int port = 8080, max_body = 8 << 20, max_conn = 256, timeout = 60, drain = 30, max_queue = 256;
+    int force_embed = 0, force_rerank = 0;
     const cli_opt tab[] = {
         CLI_OPT("model", 'm', CLI_FILE, &model_path, "PATH", "a Hugging Face folder (or .gguf)", .flags = CLI_REQUIRED),
         CLI_OPT("tokenizer", 0, CLI_FILE, &tok_path, "PATH", "tokenizer.json (or its folder) when the model has none"),
@@ -41,16 +42,22 @@ int cmd_serve(int argc, char **argv)
         CLI_OPT("max-body", 0, CLI_INT, &max_body, "BYTES", "largest request body (default 8388608)", .lo = 1024, .hi = 1 << 30),
         CLI_OPT("max-connections", 0, CLI_INT, &max_conn, "N", "open connections at most (default 256)", .lo = 1, .hi = 1 << 16),
         CLI_OPT("timeout", 0, CLI_INT, &timeout, "S", "idle connections close after S seconds (default 60)", .lo = 1, .hi = 86400),
+        CLI_OPT("embeddings", 0, CLI_FLAG, &force_embed, NULL,
+                "serve /v1/embeddings with this model whatever its markers say\n"
+                "(default: from the model, see docs/embeddings.md)"),
+        CLI_OPT("rerank", 0, CLI_FLAG, &force_rerank, NULL, "serve /v1/rerank and /rerank with this model (the same)"),
         CLI_OPT("drain-timeout", 0, CLI_INT, &drain, "S", "on SIGTERM, wait at most S seconds for requests in flight (default 30)",
                 .lo = 0, .hi = 86400),
         {0},
     };
     cli_spec spec = {"serve", "q3 serve -m MODEL [options]",
                      "An OpenAI-compatible HTTP server with continuous batching: /v1/chat/completions, /v1/completions,\n"
-                     "/v1/models, /tokenize, /detokenize, /health, /metrics. SIGTERM or SIGINT drain and exit 0.\n",
+                     "/v1/models, /tokenize, /detokenize, /health, /metrics; /v1/embeddings or /v1/rerank (/rerank) with\n"
+                     "an embedding model or a reranker. SIGTERM or SIGINT drain and exit 0.\n",
                      tab, 0, NULL};
     int prc = cli_parse(&spec, argc, argv, NULL);
     if (prc) return prc == CLI_HELP_SHOWN ? 0 : prc;
+    if (force_embed && force_rerank) return cli_usage_error("serve", "--embeddings and --rerank exclude each other");
     so.port = port;
     so.max_body = (size_t)max_body;
     so.max_connections = max_conn;
@@ -87,8 +94,9 @@ int cmd_serve(int argc, char **argv)
     }
     if (q3_model_open(model_path, &m)) { cli_error("serve", "%s", q3_last_error()); goto done; }
     if (cli_open_tokenizer("serve", tok_path, m, &tok)) goto done;
+    q3_task task = force_embed ? Q3_TASK_EMBED : force_rerank ? Q3_TASK_RERANK : q3_model_task(m);
     int present; /* the chat endpoint renders Qwen3's template: refuse a model whose template is another */
-    if (q3_model_chat_template_check(m, &present)) { cli_error("serve", "%s", q3_last_error()); goto done; }
+    if (task == Q3_TASK_GENERATE && q3_model_chat_template_check(m, &present)) { cli_error("serve", "%s", q3_last_error()); goto done; }
     if (q3_tokenizer_vocab_size(tok) > q3_model_vocab_size(m)) {
         cli_error("serve", "the tokenizer has %d tokens but the model's vocabulary is %d", q3_tokenizer_vocab_size(tok),
                   q3_model_vocab_size(m));
@@ -97,14 +105,17 @@ int cmd_serve(int argc, char **argv)
     if (q3_ctx_new(m, &co, &ctx)) { cli_error("serve", "%s", q3_last_error()); goto done; }
     int n_ctx = q3_ctx_n_ctx(ctx), used, cached, total, bt;
     q3_ctx_kv_usage(ctx, &used, &cached, &total, &bt);
-    srv_engine_opts eo = {.ctx = ctx, .tok = tok, .vocab = q3_model_vocab_size(m), .metrics = srv_server_metrics(srv),
+    srv_engine_opts eo = {.ctx = ctx, .tok = tok, .vocab = q3_model_vocab_size(m), .hidden = q3_model_hidden_size(m),
+                          .metrics = srv_server_metrics(srv),
                           .max_queue = (int)max_queue};
     if (srv_engine_start(&eo, &eng)) { cli_error("serve", "cannot start the engine thread (out of memory or threads)"); goto done; }
     ctx = NULL; /* the engine owns it */
+    srv_server_set_task(srv, task, q3_model_hidden_size(m));
     srv_server_ready(srv, tok, model_name, n_ctx, q3_model_vocab_size(m), eng);
     eng = NULL; /* the server owns it */
-    fprintf(stderr, "q3 serve: ready: model %s, %d sequences at once, context %d, KV cache %d blocks of %d tokens\n",
-            model_name, co.max_seqs, n_ctx, total, bt);
+    fprintf(stderr, "q3 serve: ready: model %s (%s), %d sequences at once, context %d, KV cache %d blocks of %d tokens\n",
+            model_name, task == Q3_TASK_EMBED ? "/v1/embeddings" : task == Q3_TASK_RERANK ? "/v1/rerank" : "chat",
+            co.max_seqs, n_ctx, total, bt);
 
     int sig = 0;
     sigwait(&sigs, &sig);

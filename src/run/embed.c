@@ -153,15 +153,22 @@ typedef struct embed_out {
     bool normalize;
 } embed_out;
 
+void q3_embed_normalize(float *v, int dim)
+{
+    double ss = 0;
+    for (int k = 0; k < dim; k++) ss += (double)v[k] * v[k];
+    if (!(ss > 0)) return;
+    double inv = 1.0 / sqrt(ss);
+    for (int k = 0; k < dim; k++) v[k] = (float)((double)v[k] * inv);
+}
+
 static void emit_embedding(void *user, size_t i, const q3_runner *r, int row)
 {
     const embed_out *e = user;
     const float *h = r->buf[r->g->v_hidden] + (size_t)row * (size_t)e->hidden;
     float *o = e->out + i * (size_t)e->dim;
-    double ss = 0;
-    for (int k = 0; k < e->dim; k++) ss += (double)h[k] * h[k];
-    double inv = e->normalize && ss > 0 ? 1.0 / sqrt(ss) : 1.0;
-    for (int k = 0; k < e->dim; k++) o[k] = e->normalize ? (float)((double)h[k] * inv) : h[k];
+    memcpy(o, h, (size_t)e->dim * sizeof *o);
+    if (e->normalize) q3_embed_normalize(o, e->dim);
 }
 
 static q3_status read_opts(const q3_ctx *c, const q3_embed_opts *opts, q3_embed_opts *o)

@@ -18,6 +18,8 @@ typedef struct srv_api {
     const char *model_name;
     int n_ctx;
     int vocab;
+    q3_task task;    /* what the model serves: chat (GENERATE), embeddings (EMBED) or rerank (RERANK) */
+    int hidden;      /* the model's hidden size: an embedding's length */
 } srv_api;
 
 /* Fill j (kind, prompt, sampling, stop, stream, ...) from a request body.

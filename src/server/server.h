@@ -35,6 +35,10 @@ srv_metrics *srv_server_metrics(srv_server *s);
  * tok and model_name must outlive the server. */
 void srv_server_ready(srv_server *s, const q3_tokenizer *tok, const char *model_name, int n_ctx, int vocab,
                       srv_engine *eng);
+/* What the model serves (before srv_server_ready): chat (GENERATE, the
+ * default), /v1/embeddings (EMBED) or /v1/rerank (RERANK); the other
+ * endpoints answer 400 saying why. hidden: the model's hidden size. */
+void srv_server_set_task(srv_server *s, q3_task task, int hidden);
 /* From now on new requests (and /health) get 503. */
 void srv_server_refuse(srv_server *s);
 /* Refuses new requests (503), waits until every request in flight is answered
