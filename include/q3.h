@@ -616,7 +616,9 @@ Q3_API q3_status q3_rerank_tokenize(const q3_tokenizer *tok, const char *instruc
 /* The relevance of each prompt inputs[i][0..lens[i]) (q3_rerank_tokenize
  * makes them): scores[i] = P(yes) / (P(yes) + P(no)) from the logits of the
  * tokens "yes" and "no" (tok's ids for them) at its last position, computed
- * as two dot products, not the whole LM head. logits (may be NULL) gets
+ * as two dot products, not the whole LM head (a GGUF's cls.output.weight,
+ * llama.cpp's converter's copy of those two rows, when it has one; then tok
+ * may be NULL). logits (may be NULL) gets
  * [n][2]: the two logits (yes, no). o may be NULL (dim and unnormalized do
  * not apply). Limits and failures as q3_embed. */
 Q3_API q3_status q3_rerank(q3_ctx *c, const q3_tokenizer *tok, const int32_t *const *inputs, const size_t *lens,

@@ -6,16 +6,24 @@
  *  - normalization and Matryoshka cuts are what they say;
  *  - a reranker score is P(yes) / (P(yes) + P(no)) from the full logits of the
  *    same prompt (a session's prefill), and the prompts are the model card's;
- *  - bad inputs fail with a message and change nothing. */
+ *  - bad inputs fail with a message and change nothing;
+ *  - what a checkpoint is for (its markers: folder files, folder name, GGUF
+ *    pooling_type) survives synth and convert, and a GGUF's classifier head
+ *    (cls.output.weight, as llama.cpp's converter writes it) scores as the LM head's rows. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "backend/registry.h"
 #include "golden.h"
+#include "model/gguf.h"
 #include "model/model.h"
 #include "q3.h"
+#include "temps.h"
 #include "test.h"
+#include "tools/convert.h"
+#include "tools/gguf_write.h"
+#include "tools/synth.h"
 
 static uint64_t rng = 0x9e3779b97f4a7c15ull;
 static uint32_t rnd(void)
@@ -318,8 +326,129 @@ static void rerank(const char *unit)
     q3_model_close(m);
 }
 
+/* ---- markers: what a checkpoint is for ---------------------------------------------------------- */
+
+static q3_task task_of(const char *path)
+{
+    q3_model *m;
+    if (q3_model_open(path, &m)) {
+        CHECK(0, "open %s: %s", path, q3_last_error());
+        return (q3_task)-1;
+    }
+    q3_task t = q3_model_task(m);
+    q3_model_close(m);
+    return t;
+}
+
+static void markers(void)
+{
+    q3_config c;
+    q3_synth_preset_tiny(&c);
+    const int pools[] = {Q3_POOLING_NONE, Q3_POOLING_LAST, Q3_POOLING_RANK};
+    const q3_task want[] = {Q3_TASK_GENERATE, Q3_TASK_EMBED, Q3_TASK_RERANK};
+    for (int i = 0; i < 3; i++) {
+        char dir[64], gguf[64];
+        snprintf(dir, sizeof dir, "plain-%d", i);
+        snprintf(gguf, sizeof gguf, "plain-%d.gguf", i);
+        c.pooling = pools[i];
+        CHECK(q3_synth_write(test_tmp(dir), 1, Q3_F32, &c, NULL) == Q3_OK, "synth: %s", q3_last_error());
+        CHECK(task_of(test_tmp(dir)) == want[i], "folder with pooling %d: %s", pools[i], q3_task_name(task_of(test_tmp(dir))));
+        q3_convert_opts o = {.type = Q3_F32, .no_tokenizer = 1};
+        CHECK(q3_convert(test_tmp(dir), test_tmp(gguf), &o) == Q3_OK, "convert: %s", q3_last_error());
+        CHECK(task_of(test_tmp(gguf)) == want[i], "GGUF with pooling %d: %s", pools[i], q3_task_name(task_of(test_tmp(gguf))));
+        q3_gguf *g;
+        if (q3_gguf_open(test_tmp(gguf), &g) == Q3_OK) {
+            const char *t = NULL;
+            int has = q3_gguf_get_str(g, "tokenizer.chat_template.rerank", &t) == Q3_OK;
+            CHECK(has == (pools[i] == Q3_POOLING_RANK), "a rerank template only in a reranker's GGUF");
+            CHECK(!has || (strstr(t, "<Query>: {query}\n<Document>: {document}<|im_end|>") &&
+                           strstr(t, "<think>\n\n</think>\n\n")),
+                  "the GGUF's rerank template: %s", t ? t : "");
+
+            q3_gguf_close(g);
+        }
+    }
+    /* no markers: the folder's name says it (Qwen's repositories ship none for the reranker) */
+    c.pooling = Q3_POOLING_NONE;
+    CHECK(q3_synth_write(test_tmp("my-Qwen3-Reranker-0.6B"), 1, Q3_F32, &c, NULL) == Q3_OK, "synth");
+    CHECK(task_of(test_tmp("my-Qwen3-Reranker-0.6B")) == Q3_TASK_RERANK, "a folder named *reranker*");
+    CHECK(q3_synth_write(test_tmp("Qwen3-Embedding-0.6B/"), 1, Q3_F32, &c, NULL) == Q3_OK, "synth");
+    CHECK(task_of(test_tmp("Qwen3-Embedding-0.6B/")) == Q3_TASK_EMBED, "a folder named *embedding*");
+    q3_config e, r;
+    CHECK(q3_synth_preset("qwen3-embedding-0.6b", &e) == Q3_OK && e.pooling == Q3_POOLING_LAST && e.dim == 1024,
+          "the qwen3-embedding-0.6b preset");
+    CHECK(q3_synth_preset("qwen3-reranker-0.6b", &r) == Q3_OK && r.pooling == Q3_POOLING_RANK && r.n_layers == 28,
+          "the qwen3-reranker-0.6b preset");
+}
+
+/* A GGUF with cls.output.weight (the LM head's yes and no rows) scores what the folder does. */
+static void classifier_head(void)
+{
+    const char *dir = TEST_DATA "/golden/e2e";
+    q3_convert_opts o = {.type = Q3_F32};
+    const char *plain = test_tmp("e2e.gguf"), *with_cls = test_tmp("e2e-cls.gguf");
+    CHECK(q3_convert(dir, plain, &o) == Q3_OK, "convert e2e: %s", q3_last_error());
+    q3_model *m = NULL, *mg = NULL, *mc = NULL;
+    q3_tokenizer *tok = NULL;
+    q3_gguf *g = NULL;
+    if (q3_model_open(dir, &m) || q3_tokenizer_for_model(m, &tok) || q3_gguf_open(plain, &g)) {
+        CHECK(0, "open: %s", q3_last_error());
+        return;
+    }
+    /* the same file plus cls.output.weight = rows yes, no of the (tied) LM head */
+    int32_t yes = q3_tokenizer_token_id(tok, "yes", 3), no = q3_tokenizer_token_id(tok, "no", 2);
+    int dim = m->cfg.dim;
+    float *cls = malloc(2 * (size_t)dim * sizeof *cls);
+    q3_row_to_f32(m->w.lm_head->dtype, (const char *)m->w.lm_head->data + (size_t)yes * q3_dtype_row_bytes(m->w.lm_head->dtype, (size_t)dim), cls, (size_t)dim);
+    q3_row_to_f32(m->w.lm_head->dtype, (const char *)m->w.lm_head->data + (size_t)no * q3_dtype_row_bytes(m->w.lm_head->dtype, (size_t)dim), cls + dim, (size_t)dim);
+    q3_gguf_writer *w = NULL;
+    q3_status st = q3_gguf_writer_new(&w);
+    for (size_t i = 0; !st && i < q3_gguf_kv_count(g); i++)
+        if (strcmp(q3_gguf_kv_key(g, i), "general.alignment")) /* the writer adds its own */
+            st = q3_convert_copy_kv(w, q3_gguf_kv_key(g, i), q3_gguf_kv_value(g, i));
+    for (size_t i = 0; !st && i < q3_gguf_tensor_count(g); i++) {
+        const q3_tensor *t = q3_gguf_tensor_at(g, i);
+        st = q3_gguf_writer_add_tensor(w, t->name, t->dtype, t->ndim, t->shape, t->data);
+    }
+    const int64_t shape[2] = {2, dim};
+    if (!st) st = q3_gguf_writer_add_tensor(w, "cls.output.weight", Q3_F32, 2, shape, cls);
+    if (!st) st = q3_gguf_writer_write(w, with_cls, NULL, NULL);
+    CHECK(st == Q3_OK, "writing a GGUF with a classifier head: %s", q3_last_error());
+    q3_gguf_writer_free(w);
+    q3_gguf_close(g);
+    CHECK(q3_model_open(plain, &mg) == Q3_OK && q3_model_open(with_cls, &mc) == Q3_OK, "open GGUFs: %s", q3_last_error());
+    CHECK(mc && mc->w.cls_out != NULL && mg && mg->w.cls_out == NULL, "cls.output.weight is bound only where present");
+    int32_t *ids;
+    size_t n;
+    CHECK(q3_rerank_tokenize(tok, NULL, "a query", "a document", &ids, &n) == Q3_OK, "tokenize");
+    float s[3] = {-1, -2, -3}, l[6];
+    q3_model *ms[3] = {m, mg, mc};
+    for (int k = 0; k < 3 && mg && mc; k++) {
+        q3_ctx_opts co = q3_ctx_opts_default();
+        co.n_ctx = 256;
+        co.backend = "ref";
+        q3_ctx *c = NULL;
+        const int32_t *in[1] = {ids};
+        CHECK(q3_ctx_new(ms[k], &co, &c) == Q3_OK, "ctx");
+        /* the classifier head needs no tokenizer */
+        CHECK(c && q3_rerank(c, k == 2 ? NULL : tok, in, &n, 1, NULL, &s[k], &l[2 * k]) == Q3_OK, "rerank %d: %s", k,
+              q3_last_error());
+        q3_ctx_free(c);
+    }
+    CHECK(s[0] == s[1] && s[1] == s[2] && l[0] == l[4] && l[1] == l[5],
+          "folder %.9g, GGUF %.9g, GGUF with cls.output %.9g: one score", s[0], s[1], s[2]);
+    free(ids);
+    free(cls);
+    q3_model_close(mc);
+    q3_model_close(mg);
+    q3_tokenizer_free(tok);
+    q3_model_close(m);
+}
+
 int main(void)
 {
+    markers();
+    classifier_head();
     for (int u = 0; q3_backends[u]; u++) {
         const q3_backend *b = q3_backends[u];
         if (b->present && !b->present(b)) {

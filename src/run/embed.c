@@ -54,6 +54,7 @@ void q3_ctx_embed_free(q3_ctx *c)
  * run along a row). */
 static q3_status make_score_head(q3_ctx *c, int32_t yes, int32_t no)
 {
+    if (c->model->w.cls_out) return Q3_OK; /* the model's own classifier head */
     if (c->score_mem && c->score_ids[0] == yes && c->score_ids[1] == no) return Q3_OK;
     const q3_tensor *head = c->model->w.lm_head;
     size_t rb = q3_dtype_row_bytes(head->dtype, (size_t)c->model->cfg.dim);
@@ -93,7 +94,8 @@ static q3_status ensure_graph(q3_ctx *c, int rows, bool score)
     c->embed_tok = malloc((size_t)rows * sizeof *c->embed_tok);
     c->embed_pos = malloc((size_t)rows * sizeof *c->embed_pos);
     if (!c->embed_tok || !c->embed_pos) return q3_fail(Q3_ERR_NOMEM, "out of memory");
-    q3_status st = q3_graph_build_embed(c->model, rows, with_score ? &c->score_head : NULL, &c->embed);
+    const q3_tensor *head = c->model->w.cls_out ? c->model->w.cls_out : &c->score_head;
+    q3_status st = q3_graph_build_embed(c->model, rows, with_score ? head : NULL, &c->embed);
     if (!st && (st = q3_ctx_plan_runner(c, &c->run_embed, &c->embed, c->prefill_unit))) q3_graph_free(&c->embed);
     return st;
 }
@@ -221,14 +223,17 @@ q3_status q3_rerank(q3_ctx *c, const q3_tokenizer *tok, const int32_t *const *in
     q3_status st = read_opts(c, opts, &o);
     if (st || (st = check_inputs(c, inputs, lens, n))) return st;
     if (n && !scores) return q3_fail(Q3_ERR_INVALID, "q3_rerank: no output buffer");
-    if (!tok) return q3_fail(Q3_ERR_INVALID, "q3_rerank: no tokenizer (it names the tokens yes and no)");
-    int32_t yes = q3_tokenizer_token_id(tok, "yes", 3), no = q3_tokenizer_token_id(tok, "no", 2);
-    if (yes < 0 || no < 0) return q3_fail(Q3_ERR_UNSUPPORTED, "the tokenizer has no token \"%s\"", yes < 0 ? "yes" : "no");
-    int vocab = c->model->cfg.vocab_size;
-    if (yes >= vocab || no >= vocab)
-        return q3_fail(Q3_ERR_INVALID, "the tokens yes (%d) and no (%d) are outside this model's vocabulary [0, %d)",
-                       (int)yes, (int)no, vocab);
-    if ((st = make_score_head(c, yes, no))) return st;
+    if (!c->model->w.cls_out) { /* the LM head's rows of "yes" and "no" */
+        if (!tok) return q3_fail(Q3_ERR_INVALID, "q3_rerank: no tokenizer (it names the tokens yes and no)");
+        int32_t yes = q3_tokenizer_token_id(tok, "yes", 3), no = q3_tokenizer_token_id(tok, "no", 2);
+        if (yes < 0 || no < 0)
+            return q3_fail(Q3_ERR_UNSUPPORTED, "the tokenizer has no token \"%s\"", yes < 0 ? "yes" : "no");
+        int vocab = c->model->cfg.vocab_size;
+        if (yes >= vocab || no >= vocab)
+            return q3_fail(Q3_ERR_INVALID, "the tokens yes (%d) and no (%d) are outside this model's vocabulary [0, %d)",
+                           (int)yes, (int)no, vocab);
+        if ((st = make_score_head(c, yes, no))) return st;
+    }
     score_out s = {.scores = scores, .logits = logits};
     return run_packed(c, inputs, lens, n, o.batch_tokens, true, emit_score, &s);
 }

@@ -199,7 +199,7 @@ int srv_parse_embeddings(const srv_api *a, const char *body, size_t len, srv_job
 
 int srv_parse_rerank(const srv_api *a, const char *body, size_t len, srv_job *j, srv_err *e)
 {
-    static const char *const known[] = {"query", "documents", "top_n", "return_documents", "model", "instruction", NULL};
+    static const char *const known[] = {"query", "documents", "texts", "top_n", "return_documents", "model", "instruction", NULL};
     if (a->task != Q3_TASK_RERANK)
         return srv_err_set(e, 400, "invalid_request_error", "model_not_supported", NULL,
                            "this server runs %s: /v1/rerank needs a reranker (or q3 serve --rerank)", task_words(a->task));
@@ -209,6 +209,7 @@ int srv_parse_rerank(const srv_api *a, const char *body, size_t len, srv_job *j,
     long long top_n = 0;
     const cJSON *q = cJSON_GetObjectItemCaseSensitive(root, "query");
     const cJSON *docs = cJSON_GetObjectItemCaseSensitive(root, "documents");
+    if (!docs) docs = cJSON_GetObjectItemCaseSensitive(root, "texts"); /* TEI's and llama-server's other name */
     const cJSON *ins = cJSON_GetObjectItemCaseSensitive(root, "instruction");
     const cJSON *rd = cJSON_GetObjectItemCaseSensitive(root, "return_documents");
     if (!cJSON_IsString(q)) rc = bad(e, "query", "'query' is required and must be a string");

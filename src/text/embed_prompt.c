@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "q3.h" /* q3_embed_tokenize, q3_rerank_tokenize: public */
+#include "text/embed_prompt.h"
 #include "text/tokenizer.h"
 #include "util/error.h"
 #include "util/strbuf.h"
@@ -70,6 +71,20 @@ static const char RERANK_PREFIX[] =
     "<|im_start|>system\nJudge whether the Document meets the requirements based on the Query and the Instruct "
     "provided. Note that the answer can only be \"yes\" or \"no\".<|im_end|>\n<|im_start|>user\n";
 static const char RERANK_SUFFIX[] = "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n";
+
+char *q3_rerank_prompt_text(const char *instruct, const char *query, const char *doc)
+{
+    q3_strbuf b = {0};
+    q3_strbuf_puts(&b, RERANK_PREFIX);
+    q3_strbuf_printf(&b, "<Instruct>: %s\n<Query>: %s\n<Document>: %s", instruct ? instruct : Q3_RERANK_DEFAULT_INSTRUCT,
+                     query, doc);
+    q3_strbuf_puts(&b, RERANK_SUFFIX);
+    if (b.oom) {
+        free(b.data);
+        return NULL;
+    }
+    return b.data;
+}
 
 q3_status q3_rerank_tokenize(const q3_tokenizer *tok, const char *instruct, const char *query, const char *doc,
                              int32_t **ids, size_t *n_ids)
