@@ -13,6 +13,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 
 #include "backend/registry.h"
 #include "golden.h"
@@ -445,8 +446,127 @@ static void classifier_head(void)
     q3_model_close(m);
 }
 
+/* ---- q3 embed, q3 rerank ---------------------------------------------------------------------------- */
+
+/* Runs a shell command; its stdout (malloc'd) and exit status. */
+static char *run_cmd(const char *cmd, int *status)
+{
+    FILE *p = popen(cmd, "r");
+    size_t cap = 1 << 16, len = 0;
+    char *out = malloc(cap);
+    size_t n;
+    while (p && (n = fread(out + len, 1, cap - len - 1, p)) > 0)
+        if ((len += n) + 1 >= cap) out = realloc(out, cap *= 2);
+    out[len] = 0;
+    int st = p ? pclose(p) : -1;
+    *status = st >= 0 && WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    return out;
+}
+
+static void cli(void)
+{
+    const char *dir = TEST_DATA "/golden/e2e";
+    const char *q3 = getenv("BUILD") ? getenv("BUILD") : "build";
+    q3_model *m;
+    q3_tokenizer *tok;
+    if (q3_model_open(dir, &m) || q3_tokenizer_for_model(m, &tok)) {
+        CHECK(0, "open: %s", q3_last_error());
+        return;
+    }
+    q3_ctx_opts co = q3_ctx_opts_default();
+    co.n_ctx = 256;
+    q3_ctx *c = NULL;
+    CHECK(q3_ctx_new(m, &co, &c) == Q3_OK, "ctx");
+    /* embed: the library's vectors, through JSON (%.9g round-trips a float) */
+    char cmd[1024];
+    int status;
+    snprintf(cmd, sizeof cmd, "%s/q3 embed -m %s -t 1 -p 'first text' -p 'second' --instruct 'Find it' --dim 16", q3, dir);
+    char *out = run_cmd(cmd, &status);
+    CHECK(status == 0, "q3 embed exits 0 (%d)", status);
+    const char *texts[2] = {"first text", "second"};
+    char *line = out;
+    for (int i = 0; i < 2 && c; i++) {
+        cJSON *j = cJSON_Parse(line);
+        const cJSON *v = cJSON_GetObjectItem(j, "embedding");
+        CHECK(cJSON_GetObjectItem(j, "index") && cJSON_GetObjectItem(j, "index")->valueint == i, "line %d: index", i);
+        int32_t *ids;
+        size_t n;
+        float want[16];
+        q3_embed_opts o = q3_embed_opts_default();
+        o.dim = 16;
+        CHECK(q3_embed_tokenize(tok, "Find it", texts[i], strlen(texts[i]), &ids, &n) == Q3_OK, "tokenize");
+        const int32_t *in[1] = {ids};
+        CHECK(q3_embed(c, in, &n, 1, &o, want) == Q3_OK, "embed");
+        int same = cJSON_GetArraySize(v) == 16;
+        for (int k = 0; same && k < 16; k++) same = (float)cJSON_GetArrayItem(v, k)->valuedouble == want[k];
+        CHECK(same, "q3 embed line %d is the library's vector", i);
+        free(ids);
+        cJSON_Delete(j);
+        char *nl = strchr(line, '\n');
+        if (!nl) break;
+        line = nl + 1;
+    }
+    free(out);
+    /* raw float32 */
+    snprintf(cmd, sizeof cmd, "%s/q3 embed -m %s -t 1 -p 'first text' --raw --no-normalize | wc -c", q3, dir);
+    out = run_cmd(cmd, &status);
+    CHECK(atoi(out) == 4 * q3_model_hidden_size(m), "--raw writes hidden floats: %s bytes", out);
+    free(out);
+    /* usage errors exit 2 */
+    const char *usage[] = {"embed -m %s", "embed -m %s -p a --jsonl", "embed -m %s -p a --normalize --no-normalize",
+                           "embed -m %s -p a --dim 0", "rerank -m %s --query q", "rerank -m %s --docs /dev/null"};
+    for (size_t k = 0; k < sizeof usage / sizeof *usage; k++) {
+        char sub[256];
+        snprintf(sub, sizeof sub, usage[k], dir);
+        snprintf(cmd, sizeof cmd, "%s/q3 %s 2>/dev/null", q3, sub);
+        free(run_cmd(cmd, &status));
+        CHECK(status == 2, "q3 %s: exit %d, want 2", sub, status);
+    }
+    snprintf(cmd, sizeof cmd, "%s/q3 embed -m %s -p a --dim 65 2>&1", q3, dir);
+    out = run_cmd(cmd, &status);
+    CHECK(status == 2 && strstr(out, "64 values"), "--dim beyond the hidden size: %d %s", status, out);
+    free(out);
+    /* rerank: best first, the library's scores */
+    FILE *f = fopen(test_tmp("docs.txt"), "w");
+    const char *docs[] = {"Beijing is the capital of China.", "Cats sleep a lot.", "yes"};
+    for (int i = 0; f && i < 3; i++) fprintf(f, "%s\n\n", docs[i]);
+    if (f) fclose(f);
+    snprintf(cmd, sizeof cmd, "%s/q3 rerank -m %s -t 1 --query 'capital of China' --docs %s", q3, dir, test_tmp("docs.txt"));
+    out = run_cmd(cmd, &status);
+    CHECK(status == 0, "q3 rerank exits 0 (%d)", status);
+    float want[3];
+    int32_t *ids[3];
+    size_t lens[3];
+    for (int i = 0; i < 3; i++) CHECK(q3_rerank_tokenize(tok, NULL, "capital of China", docs[i], &ids[i], &lens[i]) == Q3_OK, "tok");
+    CHECK(c && q3_rerank(c, tok, (const int32_t *const *)ids, lens, 3, NULL, want, NULL) == Q3_OK, "rerank");
+    line = out;
+    float prev = 2;
+    int lines = 0;
+    for (; *line; lines++) {
+        cJSON *j = cJSON_Parse(line);
+        int idx = cJSON_GetObjectItem(j, "index") ? cJSON_GetObjectItem(j, "index")->valueint : -1;
+        const cJSON *sc = cJSON_GetObjectItem(j, "relevance_score"), *d = cJSON_GetObjectItem(j, "document");
+        float s = sc ? (float)sc->valuedouble : -1;
+        CHECK(idx >= 0 && idx < 3 && s == want[idx], "rerank line %d: document %d scores %.9g", lines, idx, s);
+        CHECK(idx >= 0 && idx < 3 && cJSON_IsString(d) && !strcmp(d->valuestring, docs[idx]), "the document's text");
+        CHECK(s <= prev, "best first");
+        prev = s;
+        cJSON_Delete(j);
+        char *nl = strchr(line, '\n');
+        if (!nl) break;
+        line = nl + 1;
+    }
+    CHECK(lines == 3, "one line per document (blank lines skipped): %d", lines);
+    free(out);
+    for (int i = 0; i < 3; i++) free(ids[i]);
+    q3_ctx_free(c);
+    q3_tokenizer_free(tok);
+    q3_model_close(m);
+}
+
 int main(void)
 {
+    cli();
     markers();
     classifier_head();
     for (int u = 0; q3_backends[u]; u++) {
