@@ -97,7 +97,11 @@ static void embeddings(q3_model *m, q3_tokenizer *tok)
     const int32_t *in[1] = {ids};
     CHECK(ctx && q3_embed(ctx, in, &n, 1, NULL, lib) == Q3_OK, "q3_embed: %s", q3_last_error());
     int same = cJSON_GetArraySize(vb) == hidden;
-    for (int k = 0; same && k < hidden; k++) same = strtof(cJSON_PrintUnformatted(cJSON_GetArrayItem(vb, k)), NULL) == lib[k];
+    for (int k = 0; same && k < hidden; k++) {
+        char *num = cJSON_PrintUnformatted(cJSON_GetArrayItem(vb, k));
+        same = num && strtof(num, NULL) == lib[k];
+        free(num);
+    }
     CHECK(same, "the server's embedding is the library's, bit for bit");
     q3_ctx_free(ctx);
     free(lib);
