@@ -551,6 +551,93 @@ Q3_API const char *q3_gen_error(const q3_gen *g);
 Q3_API const char *q3_stop_reason_name(q3_stop_reason r);
 
 
+/* ---- embeddings and reranker scores ------------------------------------------
+ *
+ * Qwen3-Embedding and Qwen3-Reranker are Qwen3 causal LMs used without
+ * generating: a prefill-only pass over many inputs packed into one run (no
+ * padding, each input attending to itself alone, no K/V kept), ending at the
+ * final norm's hidden state of each input's last token (an embedding) or at
+ * two rows of the LM head there (a reranker's "yes" and "no" logits). An
+ * input's result is bit for bit the same alone or packed among others. These
+ * calls use the context's prefill unit and its own buffers; the context's
+ * sequences and KV pool are untouched, so they may come between steps. */
+
+typedef enum q3_task {
+    Q3_TASK_GENERATE = 0, /* a chat / text model */
+    Q3_TASK_EMBED,        /* an embedding model (last-token pooling) */
+    Q3_TASK_RERANK,       /* a yes/no reranker */
+} q3_task;
+
+/* What the checkpoint is for, from its own markers: a GGUF's <arch>.pooling_type
+ * (3, last: EMBED; 4, rank: RERANK); a folder's 1_Pooling/config.json with
+ * pooling_mode_lasttoken (EMBED) or config_sentence_transformers.json with
+ * model_type CrossEncoder (RERANK), else its name containing "embedding" or
+ * "reranker" (any case); GENERATE otherwise. Any model can be run either way:
+ * this only says what it was made for. */
+Q3_API q3_task q3_model_task(const q3_model *m);
+Q3_API const char *q3_task_name(q3_task t); /* "generate", "embed", "rerank" */
+/* The hidden size: an embedding's full length. */
+Q3_API int q3_model_hidden_size(const q3_model *m);
+
+typedef struct q3_embed_opts {
+    size_t size;          /* sizeof(q3_embed_opts), set by q3_embed_opts_default() (0: this header's) */
+    int dim;              /* values per embedding: the first dim of the hidden state (Matryoshka),
+                             1..hidden (0: hidden) */
+    int unnormalized;     /* 1: the raw hidden state; 0: L2-normalized (after the cut to dim) */
+    int batch_tokens;     /* tokens packed into one run (0: 1024); a longer input runs alone */
+} q3_embed_opts;
+
+/* Every field 0, size set. */
+Q3_API q3_embed_opts q3_embed_opts_default(void);
+
+/* v[0..dim) divided by its L2 norm (computed in double), in place, as
+ * q3_embed normalizes (a zero vector stays zero): for a caller that cuts a
+ * raw embedding to fewer dimensions itself. */
+Q3_API void q3_embed_normalize(float *v, int dim);
+
+/* Qwen3-Embedding's input: "Instruct: {instruct}\nQuery:{text}" (a query with
+ * a task instruction) or text alone (instruct NULL: a document), tokenized
+ * as plain text (special-token text stays text), then <|endoftext|>
+ * appended. *ids is malloc'd; the caller frees it. */
+Q3_API q3_status q3_embed_tokenize(const q3_tokenizer *tok, const char *instruct, const char *text, size_t len,
+                                   int32_t **ids, size_t *n_ids);
+
+/* The embeddings of inputs[i][0..lens[i]) for i < n into out[i * dim ..
+ * (i + 1) * dim) (dim: o->dim, or the hidden size), each from the last
+ * token's final-norm hidden state. Inputs are token ids (q3_embed_tokenize
+ * makes Qwen3-Embedding's); each must be 1..q3_ctx_n_ctx tokens
+ * (Q3_ERR_CONTEXT otherwise) of ids in the vocabulary (Q3_ERR_INVALID,
+ * naming the input). The context's thread, between steps. */
+Q3_API q3_status q3_embed(q3_ctx *c, const int32_t *const *inputs, const size_t *lens, size_t n,
+                          const q3_embed_opts *o, float *out);
+
+/* The instruction Qwen3-Reranker's model card uses when none is given. */
+#define Q3_RERANK_DEFAULT_INSTRUCT "Given a web search query, retrieve relevant passages that answer the query"
+
+/* Qwen3-Reranker's prompt for one (query, document) pair (instruct NULL: the
+ * default above), as its model card's reference code builds it:
+ *   <|im_start|>system\nJudge whether the Document meets the requirements based on
+ *   the Query and the Instruct provided. Note that the answer can only be "yes" or
+ *   "no".<|im_end|>\n<|im_start|>user\n
+ *   <Instruct>: {instruct}\n<Query>: {query}\n<Document>: {doc}
+ *   <|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n
+ * (the three parts tokenized apart and joined, the middle one as plain text).
+ * *ids is malloc'd; the caller frees it. */
+Q3_API q3_status q3_rerank_tokenize(const q3_tokenizer *tok, const char *instruct, const char *query, const char *doc,
+                                    int32_t **ids, size_t *n_ids);
+
+/* The relevance of each prompt inputs[i][0..lens[i]) (q3_rerank_tokenize
+ * makes them): scores[i] = P(yes) / (P(yes) + P(no)) from the logits of the
+ * tokens "yes" and "no" (tok's ids for them) at its last position, computed
+ * as two dot products, not the whole LM head (a GGUF's cls.output.weight,
+ * llama.cpp's converter's copy of those two rows, when it has one; then tok
+ * may be NULL). logits (may be NULL) gets
+ * [n][2]: the two logits (yes, no). o may be NULL (dim and unnormalized do
+ * not apply). Limits and failures as q3_embed. */
+Q3_API q3_status q3_rerank(q3_ctx *c, const q3_tokenizer *tok, const int32_t *const *inputs, const size_t *lens,
+                           size_t n, const q3_embed_opts *o, float *scores, float *logits);
+
+
 #ifdef __cplusplus
 }
 #endif

@@ -14,6 +14,7 @@
 
 #include "model/layout.h"
 #include "model/quantize.h"
+#include "text/embed_prompt.h"
 #include "util/error.h"
 #include "util/file.h"
 
@@ -530,6 +531,15 @@ q3_status q3_convert_add_metadata(q3_gguf_writer *w, const q3_config *c, const q
         (st = q3_gguf_writer_add_u32(w, "general.file_type", q3_convert_file_type(o->type, o->kmix))) ||
         (st = q3_gguf_writer_add_u32(w, "general.quantization_version", 2)))
         return st;
+    /* an embedding model or a reranker says so, as llama.cpp's converter writes it */
+    if (c->pooling && (st = q3_gguf_writer_add_u32(w, KEY("pooling_type"), (uint32_t)c->pooling))) return st;
+    if (c->pooling == Q3_POOLING_RANK) { /* llama.cpp's server renders a rerank prompt from this */
+        char *t = q3_rerank_prompt_text(NULL, "{query}", "{document}");
+        if (!t) return q3_fail(Q3_ERR_NOMEM, "out of memory");
+        st = q3_gguf_writer_add_str(w, "tokenizer.chat_template.rerank", t);
+        free(t);
+        if (st) return st;
+    }
     const q3_rope_scaling *y = &c->rope_scaling;
     if (y->type == Q3_ROPE_YARN) { /* the keys llama.cpp reads; a non-default extra has no key there */
         if (y->attn_factor > 0 || y->mscale > 0 || y->mscale_all_dim > 0 || !y->truncate)

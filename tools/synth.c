@@ -100,6 +100,20 @@ void q3_synth_preset_tiny_moe(q3_config *c)
     c->expert_ffn_dim = 256;
 }
 
+/* Qwen3-Embedding-0.6B and Qwen3-Reranker-0.6B: Qwen3-0.6B's shapes (their
+ * config.json are Qwen3ForCausalLM's), marked as what they are for (model/task.c). */
+void q3_synth_preset_qwen3_embedding_0_6b(q3_config *c)
+{
+    q3_synth_preset_qwen3_0_6b(c);
+    c->pooling = Q3_POOLING_LAST;
+}
+
+void q3_synth_preset_qwen3_reranker_0_6b(q3_config *c)
+{
+    q3_synth_preset_qwen3_0_6b(c);
+    c->pooling = Q3_POOLING_RANK;
+}
+
 static const struct {
     const char *name, *alias;
     void (*fn)(q3_config *);
@@ -109,6 +123,8 @@ static const struct {
     {"qwen3-30b-a3b", "30b-a3b", q3_synth_preset_qwen3_30b_a3b},
     {"qwen3-235b-a22b", "235b-a22b", q3_synth_preset_qwen3_235b_a22b},
     {"tiny-moe", NULL, q3_synth_preset_tiny_moe},
+    {"qwen3-embedding-0.6b", "embedding-0.6b", q3_synth_preset_qwen3_embedding_0_6b},
+    {"qwen3-reranker-0.6b", "reranker-0.6b", q3_synth_preset_qwen3_reranker_0_6b},
 };
 
 q3_status q3_synth_preset(const char *name, q3_config *out)
@@ -119,7 +135,8 @@ q3_status q3_synth_preset(const char *name, q3_config *out)
             return Q3_OK;
         }
     return q3_fail(Q3_ERR_INVALID,
-                   "unknown preset \"%s\" (known: 0.6b, tiny, qwen3-30b-a3b, qwen3-235b-a22b, tiny-moe)", name);
+                   "unknown preset \"%s\" (known: 0.6b, tiny, qwen3-30b-a3b, qwen3-235b-a22b, tiny-moe, "
+                   "qwen3-embedding-0.6b, qwen3-reranker-0.6b)", name);
 }
 
 /* ---- the tensor plan ---------------------------------------------------- */
@@ -531,6 +548,33 @@ static q3_status copy_tokenizer(const char *tokenizer_dir, const char *dir)
     return Q3_OK;
 }
 
+/* What marks an embedding model or a reranker in a folder (model/task.c reads
+ * them): sentence-transformers' last-token pooling config, as Qwen3-Embedding
+ * ships it, or its CrossEncoder config. */
+static q3_status write_task_markers(const char *dir, const q3_config *cfg)
+{
+    char path[4096], text[512];
+    q3_status st;
+    int n;
+    if (cfg->pooling == Q3_POOLING_LAST) {
+        if ((st = join_path(path, sizeof path, dir, "1_Pooling")) || (st = make_dirs(path))) return st;
+        if ((st = join_path(path, sizeof path, dir, "1_Pooling/config.json"))) return st;
+        n = snprintf(text, sizeof text,
+                     "{\n  \"word_embedding_dimension\": %d,\n  \"pooling_mode_cls_token\": false,\n"
+                     "  \"pooling_mode_mean_tokens\": false,\n  \"pooling_mode_max_tokens\": false,\n"
+                     "  \"pooling_mode_mean_sqrt_len_tokens\": false,\n  \"pooling_mode_weightedmean_tokens\": false,\n"
+                     "  \"pooling_mode_lasttoken\": true,\n  \"include_prompt\": true\n}\n",
+                     cfg->dim);
+        return write_file_atomically(path, text, (size_t)n);
+    }
+    if (cfg->pooling == Q3_POOLING_RANK) {
+        if ((st = join_path(path, sizeof path, dir, "config_sentence_transformers.json"))) return st;
+        n = snprintf(text, sizeof text, "{\n  \"model_type\": \"CrossEncoder\"\n}\n");
+        return write_file_atomically(path, text, (size_t)n);
+    }
+    return Q3_OK;
+}
+
 /* ---- entry point -------------------------------------------------------- */
 
 q3_status q3_synth_write(const char *dir, uint64_t seed, q3_dtype dtype, const q3_config *cfg,
@@ -559,6 +603,7 @@ q3_status q3_synth_write(const char *dir, uint64_t seed, q3_dtype dtype, const q
     if (st) return st;
 
     if ((st = write_config_json(config_path, cfg, dtype, seed))) return st;
+    if ((st = write_task_markers(dir, cfg))) return st;
     if (tokenizer_dir && (st = copy_tokenizer(tokenizer_dir, dir))) return st;
     return Q3_OK;
 }

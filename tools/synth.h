@@ -73,8 +73,15 @@ void q3_synth_preset_qwen3_235b_a22b(q3_config *out);
  * row is whole 256-value super-blocks, so every K-quant mix applies to it. */
 void q3_synth_preset_tiny_moe(q3_config *out);
 
+/* Qwen3-Embedding-0.6B / Qwen3-Reranker-0.6B: Qwen3-0.6B's shapes, pooling
+ * Q3_POOLING_LAST / Q3_POOLING_RANK (the folder gets sentence-transformers'
+ * markers, the GGUF <arch>.pooling_type). */
+void q3_synth_preset_qwen3_embedding_0_6b(q3_config *out);
+void q3_synth_preset_qwen3_reranker_0_6b(q3_config *out);
+
 /* Looks a preset up by name: "0.6b" (or "qwen3-0.6b"), "tiny", "qwen3-30b-a3b" (or
- * "30b-a3b"), "qwen3-235b-a22b" (or "235b-a22b"), "tiny-moe". Q3_ERR_INVALID naming
+ * "30b-a3b"), "qwen3-235b-a22b" (or "235b-a22b"), "tiny-moe", "qwen3-embedding-0.6b",
+ * "qwen3-reranker-0.6b". Q3_ERR_INVALID naming
  * the known presets if there is no such preset. */
 q3_status q3_synth_preset(const char *name, q3_config *out);
 

@@ -24,6 +24,7 @@ int cmd_serve(int argc, char **argv)
     q3_ctx_opts co = {.max_seqs = 4};
     int port = 8080, max_body = 8 << 20, max_conn = 0, per_ip = 64, timeout = 60, drain = 30, max_queue = 256;
     int header_timeout = 10, body_timeout = 30, admin_port = -1;
+    int force_embed = 0, force_rerank = 0;
     cli_llama llama = {0};
     cli_opt tab[40 + CLI_LLAMA_N_OPTS] = {
         CLI_OPT("model", 'm', CLI_FILE, &model_path, "PATH", "a Hugging Face folder (or .gguf)", .flags = CLI_REQUIRED),
@@ -64,6 +65,10 @@ int cmd_serve(int argc, char **argv)
                 "on every answer, OPTIONS preflights answered (default: no CORS headers)"),
         CLI_OPT("log-format", 0, CLI_STR, &log_format, "FMT",
                 "the access log, one line a request on stderr: text (default), json or none"),
+        CLI_OPT("embeddings", 0, CLI_FLAG, &force_embed, NULL,
+                "serve /v1/embeddings with this model whatever its markers say\n"
+                "(default: from the model, see docs/embeddings.md)"),
+        CLI_OPT("rerank", 0, CLI_FLAG, &force_rerank, NULL, "serve /v1/rerank and /rerank with this model (the same)"),
         CLI_OPT("drain-timeout", 0, CLI_INT, &drain, "S", "on SIGTERM, wait at most S seconds for requests in flight (default 30)",
                 .lo = 0, .hi = 86400),
     };
@@ -73,7 +78,8 @@ int cmd_serve(int argc, char **argv)
     cli_spec spec = {"serve", "q3 serve -m MODEL [options]",
                      "An OpenAI-compatible HTTP server with continuous batching: /v1/chat/completions, /v1/completions,\n"
                      "/v1/models, /tokenize, /detokenize, /health, /metrics; llama-server's /completion, /props and\n"
-                     "the routes without /v1. SIGTERM or SIGINT drain and exit 0.\n",
+                     "the routes without /v1; /v1/embeddings or /v1/rerank (/rerank) with an embedding model or a\n"
+                     "reranker. SIGTERM or SIGINT drain and exit 0.\n",
                      tab, 0, NULL};
     int prc = cli_parse(&spec, argc, argv, NULL);
     if (prc) return prc == CLI_HELP_SHOWN ? 0 : prc;
@@ -84,6 +90,7 @@ int cmd_serve(int argc, char **argv)
     else return cli_usage_error("serve", "--log-format is text, json or none, not '%.40s'", log_format);
     if (so.cors_origin && !*so.cors_origin) return cli_usage_error("serve", "--cors needs an origin ('*' for any)");
     so.n_parallel = co.max_seqs;
+    if (force_embed && force_rerank) return cli_usage_error("serve", "--embeddings and --rerank exclude each other");
     so.port = port;
     so.max_body = (size_t)max_body;
     /* above the queue: a full queue answers 429 instead of leaving clients in the kernel's backlog */
@@ -147,8 +154,9 @@ int cmd_serve(int argc, char **argv)
         goto done;
     }
     if (cli_open_tokenizer("serve", tok_path, m, &tok)) goto done;
+    q3_task task = force_embed ? Q3_TASK_EMBED : force_rerank ? Q3_TASK_RERANK : q3_model_task(m);
     int present; /* the chat endpoint renders Qwen3's template: refuse a model whose template is another */
-    if (q3_model_chat_template_check(m, &present)) { cli_error("serve", "%s", q3_last_error()); goto done; }
+    if (task == Q3_TASK_GENERATE && q3_model_chat_template_check(m, &present)) { cli_error("serve", "%s", q3_last_error()); goto done; }
     if (q3_tokenizer_vocab_size(tok) > q3_model_vocab_size(m)) {
         cli_error("serve", "the tokenizer has %d tokens but the model's vocabulary is %d", q3_tokenizer_vocab_size(tok),
                   q3_model_vocab_size(m));
@@ -161,14 +169,17 @@ int cmd_serve(int argc, char **argv)
         fprintf(stderr, "q3 serve: warning: the KV cache (%d tokens) is smaller than the context (%d): a request's prompt and "
                 "max_tokens must fit in %d tokens (max_tokens defaults to what fits)\n", total * bt, n_ctx, total * bt);
     srv_server_kv_room(srv, total * bt);
-    srv_engine_opts eo = {.ctx = ctx, .tok = tok, .vocab = q3_model_vocab_size(m), .metrics = srv_server_metrics(srv),
+    srv_engine_opts eo = {.ctx = ctx, .tok = tok, .vocab = q3_model_vocab_size(m), .hidden = q3_model_hidden_size(m),
+                          .metrics = srv_server_metrics(srv),
                           .max_queue = (int)max_queue};
     if (srv_engine_start(&eo, &eng)) { cli_error("serve", "cannot start the engine thread (out of memory or threads)"); goto done; }
     ctx = NULL; /* the engine owns it */
+    srv_server_set_task(srv, task, q3_model_hidden_size(m));
     srv_server_ready(srv, tok, model_name, n_ctx, q3_model_vocab_size(m), eng);
     eng = NULL; /* the server owns it */
-    fprintf(stderr, "q3 serve: ready: model %s, %d sequence%s at once, context %d, KV cache %d blocks of %d tokens\n",
-            model_name, co.max_seqs, co.max_seqs == 1 ? "" : "s", n_ctx, total, bt);
+    fprintf(stderr, "q3 serve: ready: model %s (%s), %d sequence%s at once, context %d, KV cache %d blocks of %d tokens\n",
+            model_name, task == Q3_TASK_EMBED ? "/v1/embeddings" : task == Q3_TASK_RERANK ? "/v1/rerank" : "chat",
+            co.max_seqs, co.max_seqs == 1 ? "" : "s", n_ctx, total, bt);
 
     int sig = 0;
     sigwait(&sigs, &sig);

@@ -25,7 +25,9 @@ int cmd_synth(int argc, char **argv)
         CLI_OPT("preset", 0, CLI_STR, &preset, "NAME",
                 "0.6b: Qwen3-0.6B's shapes (default); tiny: a 2-layer test model;\n"
                 "qwen3-30b-a3b, qwen3-235b-a22b: those mixtures of experts' shapes;\n"
-                "tiny-moe: a 2-layer mixture of experts for tests"),
+                "tiny-moe: a 2-layer mixture of experts for tests;\n"
+                "qwen3-embedding-0.6b, qwen3-reranker-0.6b: 0.6B's shapes, marked\n"
+                "as an embedding model / a reranker (docs/embeddings.md)"),
         CLI_OPT("arch", 0, CLI_STR, &preset, "NAME", "the same as --preset (e.g. --arch qwen3-30b-a3b)"),
         CLI_OPT("layers", 0, CLI_INT, &layers, "N", "only the first N layers of the preset or config", .lo = 1,
                 .hi = 100000),

@@ -28,6 +28,8 @@ static const struct {
     {"compare", cmd_compare, "accuracy of quantized weights: KL divergence and top-1 agreement vs the model"},
     {"tokenize", cmd_tokenize, "print the token ids of a text (or of JSONL lines) as JSON"},
     {"detokenize", cmd_detokenize, "print the text of token ids (a JSON array or a comma list)"},
+    {"embed", cmd_embed, "embeddings of texts (Qwen3-Embedding): JSON lines or raw float32"},
+    {"rerank", cmd_rerank, "score documents against a query (Qwen3-Reranker), best first"},
 };
 
 int cli_error(const char *cmd, const char *fmt, ...)

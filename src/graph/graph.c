@@ -70,8 +70,10 @@ static q3_op *op(builder *b, q3_op_kind kind, int layer, const char *name, int o
     return o;
 }
 
-/* Both graphs share one layer body; they differ in where K/V come from and go. */
-static q3_status build(const q3_model *m, q3_graph_kind kind, int rows, bool all_logits, q3_graph *g)
+/* The three graphs share one layer body; they differ in where K/V come from
+ * and go, and in what comes out at the end. */
+static q3_status build(const q3_model *m, q3_graph_kind kind, int rows, bool all_logits, const q3_tensor *score_head,
+                       q3_graph *g)
 {
     memset(g, 0, sizeof *g);
     const q3_config *c = &m->cfg;
@@ -82,7 +84,8 @@ static q3_status build(const q3_model *m, q3_graph_kind kind, int rows, bool all
     g->rows = rows;
     g->all_logits = all_logits;
     builder b = {.g = g};
-    bool prefill = kind == Q3_GRAPH_PREFILL;
+    bool prefill = kind == Q3_GRAPH_PREFILL, embed = kind == Q3_GRAPH_EMBED;
+    g->v_logits = g->v_hidden = g->v_score = -1;
     int q_dim = c->n_heads * c->head_dim, kv_dim = c->n_kv_heads * c->head_dim;
     g->v_k = calloc((size_t)c->n_layers, sizeof(int));
     g->v_v = calloc((size_t)c->n_layers, sizeof(int));
@@ -107,7 +110,7 @@ static q3_status build(const q3_model *m, q3_graph_kind kind, int rows, bool all
         down = value(&b, rows, k_used * c->dim, "expert_down");
     }
     int k_dec = -1, v_dec = -1;
-    if (!prefill) {
+    if (!prefill) { /* decode, embed: one K/V pair reused by every layer */
         k_dec = value(&b, rows, kv_dim, "k");
         v_dec = value(&b, rows, kv_dim, "v");
     }
@@ -128,7 +131,9 @@ static q3_status build(const q3_model *m, q3_graph_kind kind, int rows, bool all
         op(&b, Q3_OP_HEAD_NORM, l, "attn_k_norm", k, k, -1, -1, L->k_norm);
         op(&b, Q3_OP_ROPE, l, "attn_q_rope", q, q, -1, -1, NULL);
         op(&b, Q3_OP_ROPE, l, "attn_k_rope", k, k, -1, -1, NULL);
-        if (prefill) {
+        if (embed) { /* each packed input attends to itself */
+            op(&b, Q3_OP_ATTENTION, l, "attn", att, q, k, v, NULL);
+        } else if (prefill) {
             q3_op *a = op(&b, Q3_OP_ATTENTION, l, "attn", att, q, k, v, NULL);
             a->reads_state = true;
         } else {
@@ -157,14 +162,22 @@ static q3_status build(const q3_model *m, q3_graph_kind kind, int rows, bool all
         op(&b, Q3_OP_ADD, l, "ffn_residual", x, x, o, -1, NULL);
     }
     op(&b, Q3_OP_RMSNORM, -1, "output_norm", h, x, -1, -1, m->w.out_norm);
-    int head_in = h, logit_rows = rows;
-    if (!all_logits && rows > 1) {
-        head_in = value(&b, 1, c->dim, "h_last");
-        op(&b, Q3_OP_LAST_ROW, -1, "last_row", head_in, h, -1, -1, NULL);
-        logit_rows = 1;
+    if (embed) { /* every row's hidden state; a reranker's two logits */
+        g->v_hidden = h;
+        if (score_head) {
+            g->v_score = value(&b, rows, 2, "score");
+            op(&b, Q3_OP_MATMUL, -1, "output_score", g->v_score, h, -1, -1, score_head);
+        }
+    } else {
+        int head_in = h, logit_rows = rows;
+        if (!all_logits && rows > 1) {
+            head_in = value(&b, 1, c->dim, "h_last");
+            op(&b, Q3_OP_LAST_ROW, -1, "last_row", head_in, h, -1, -1, NULL);
+            logit_rows = 1;
+        }
+        g->v_logits = value(&b, logit_rows, c->vocab_size, "logits");
+        op(&b, Q3_OP_MATMUL, -1, "output", g->v_logits, head_in, -1, -1, m->w.lm_head);
     }
-    g->v_logits = value(&b, logit_rows, c->vocab_size, "logits");
-    op(&b, Q3_OP_MATMUL, -1, "output", g->v_logits, head_in, -1, -1, m->w.lm_head);
     if (b.oom) {
         q3_graph_free(g);
         return q3_fail(Q3_ERR_NOMEM, "out of memory building a graph");
@@ -174,12 +187,19 @@ static q3_status build(const q3_model *m, q3_graph_kind kind, int rows, bool all
 
 q3_status q3_graph_build_prefill(const q3_model *m, int rows, bool all_logits, q3_graph *g)
 {
-    return build(m, Q3_GRAPH_PREFILL, rows, all_logits, g);
+    return build(m, Q3_GRAPH_PREFILL, rows, all_logits, NULL, g);
 }
 
 q3_status q3_graph_build_decode(const q3_model *m, int rows, q3_graph *g)
 {
-    return build(m, Q3_GRAPH_DECODE, rows, true, g);
+    return build(m, Q3_GRAPH_DECODE, rows, true, NULL, g);
+}
+
+q3_status q3_graph_build_embed(const q3_model *m, int rows, const q3_tensor *score_head, q3_graph *g)
+{
+    if (score_head && (score_head->ndim != 2 || score_head->shape[0] != 2 || score_head->shape[1] != m->cfg.dim))
+        return q3_fail(Q3_ERR_INVALID, "a score head must be [2][%d]", m->cfg.dim);
+    return build(m, Q3_GRAPH_EMBED, rows, true, score_head, g);
 }
 
 void q3_graph_free(q3_graph *g)

@@ -17,7 +17,9 @@ typedef enum q3_op_kind {
     Q3_OP_ATTENTION, /* causal GQA attention of in0 (Q): in prefill over the sequence's
                         cached past [0, pos[0]) and the chunk's own K/V in1, in2
                         (rows 0..r); in decode (in1 = in2 = -1) row r over its own
-                        sequence's cache [0, pos[r]]                                 */
+                        sequence's cache [0, pos[r]]; in an embed graph (reads_state
+                        false: no cache at all) row r over the rows of its own packed
+                        input, chunk rows [r - pos[r], r] of in1, in2               */
     Q3_OP_ADD,       /* out = in0 + in1 (out may be in0: the residual stream)        */
     Q3_OP_SWIGLU,    /* out = silu(in0) * in1 (out may be in0)                        */
     Q3_OP_LAST_ROW,  /* out[0] = in0[n_real - 1]: only the last row needs logits      */
@@ -63,7 +65,11 @@ typedef struct q3_op {
     bool reads_state;         /* reads the session's KV cache (ATTENTION) */
 } q3_op;
 
-typedef enum q3_graph_kind { Q3_GRAPH_PREFILL, Q3_GRAPH_DECODE } q3_graph_kind;
+/* EMBED: prefill-only, for embeddings and reranker scores. Many inputs packed
+ * into one run, each row at its position within its own input (pos[r] == 0
+ * starts an input), attending only to its own input; no cache is read or
+ * written (no K/V outlives the run). */
+typedef enum q3_graph_kind { Q3_GRAPH_PREFILL, Q3_GRAPH_DECODE, Q3_GRAPH_EMBED } q3_graph_kind;
 
 typedef struct q3_graph {
     q3_graph_kind kind;
@@ -75,7 +81,9 @@ typedef struct q3_graph {
     int n_ops;
     q3_value *values;         /* [n_values] */
     int n_values;
-    int v_logits;             /* output: [1 or rows][vocab] */
+    int v_logits;             /* output: [1 or rows][vocab] (-1 in an embed graph) */
+    int v_hidden;             /* embed: output [rows][dim], the final-norm hidden state of every row */
+    int v_score;              /* embed with a score head: output [rows][2], the two logits, else -1 */
     int *v_k, *v_v;           /* prefill outputs: [n_layers] value ids of the chunk's K/V */
 } q3_graph;
 
@@ -86,6 +94,11 @@ q3_status q3_graph_build_prefill(const q3_model *m, int rows, bool all_logits, q
  * row appends its K/V to its own sequence's cache in-graph, attends over
  * that cache alone, and gets logits. */
 q3_status q3_graph_build_decode(const q3_model *m, int rows, q3_graph *g);
+/* Builds the embed graph for runs of up to `rows` packed tokens: every row's
+ * final-norm hidden state (v_hidden), and with score_head (a [2][dim] weight:
+ * two rows of the LM head) two logits per row (v_score) instead of the whole
+ * LM head. score_head must outlive the graph. */
+q3_status q3_graph_build_embed(const q3_model *m, int rows, const q3_tensor *score_head, q3_graph *g);
 void q3_graph_free(q3_graph *g);
 
 /* FLOPs of one run with n_real rows at position pos (multiply-adds count 2). */

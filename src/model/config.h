@@ -44,7 +44,13 @@ typedef struct q3_config {
     int n_experts_used;    /* num_experts_per_tok */
     int expert_ffn_dim;    /* moe_intermediate_size */
     bool norm_topk_prob;   /* the chosen experts' weights divided by their sum */
+    /* What the checkpoint is for, in llama.cpp's pooling-type numbers (GGUF
+       <arch>.pooling_type; a folder's markers, model/task.c): 0 a generator,
+       3 (last token) an embedding model, 4 (rank) a reranker. */
+    int pooling;
 } q3_config;
+
+enum { Q3_POOLING_NONE = 0, Q3_POOLING_LAST = 3, Q3_POOLING_RANK = 4 };
 
 /* A mixture-of-experts model. */
 static inline bool q3_config_is_moe(const q3_config *c) { return c->n_experts > 0; }

@@ -394,6 +394,7 @@ static q3_status open_shards(q3_model *m)
 /* ---- public ---------------------------------------------------------------- */
 
 q3_status q3_model_open_gguf(const char *path, q3_model *m); /* model_gguf.c */
+q3_status q3_model_find_pooling(q3_model *m);                 /* task.c */
 
 q3_status q3_model_open(const char *path, q3_model **out)
 {
@@ -422,6 +423,7 @@ q3_status q3_model_open(const char *path, q3_model **out)
     } else {
         st = q3_fail(Q3_ERR_IO, "%s: %s", path, q3_path_problem(path)); /* "is a FIFO", not "no such file" */
     }
+    if (!st) st = q3_model_find_pooling(m);
     if (st) {
         q3_model_close(m);
         return st;

@@ -29,6 +29,8 @@ typedef struct q3_weights {
     const q3_tensor *embed;     /* [vocab][dim]                   embed_tokens */
     const q3_tensor *out_norm;  /* [dim]                          model.norm */
     const q3_tensor *lm_head;   /* [vocab][dim]                   == embed when tied */
+    const q3_tensor *cls_out;   /* [2][dim] a reranker's classifier head (GGUF cls.output.weight: the LM
+                                   head rows of "yes" and "no", as llama.cpp's converter writes them), or NULL */
     q3_layer_weights *layers;   /* [n_layers] */
 } q3_weights;
 

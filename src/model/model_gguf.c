@@ -256,6 +256,16 @@ static q3_status bind_weights(const q3_gguf *g, q3_model *m)
     if ((st = bind(g, c, q3_out_norm_layout.gguf, &q3_out_norm_layout, &w->out_norm))) return st;
     if (c->tied_embeddings) w->lm_head = w->embed;
     else if ((st = bind(g, c, q3_lm_head_layout.gguf, &q3_lm_head_layout, &w->lm_head))) return st;
+    const q3_tensor *cls = q3_gguf_find_tensor(g, "cls.output.weight"); /* a reranker's, when present */
+    if (cls) {
+        if (cls->ndim != 2 || cls->shape[0] != 2 || cls->shape[1] != c->dim)
+            return q3_fail(Q3_ERR_FORMAT, "%s: cls.output.weight is not [2][%d] (a yes/no classifier head)",
+                           q3_gguf_path(g), c->dim);
+        if (cls->nbytes < 2 * q3_dtype_row_bytes(cls->dtype, (size_t)c->dim))
+            return q3_fail(Q3_ERR_FORMAT, "%s: cls.output.weight holds %zu bytes, too few for its shape", q3_gguf_path(g),
+                           cls->nbytes);
+        w->cls_out = cls;
+    }
     w->layers = calloc((size_t)c->n_layers, sizeof *w->layers);
     if (!w->layers) return q3_fail(Q3_ERR_NOMEM, "out of memory");
     if (q3_config_is_moe(c) && (st = q3_model_alloc_stacks(m))) return st;

@@ -48,8 +48,7 @@ static q3_status instance(q3_ctx *c, const q3_backend *b, int n_threads, q3_unit
     return Q3_OK;
 }
 
-/* A runner for g on unit, with the reference unit as the fallback for ops it refuses. */
-static q3_status plan_runner(q3_ctx *c, q3_runner *r, const q3_graph *g, q3_unit *unit)
+q3_status q3_ctx_plan_runner(q3_ctx *c, q3_runner *r, const q3_graph *g, q3_unit *unit)
 {
     q3_unit *units[2] = {unit, c->ref_unit};
     return q3_runner_init(r, g, units, unit == c->ref_unit ? 1 : 2);
@@ -106,8 +105,8 @@ q3_status q3_ctx_new(q3_model *m, const q3_ctx_opts *opts, q3_ctx **out)
         goto fail;
     if ((st = q3_graph_build_prefill(m, c->chunk, false, &c->prefill))) goto fail;
     if ((st = q3_graph_build_decode(m, c->max_seqs, &c->decode))) goto fail;
-    if ((st = plan_runner(c, &c->run_prefill, &c->prefill, c->prefill_unit))) goto fail;
-    if ((st = plan_runner(c, &c->run_decode, &c->decode, c->decode_unit))) goto fail;
+    if ((st = q3_ctx_plan_runner(c, &c->run_prefill, &c->prefill, c->prefill_unit))) goto fail;
+    if ((st = q3_ctx_plan_runner(c, &c->run_decode, &c->decode, c->decode_unit))) goto fail;
     size_t rows = (size_t)(c->chunk > c->max_seqs ? c->chunk : c->max_seqs);
     c->row_pos = calloc(rows, sizeof *c->row_pos);
     c->row_table = calloc(rows, sizeof *c->row_table);
@@ -131,6 +130,7 @@ fail:
 void q3_ctx_free(q3_ctx *c)
 {
     if (!c) return;
+    q3_ctx_embed_free(c);
     q3_runner_free(&c->run_prefill);
     q3_runner_free(&c->run_prefill_all);
     q3_runner_free(&c->run_decode);
@@ -353,7 +353,7 @@ static q3_status run_prefill(q3_ctx *c, const q3_step *s)
     if (all) {
         if (!c->prefill_all.ops) {
             if ((st = q3_graph_build_prefill(c->model, c->chunk, true, &c->prefill_all))) return st;
-            if ((st = plan_runner(c, &c->run_prefill_all, &c->prefill_all, c->prefill_unit))) {
+            if ((st = q3_ctx_plan_runner(c, &c->run_prefill_all, &c->prefill_all, c->prefill_unit))) {
                 q3_graph_free(&c->prefill_all);
                 return st;
             }

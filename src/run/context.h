@@ -26,6 +26,14 @@ struct q3_ctx {
     double handoff_seconds;       /* time spent copying prefill K/V into the cache */
     unsigned *seq_epoch;          /* [max_seqs] bumped when a sequence is dropped: a generator of the old one is refused */
     int busy;                     /* atomic: a thread is inside a call that changes the context */
+    /* embeddings and scores (run/embed.c): the embed graph, built on first use
+       and rebuilt for a longer input or a score head */
+    q3_graph embed;
+    q3_runner run_embed;
+    q3_tensor score_head;         /* [2][dim]: the LM head rows of score_ids (data: score_mem) */
+    void *score_mem;
+    int32_t score_ids[2];         /* yes, no (-1: none yet) */
+    int32_t *embed_tok, *embed_pos; /* [embed.rows] a run's packed tokens and positions */
 };
 
 /* One thread at a time (q3.h): a call that finds another thread inside the
@@ -33,5 +41,10 @@ struct q3_ctx {
  * after a successful q3_ctx_enter. */
 q3_status q3_ctx_enter(q3_ctx *c, const char *what);
 void q3_ctx_leave(q3_ctx *c);
+
+/* A runner for g on unit, the reference unit the fallback for ops it refuses. */
+q3_status q3_ctx_plan_runner(q3_ctx *c, q3_runner *r, const q3_graph *g, q3_unit *unit);
+/* Frees what run/embed.c made. */
+void q3_ctx_embed_free(q3_ctx *c);
 
 #endif

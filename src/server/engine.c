@@ -12,6 +12,13 @@
 #include <unistd.h>
 
 #include "channel.h"
+#include "embed_api.h"
+
+/* Embedding and rerank requests run between steps, together in one packed
+ * batch, up to this many tokens an iteration (at least one request), so a
+ * flood of them holds generating sequences back by about one such batch. */
+#define EMBED_TOKENS_PER_ITERATION 4096
+#define EMBED_JOBS_PER_ITERATION 256
 
 typedef struct slot {
     int busy;
@@ -27,7 +34,7 @@ struct srv_engine {
     q3_ctx *ctx;
     const q3_tokenizer *tok;
     srv_metrics *metrics;
-    int vocab, max_seqs;
+    int vocab, hidden, max_seqs;
     pthread_t thread;
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -263,6 +270,38 @@ static void ping(srv_job *j, double now)
     pthread_mutex_unlock(&j->mu);
 }
 
+/* ---- embeddings and rerank --------------------------------------------------------- */
+
+/* Runs the jobs in one packed batch (embed_api.c) and answers each. */
+static void run_embeds(srv_engine *e, srv_job *const *jobs, int n)
+{
+    char msg[256] = "";
+    double t0 = q3_now();
+    for (int k = 0; k < n; k++) {
+        pthread_mutex_lock(&jobs[k]->mu);
+        jobs[k]->res.state = SRV_JOB_RUNNING;
+        pthread_mutex_unlock(&jobs[k]->mu);
+    }
+    int rc = srv_embed_run(e->ctx, e->tok, e->hidden, jobs, n, msg, sizeof msg);
+    double now = q3_now();
+    for (int k = 0; k < n; k++) {
+        srv_job *j = jobs[k];
+        pthread_mutex_lock(&j->mu);
+        j->res.t_first = t0;
+        j->res.t_done = now;
+        if (rc) {
+            j->res.err_status = 500;
+            snprintf(j->res.err_msg, sizeof j->res.err_msg, "%s", msg);
+        }
+        j->res.finish = rc ? SRV_FINISH_NONE : SRV_FINISH_STOP;
+        j->res.state = rc ? SRV_JOB_FAILED : SRV_JOB_DONE;
+        srv_job_wake(j);
+        pthread_mutex_unlock(&j->mu);
+        srv_metrics_request(e->metrics, j->res.finish, j->req.n_prompt, 0, 0, t0 - j->req.t_submit, -1, now - j->req.t_submit);
+        srv_job_unref(j);
+    }
+}
+
 /* ---- the loop ------------------------------------------------------------------ */
 
 static void publish(srv_engine *e, int waiting)
@@ -289,7 +328,7 @@ static void *engine_main(void *arg)
         for (int k = 0; k < e->q_len;) {
             srv_job *j = e->queue[(e->q_head + k) % e->q_cap];
             int cancel = gone(j);
-            int too_big = blocks_for(e, j) > e->total_blocks;
+            int too_big = j->req.kind < SRV_EMBED && blocks_for(e, j) > e->total_blocks;
             if (cancel || too_big) { /* out of the queue, keeping the order of the rest */
                 for (int m = k; m + 1 < e->q_len; m++)
                     e->queue[(e->q_head + m) % e->q_cap] = e->queue[(e->q_head + m + 1) % e->q_cap];
@@ -303,9 +342,27 @@ static void *engine_main(void *arg)
             }
             k++;
         }
+        /* embedding and rerank jobs: out of the queue in order, up to a batch's worth of tokens */
+        srv_job *embeds[EMBED_JOBS_PER_ITERATION];
+        int n_emb = 0;
+        long long emb_tokens = 0;
+        for (int k = 0; k < e->q_len;) {
+            srv_job *j = e->queue[(e->q_head + k) % e->q_cap];
+            if (j->req.kind >= SRV_EMBED && n_emb < EMBED_JOBS_PER_ITERATION &&
+                (n_emb == 0 || emb_tokens + j->req.embed->n_tokens <= EMBED_TOKENS_PER_ITERATION)) {
+                for (int m = k; m + 1 < e->q_len; m++)
+                    e->queue[(e->q_head + m) % e->q_cap] = e->queue[(e->q_head + m + 1) % e->q_cap];
+                e->q_len--;
+                embeds[n_emb++] = j;
+                emb_tokens += j->req.embed->n_tokens;
+                continue;
+            }
+            k++;
+        }
         int running = e->n_running;
         while (e->q_len > 0 && running + n_adm < e->max_seqs) {
             srv_job *j = e->queue[e->q_head];
+            if (j->req.kind >= SRV_EMBED) break; /* its turn comes next iteration */
             if (e->reserved_blocks + blocks_for(e, j) > e->total_blocks) break; /* FCFS: wait for room */
             e->q_head = (e->q_head + 1) % e->q_cap;
             e->q_len--;
@@ -328,6 +385,7 @@ static void *engine_main(void *arg)
                 fail_job(j, 503, "the server could not start this request (out of memory)");
             }
         }
+        if (n_emb) run_embeds(e, embeds, n_emb);
         /* cancelled sequences free their blocks before the step */
         for (int i = e->n_active - 1; i >= 0; i--)
             if (gone(e->active[i]->job)) {
@@ -379,6 +437,7 @@ q3_status srv_engine_start(const srv_engine_opts *o, srv_engine **out)
     e->tok = o->tok;
     e->metrics = o->metrics;
     e->vocab = o->vocab;
+    e->hidden = o->hidden;
     e->max_seqs = q3_ctx_max_seqs(o->ctx);
     int used, cached;
     q3_ctx_kv_usage(o->ctx, &used, &cached, &e->total_blocks, &e->block_tokens);

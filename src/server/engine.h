@@ -20,6 +20,7 @@ typedef struct srv_engine_opts {
     q3_ctx *ctx;               /* owned by the engine from now on (freed by srv_engine_free) */
     const q3_tokenizer *tok;
     int vocab;                 /* the model's (logits per row) */
+    int hidden;                /* the model's hidden size (an embedding's length) */
     srv_metrics *metrics;
     int max_queue;             /* jobs waiting at most (0: 256) */
 } srv_engine_opts;

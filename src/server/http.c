@@ -17,6 +17,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "embed_api.h"
 #include "render.h"
 #include "request.h"
 
@@ -227,7 +228,8 @@ static enum MHD_Result answer_job(struct MHD_Connection *c, srv_job *j)
         return respond_err(c, &e);
     }
     srv_buf b = {0};
-    srv_response_json(j, &b);
+    if (j->req.kind >= SRV_EMBED) srv_embed_response_json(j, &b);
+    else srv_response_json(j, &b);
     return respond_json(c, 200, &b);
 }
 
@@ -352,9 +354,32 @@ static enum MHD_Result h_model(srv_server *s, struct MHD_Connection *c, conn_ctx
 
 static enum MHD_Result h_props(srv_server *s, struct MHD_Connection *c, conn_ctx *cc);
 
-static enum MHD_Result h_chat(srv_server *s, struct MHD_Connection *c, conn_ctx *cc) { return start_job(s, c, cc, srv_parse_chat); }
-static enum MHD_Result h_completions(srv_server *s, struct MHD_Connection *c, conn_ctx *cc) { return start_job(s, c, cc, srv_parse_completion); }
-static enum MHD_Result h_completion(srv_server *s, struct MHD_Connection *c, conn_ctx *cc) { return start_job(s, c, cc, srv_parse_llama_completion); }
+/* An embedding model or a reranker does not chat: 400 saying which endpoint it serves. */
+static int refuse_task(srv_server *s, struct MHD_Connection *c, enum MHD_Result *out)
+{
+    srv_err e = {0};
+    if (!srv_check_generate(&s->api, &e)) return 0;
+    *out = respond_err(c, &e);
+    return 1;
+}
+
+static enum MHD_Result h_chat(srv_server *s, struct MHD_Connection *c, conn_ctx *cc)
+{
+    enum MHD_Result out;
+    return refuse_task(s, c, &out) ? out : start_job(s, c, cc, srv_parse_chat);
+}
+static enum MHD_Result h_completions(srv_server *s, struct MHD_Connection *c, conn_ctx *cc)
+{
+    enum MHD_Result out;
+    return refuse_task(s, c, &out) ? out : start_job(s, c, cc, srv_parse_completion);
+}
+static enum MHD_Result h_embeddings(srv_server *s, struct MHD_Connection *c, conn_ctx *cc) { return start_job(s, c, cc, srv_parse_embeddings); }
+static enum MHD_Result h_rerank(srv_server *s, struct MHD_Connection *c, conn_ctx *cc) { return start_job(s, c, cc, srv_parse_rerank); }
+static enum MHD_Result h_completion(srv_server *s, struct MHD_Connection *c, conn_ctx *cc)
+{
+    enum MHD_Result out;
+    return refuse_task(s, c, &out) ? out : start_job(s, c, cc, srv_parse_llama_completion);
+}
 static enum MHD_Result h_tokenize(srv_server *s, struct MHD_Connection *c, conn_ctx *cc) { return answer_body(s, c, cc, srv_tokenize); }
 static enum MHD_Result h_detokenize(srv_server *s, struct MHD_Connection *c, conn_ctx *cc) { return answer_body(s, c, cc, srv_detokenize); }
 
@@ -388,6 +413,9 @@ static const route ROUTES[] = {
     {"POST", "/completions", h_completions, 1, 1},
     {"POST", "/completion", h_completion, 1, 1},
     {"GET", "/props", h_props, 1, 1},
+    {"POST", "/v1/embeddings", h_embeddings, 1, 1},
+    {"POST", "/v1/rerank", h_rerank, 1, 1},
+    {"POST", "/rerank", h_rerank, 1, 1},
 };
 
 /* The routes the admin listener (--admin-port) answers: nothing that parses a body or waits on the engine. */
@@ -861,6 +889,12 @@ void srv_server_ready(srv_server *s, const q3_tokenizer *tok, const char *model_
     srv_api_limits(&s->api);
     s->eng = eng;
     __atomic_store_n(&s->ready, 1, __ATOMIC_RELEASE);
+}
+
+void srv_server_set_task(srv_server *s, q3_task task, int hidden)
+{
+    s->api.task = task;
+    s->api.hidden = hidden;
 }
 
 void srv_server_refuse(srv_server *s) { __atomic_store_n(&s->draining, 1, __ATOMIC_RELEASE); }

@@ -3,6 +3,8 @@
 
 #include <stdlib.h>
 
+#include "embed_api.h"
+
 srv_job *srv_job_new(void)
 {
     srv_job *j = calloc(1, sizeof *j);
@@ -29,6 +31,7 @@ void srv_job_unref(srv_job *j)
     if (left) return;
     free(j->req.prompt);
     free(j->req.bias);
+    srv_embed_free(j->req.embed);
     for (int i = 0; i < j->req.n_stop; i++) free(j->req.stop[i]);
     for (int i = 0; i < j->res.n_tool_calls; i++) {
         free(j->res.tool_calls[i].name);

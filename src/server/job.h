@@ -33,8 +33,10 @@ typedef struct srv_bias {
 struct q3_tokenizer;
 
 /* SRV_LLAMA_COMPLETION: llama-server's POST /completion (its body's fields as
- * /v1/completions reads them, its answer: content, stop, stop_type, tokens_*). */
-typedef enum srv_kind { SRV_CHAT, SRV_COMPLETION, SRV_LLAMA_COMPLETION } srv_kind;
+ * /v1/completions reads them, its answer: content, stop, stop_type, tokens_*).
+ * EMBED, RERANK: no generation; the request's inputs are in req.embed (embed_api.h). */
+typedef enum srv_kind { SRV_CHAT, SRV_COMPLETION, SRV_LLAMA_COMPLETION, SRV_EMBED, SRV_RERANK } srv_kind;
+struct srv_embed_req;
 
 /* Why generation ended with an answer; render.c's srv_finish_wire says it in
  * the wire's words, metrics.c in vLLM's label. */
@@ -93,6 +95,7 @@ typedef struct srv_request {
     long long created;              /* unix seconds */
     const char *model_name;         /* the server's, outlives the job */
     double t_submit;                /* q3_now() at submission */
+    struct srv_embed_req *embed;    /* SRV_EMBED, SRV_RERANK: inputs, options and results (embed_api.h) */
 } srv_request;
 
 /* The connection side: guarded by j->mu. The HTTP threads attach, suspend and

@@ -20,6 +20,8 @@ typedef struct srv_api {
     int vocab;
     int kv_tokens;          /* the KV pool in tokens (0: room for n_ctx); prompt + max_tokens must fit */
     size_t max_text_bytes;  /* text longer than this has more than n_ctx tokens (srv_api_limits) */
+    q3_task task;    /* what the model serves: chat (GENERATE), embeddings (EMBED) or rerank (RERANK) */
+    int hidden;      /* the model's hidden size: an embedding's length */
 } srv_api;
 
 /* Sets a->max_text_bytes from the tokenizer: the longest token's bytes x 3

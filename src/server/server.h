@@ -51,6 +51,10 @@ void srv_server_kv_room(srv_server *s, int kv_tokens);
  * tok and model_name must outlive the server. */
 void srv_server_ready(srv_server *s, const q3_tokenizer *tok, const char *model_name, int n_ctx, int vocab,
                       srv_engine *eng);
+/* What the model serves (before srv_server_ready): chat (GENERATE, the
+ * default), /v1/embeddings (EMBED) or /v1/rerank (RERANK); the other
+ * endpoints answer 400 saying why. hidden: the model's hidden size. */
+void srv_server_set_task(srv_server *s, q3_task task, int hidden);
 /* From now on new requests (and /health) get 503. */
 void srv_server_refuse(srv_server *s);
 /* Requests not yet answered (each counted once, queued, running or being sent). */

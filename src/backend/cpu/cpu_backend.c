@@ -74,6 +74,7 @@ typedef struct cpu_unit {
     grow_buf kv_chunk;      /* prefill: the chunk's K and V rounded to the cache dtype */
     grow_buf attn_parts;    /* decode: super-block softmax states of every row */
     grow_buf attn_rows;     /* decode: per-row attention descriptors */
+    grow_buf attn_segs;     /* embed: per-input attention descriptors */
     grow_buf norm_w;        /* a norm weight converted to F32 */
     grow_buf mmid;          /* MATMUL_ID: ids, the rows grouped by matrix, their inputs and outputs */
     /* RoPE table: row p = cos[hd/2], sin[hd/2] of position p, for p < rope_done */
@@ -135,6 +136,7 @@ static void cpu_close(void *impl)
     free(u->kv_chunk.p);
     free(u->attn_parts.p);
     free(u->attn_rows.p);
+    free(u->attn_segs.p);
     free(u->norm_w.p);
     free(u->mmid.p);
     free(u->rope.p);
@@ -736,6 +738,73 @@ static q3_status run_decode_attention(cpu_unit *u, const q3_exec *e, const q3_op
     return Q3_OK;
 }
 
+/* Embed (no cache): the run holds many inputs packed one after another (a row
+ * with pos 0 starts one); each is a prefill of its own from position 0 over
+ * its own F32 K/V rows, cut into (row block, KV head) items as a prefill is,
+ * so an input's rows come out the same whatever else is packed with it. */
+typedef struct seg_attn {
+    q3_cpu_attn a;
+    int rows, item0;
+} seg_attn;
+
+typedef struct seg_job {
+    cpu_unit *u;
+    const seg_attn *segs;
+    int n_segs;
+} seg_job;
+
+static void seg_item(void *ctx, int item, int ith)
+{
+    const seg_job *j = ctx;
+    int s = 0;
+    while (s + 1 < j->n_segs && j->segs[s + 1].item0 <= item) s++;
+    const seg_attn *g = &j->segs[s];
+    item -= g->item0;
+    int nkv = g->a.n_kv_heads, rb = item / nkv, kvh = item % nkv, row0 = rb * Q3_CPU_ATTN_ROWS;
+    int nrows = g->rows - row0 < Q3_CPU_ATTN_ROWS ? g->rows - row0 : Q3_CPU_ATTN_ROWS;
+    j->u->isa->attn->run(&g->a, j->u->scratch[ith].p, kvh, kvh + 1, row0, nrows, 0, NULL);
+}
+
+static q3_status run_packed_attention(cpu_unit *u, const q3_exec *e, const q3_op *op, const q3_cpu_attn *proto)
+{
+    int n = e->n_real, n_segs = 0;
+    for (int r = 0; r < n; r++) n_segs += e->pos[r] == 0;
+    if (n > 0 && e->pos[0] != 0) return q3_fail(Q3_ERR_INVALID, "op %s: a packed run must start an input at row 0", op->name);
+    if (grow(&u->attn_segs, (size_t)n_segs * sizeof(seg_attn))) return no_scratch(op, (size_t)n_segs * sizeof(seg_attn));
+    seg_attn *segs = u->attn_segs.p;
+    size_t ldk = (size_t)e->g->values[op->in[1]].cols;
+    int items = 0, s = -1;
+    for (int r = 0; r < n; r++) {
+        if (e->pos[r] != 0) {
+            if (e->pos[r] != e->pos[r - 1] + 1)
+                return q3_fail(Q3_ERR_INVALID, "op %s: row %d of a packed run is at position %d after %d", op->name, r,
+                               e->pos[r], e->pos[r - 1]);
+            segs[s].rows++;
+            continue;
+        }
+        seg_attn *g = &segs[++s];
+        g->a = *proto;
+        g->a.kv_dtype = Q3_F32;
+        g->a.n_cached = 0;
+        g->a.q = proto->q + (size_t)r * proto->ldq;
+        g->a.out = proto->out + (size_t)r * proto->ldo;
+        g->a.k_chunk = e->buf[op->in[1]] + (size_t)r * ldk;
+        g->a.v_chunk = e->buf[op->in[2]] + (size_t)r * ldk;
+        g->a.chunk_row_bytes = ldk * sizeof(float);
+        g->rows = 1;
+    }
+    for (s = 0; s < n_segs; s++) {
+        segs[s].item0 = items;
+        items += (segs[s].rows + Q3_CPU_ATTN_ROWS - 1) / Q3_CPU_ATTN_ROWS * proto->n_kv_heads;
+    }
+    q3_status st = n_segs ? ensure_scratch(u, op, u->isa->attn->scratch(&segs[0].a, Q3_CPU_ATTN_ROWS, 1)) : Q3_OK;
+    if (st) return st;
+    seg_job j = {.u = u, .segs = segs, .n_segs = n_segs};
+    q3_pool_job job = {.item = seg_item, .ctx = &j, .n_items = items};
+    q3_pool_run(u->pool, &job);
+    return Q3_OK;
+}
+
 static q3_status run_attention(cpu_unit *u, const q3_exec *e, const q3_op *op)
 {
     const q3_config *c = e->g->cfg;
@@ -754,6 +823,7 @@ static q3_status run_attention(cpu_unit *u, const q3_exec *e, const q3_op *op)
         .scale = (float)(1.0 / sqrt((double)c->head_dim)),
     };
     if (!prefill) return run_decode_attention(u, e, op, &j.a);
+    if (!op->reads_state) return run_packed_attention(u, e, op, &j.a);
 
     /* prefill: one sequence, the past [0, pos[0]) from its cache */
     attn_cache(&j.a, kv, e->table[0], op->layer);

@@ -178,16 +178,17 @@ static q3_status kv_append(const q3_exec *e, const q3_op *op)
 
 /* Prefill: row r attends to its sequence's cached positions [0, pos[0]) and
  * chunk rows 0..r. Decode: row r attends to its own sequence's cache
- * [0, pos[r]] (the cache already holds pos[r]). */
+ * [0, pos[r]] (the cache already holds pos[r]). Embed (no state): row r
+ * attends to chunk rows [r - pos[r], r], its own packed input. */
 static q3_status attention(const q3_exec *e, const q3_op *op)
 {
     const q3_config *c = e->g->cfg;
-    const q3_kv_pool *kv = e->kv;
-    int hd = c->head_dim, group = c->n_heads / c->n_kv_heads, kv_dim = kv->kv_dim;
-    bool chunk = op->in[1] >= 0;
+    const q3_kv_pool *kv = e->kv; /* NULL in an embed graph */
+    int hd = c->head_dim, group = c->n_heads / c->n_kv_heads, kv_dim = c->n_kv_heads * hd;
+    bool chunk = op->in[1] >= 0, packed = chunk && !op->reads_state;
     int max_keys = 0;
     for (int r = 0; r < e->n_real; r++) {
-        int n = chunk ? e->pos[0] + r + 1 : e->pos[r] + 1;
+        int n = packed ? e->pos[r] + 1 : chunk ? e->pos[0] + r + 1 : e->pos[r] + 1;
         if (n > max_keys) max_keys = n;
     }
     double *score = malloc((size_t)max_keys * sizeof *score);
@@ -202,12 +203,13 @@ static q3_status attention(const q3_exec *e, const q3_op *op)
     double scale = 1.0 / sqrt((double)hd);
     for (int r = 0; r < e->n_real; r++) {
         const float *q = row_of(e, op->in[0], r);
-        const int32_t *table = e->table[r];
-        int n_cached = chunk ? e->pos[0] : e->pos[r] + 1;
-        int n_keys = n_cached + (chunk ? r + 1 : 0);
+        const int32_t *table = packed ? NULL : e->table[r];
+        int n_cached = packed ? 0 : chunk ? e->pos[0] : e->pos[r] + 1;
+        int first = packed ? r - e->pos[r] : 0; /* the chunk row of key n_cached */
+        int n_keys = n_cached + (packed ? e->pos[r] + 1 : chunk ? r + 1 : 0);
         for (int h = 0; h < c->n_heads; h++) {
             int kh = h / group;
-            size_t head_off = (size_t)kh * q3_dtype_row_bytes(kv->dtype, (size_t)hd); /* Q8_0: hd % 32 == 0 */
+            size_t head_off = n_cached ? (size_t)kh * q3_dtype_row_bytes(kv->dtype, (size_t)hd) : 0; /* Q8_0: hd % 32 == 0 */
             const float *qh = q + h * hd;
             double mx = -INFINITY;
             for (int t = 0; t < n_keys; t++) {
@@ -217,7 +219,7 @@ static q3_status attention(const q3_exec *e, const q3_op *op)
                                   (size_t)hd);
                     kr = key;
                 } else {
-                    kr = row_of(e, op->in[1], t - n_cached);
+                    kr = row_of(e, op->in[1], first + t - n_cached);
                 }
                 double s = 0;
                 for (int i = 0; i < hd; i++) s += (double)qh[i] * kr[kh * hd + i];
@@ -234,7 +236,7 @@ static q3_status attention(const q3_exec *e, const q3_op *op)
                                   (size_t)hd);
                     vr = val;
                 } else {
-                    vr = row_of(e, op->in[2], t - n_cached);
+                    vr = row_of(e, op->in[2], first + t - n_cached);
                 }
                 for (int i = 0; i < hd; i++) acc[i] += score[t] * vr[kh * hd + i];
             }
