@@ -432,7 +432,7 @@ q3_status gb_finish(gb *b, int root, q3g **out)
         for (int a = 0; a < b->rules[r].n; a++) {
             galt *A = &b->rules[r].alts[a];
             g->alt_start[ai++] = si;
-            memcpy(g->syms + si, A->s, (size_t)A->n * sizeof *A->s);
+            if (A->n) memcpy(g->syms + si, A->s, (size_t)A->n * sizeof *A->s);
             si += A->n;
             g->syms[si].kind = GS_END;
             g->syms[si].arg = 0;
@@ -441,7 +441,7 @@ q3_status gb_finish(gb *b, int root, q3g **out)
     }
     g->n_syms = n_syms;
     g->n_alts = n_alts;
-    memcpy(g->classes, b->classes, (size_t)b->n_classes * sizeof *g->classes);
+    if (b->n_classes) memcpy(g->classes, b->classes, (size_t)b->n_classes * sizeof *g->classes);
     g->n_classes = b->n_classes;
     for (int i = 0; i < b->n_tokens; i++)
         if (!(g->token_names[i] = strdup(b->tokens[i]))) {
