@@ -26,6 +26,7 @@ static const struct {
     {"compare", cmd_compare, "accuracy of quantized weights: KL divergence and top-1 agreement vs the model"},
     {"tokenize", cmd_tokenize, "print the token ids of a text (or of JSONL lines) as JSON"},
     {"detokenize", cmd_detokenize, "print the text of token ids (a JSON array or a comma list)"},
+    {"grammar", cmd_grammar, "compile a JSON Schema, GBNF grammar, regex or choice; check a text against it"},
 };
 
 int cli_error(const char *cmd, const char *fmt, ...)
