@@ -29,6 +29,7 @@ void srv_job_unref(srv_job *j)
     if (left) return;
     free(j->req.prompt);
     free(j->req.bias);
+    q3_grammar_free(j->req.grammar);
     for (int i = 0; i < j->req.n_stop; i++) free(j->req.stop[i]);
     for (int i = 0; i < j->res.n_tool_calls; i++) {
         free(j->res.tool_calls[i].name);
