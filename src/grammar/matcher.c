@@ -152,12 +152,40 @@ q3_status q3_matcher_apply(q3_matcher *m, float *logits, int n_vocab)
     if (st) return st;
     const gvocab *v = m->G->v;
     int n = n_vocab < v->n_ids ? n_vocab : v->n_ids;
+    size_t words = gvocab_mask_words(v);
+    for (int id = n; id < n_vocab; id++) logits[id] = -INFINITY;
+    if (!v->shared_ranks && n == v->n_ids) {
+        size_t allowed = 0;
+        for (size_t w = 0; w < words; w++) allowed += (size_t)__builtin_popcountll(mask[w]);
+        if (allowed < (size_t)n / 4) { /* few allowed: keep them, forbid the whole row, put them back */
+            float keep[4096];
+            int32_t kid[4096];
+            if (allowed <= 4096) {
+                size_t k = 0;
+                for (size_t w = 0; w < words; w++)
+                    for (uint64_t b = mask[w]; b; b &= b - 1) {
+                        int32_t id = v->id_of_rank[(int32_t)(w * 64) + __builtin_ctzll(b)];
+                        kid[k] = id;
+                        keep[k++] = logits[id];
+                    }
+                for (int id = 0; id < n; id++) logits[id] = -INFINITY;
+                for (size_t i = 0; i < k; i++) logits[kid[i]] = keep[i];
+                return Q3_OK;
+            }
+        }
+        /* many allowed: forbid the others, visiting only the zero bits */
+        for (size_t w = 0; w < words; w++) {
+            uint64_t z = ~mask[w];
+            if (w == words - 1 && v->n_ids % 64) z &= (1ull << (v->n_ids % 64)) - 1;
+            for (; z; z &= z - 1) logits[v->id_of_rank[(int32_t)(w * 64) + __builtin_ctzll(z)]] = -INFINITY;
+        }
+        return Q3_OK;
+    }
     const int32_t *rank_of = v->rank_of;
     for (int id = 0; id < n; id++) {
         int32_t r = rank_of[id];
         if (!(mask[r >> 6] >> (r & 63) & 1)) logits[id] = -INFINITY;
     }
-    for (int id = n; id < n_vocab; id++) logits[id] = -INFINITY;
     return Q3_OK;
 }
 

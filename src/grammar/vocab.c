@@ -132,6 +132,7 @@ static q3_status build(const q3_tokenizer *tok, int32_t n_ids, int32_t eot, int3
             while (lcp < m && pb[lcp] == b[lcp]) lcp++;
             if (lcp == L && pl == L) { /* the same bytes as the previous token: the same rank */
                 v->rank_of[id] = rank - 1;
+                v->shared_ranks = 1;
                 continue;
             }
         }

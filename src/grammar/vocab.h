@@ -35,6 +35,7 @@ typedef struct gvocab {
     gclass *unions;
     int32_t n_unions;
     int32_t eot, eos;     /* <|im_end|> and <|endoftext|> (or -1): the output may end with either */
+    int shared_ranks;     /* some ids share a rank (equal bytes): id_of_rank does not list them all */
     double build_s;       /* time it took */
     size_t bytes_held;    /* memory it holds */
 } gvocab;
