@@ -11,9 +11,12 @@
  * (date-time, date, time, uuid, email, ipv4), minimum/maximum/
  * exclusiveMinimum/exclusiveMaximum (numbers and booleans, draft 4's form
  * too) for integers, exactly, and for numbers when the bounds are integers,
- * nullable (OpenAPI). Annotations (title, description, default, examples,
- * $schema, $id, $comment, ...) are read past. Any other keyword is refused
- * with its name: it would change the language and q3 would not follow it.
+ * nullable (OpenAPI). JSON Schema's other keywords (not, if/then/else,
+ * patternProperties, multipleOf, uniqueItems: true, min/maxProperties,
+ * dependencies, contains, ...: is_refused) are refused with their name: they
+ * would change the language and q3 would not follow it. Words that are not
+ * JSON Schema keywords (title, description, default, x-anything) are
+ * annotations, read past, as the specification says.
  *
  * The text: objects list their properties in the schema's order, then any
  * additional ones; whitespace between tokens is at most WS_MAX characters of
@@ -518,12 +521,16 @@ static q3_status resolve(js *j, const char *ref, const cJSON **out)
 
 /* ---- keywords ------------------------------------------------------------------------ */
 
-static int is_annotation(const char *k)
+/* JSON Schema's own keywords (draft 3 to 2020-12) that q3 does not compile:
+ * refused by name. Other unknown keywords are not JSON Schema's and, as the
+ * specification says, annotations: read past. */
+static int is_refused(const char *k)
 {
-    static const char *a[] = {"title", "description", "default", "examples", "$schema", "$id", "id", "$comment",
-                              "readOnly", "writeOnly", "deprecated", "$defs", "definitions", "contentMediaType",
-                              "contentEncoding", "strict", "$anchor", "discriminator", "example", "xml", "externalDocs",
-                              NULL};
+    static const char *a[] = {"not", "if", "then", "else", "dependencies", "dependentRequired", "dependentSchemas",
+                              "patternProperties", "propertyNames", "minProperties", "maxProperties", "multipleOf",
+                              "contains", "minContains", "maxContains", "unevaluatedProperties", "unevaluatedItems",
+                              "$dynamicRef", "$recursiveRef", "$dynamicAnchor", "$recursiveAnchor", "extends",
+                              "disallow", "divisibleBy", "contentSchema", NULL};
     for (int i = 0; a[i]; i++)
         if (!strcmp(k, a[i])) return 1;
     return 0;
@@ -1068,7 +1075,7 @@ static q3_status deref(js *j, const cJSON *s, const cJSON **out)
         if (!ref) break;
         if (!cJSON_IsString(ref)) return q3_fail(Q3_ERR_INVALID, "'$ref' must be a string");
         int other = 0;
-        for (const cJSON *c = s->child; c; c = c->next) other |= strcmp(c->string, "$ref") && !is_annotation(c->string);
+        for (const cJSON *c = s->child; c; c = c->next) other |= strcmp(c->string, "$ref") && is_supported(c->string);
         if (other) break; /* a $ref beside other keywords: merged by the caller */
         q3_status st = resolve(j, ref->valuestring, &s);
         if (st) return st;
@@ -1091,8 +1098,8 @@ static q3_status merge_into(js *j, cJSON *dst, const cJSON *src)
     if (!cJSON_IsObject(src)) return q3_fail(Q3_ERR_INVALID, "a schema must be an object or a boolean");
     for (const cJSON *c = src->child; c; c = c->next) {
         const char *k = c->string;
-        if (is_annotation(k)) continue;
-        if (!is_supported(k)) return refuse(k, NULL);
+        if (is_refused(k)) return refuse(k, NULL);
+        if (!is_supported(k)) continue; /* an annotation */
         cJSON *d = cJSON_GetObjectItemCaseSensitive(dst, k);
         if (!d) {
             cJSON_AddItemToObject(dst, k, cJSON_Duplicate(c, 1));
@@ -1228,7 +1235,7 @@ static q3_status compile_body(js *j, const cJSON *s, int r)
     }
     if (!cJSON_IsObject(s)) return q3_fail(Q3_ERR_INVALID, "a schema must be an object or a boolean");
     for (const cJSON *c = s->child; c; c = c->next)
-        if (!is_annotation(c->string) && !is_supported(c->string)) return refuse(c->string, NULL);
+        if (is_refused(c->string)) return refuse(c->string, NULL);
     q3_status st;
     /* $ref: alone, the target; beside other keywords (2019-09+), merged with them */
     const cJSON *ref = cJSON_GetObjectItemCaseSensitive(s, "$ref");
@@ -1237,7 +1244,7 @@ static q3_status compile_body(js *j, const cJSON *s, int r)
         if (ref && !cJSON_IsString(ref)) return q3_fail(Q3_ERR_INVALID, "'$ref' must be a string");
         int other = 0;
         for (const cJSON *c = s->child; c; c = c->next)
-            other |= strcmp(c->string, "$ref") && !is_annotation(c->string);
+            other |= strcmp(c->string, "$ref") && is_supported(c->string);
         if (ref && !other) {
             const cJSON *t;
             if ((st = resolve(j, ref->valuestring, &t))) return st;
@@ -1252,7 +1259,7 @@ static q3_status compile_body(js *j, const cJSON *s, int r)
         cJSON *m = cJSON_CreateObject();
         if (own(j, m)) return nomem();
         for (const cJSON *c = s->child; c; c = c->next)
-            if (strcmp(c->string, "$ref") && strcmp(c->string, "allOf") && !is_annotation(c->string))
+            if (strcmp(c->string, "$ref") && strcmp(c->string, "allOf") && is_supported(c->string))
                 cJSON_AddItemToObject(m, c->string, cJSON_Duplicate(c, 1));
         if (ref) {
             const cJSON *t;
@@ -1289,7 +1296,7 @@ static q3_status compile_body(js *j, const cJSON *s, int r)
             return q3_fail(Q3_ERR_INVALID, "'%s' must be a non-empty array", any->string);
         int other = 0;
         for (const cJSON *c = s->child; c; c = c->next)
-            other |= c != any && !is_annotation(c->string);
+            other |= c != any && is_supported(c->string);
         const cJSON *br;
         cJSON_ArrayForEach(br, any) {
             int br_rule;
@@ -1301,7 +1308,7 @@ static q3_status compile_body(js *j, const cJSON *s, int r)
                 cJSON *arr = cJSON_AddArrayToObject(m, "allOf");
                 cJSON *rest = cJSON_CreateObject();
                 for (const cJSON *c = s->child; c; c = c->next)
-                    if (c != any && !is_annotation(c->string)) cJSON_AddItemToObject(rest, c->string, cJSON_Duplicate(c, 1));
+                    if (c != any && is_supported(c->string)) cJSON_AddItemToObject(rest, c->string, cJSON_Duplicate(c, 1));
                 cJSON_AddItemToArray(arr, rest);
                 cJSON_AddItemToArray(arr, cJSON_Duplicate(br, 1));
                 if ((st = compile(j, m, &br_rule))) return st;
