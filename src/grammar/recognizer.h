@@ -36,6 +36,7 @@ typedef struct rec {
     int32_t **st_trans;       /* [cap_states] NULL or [256]: REC_UNKNOWN, REC_DEAD or a state */
     gclass *st_loop;          /* [cap_states] bytes that lead back to the same state */
     uint8_t *st_loop_ok;      /* [cap_states] st_loop computed */
+    uint8_t *st_text;         /* [cap_states] mask.c's memo: 0 not known, 1 no, 2 JSON string text loops here */
     int n_states, cap_states;
     int32_t *shash;           /* state + 1, 0 empty; [shash_cap] */
     uint32_t shash_cap;

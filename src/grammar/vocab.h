@@ -34,6 +34,10 @@ typedef struct gvocab {
     uint32_t *uni;        /* [n_nodes] index into unions: every byte of the subtree, its own label too */
     gclass *unions;
     int32_t n_unions;
+    /* JSON string text: tokens whose bytes are whole UTF-8 characters, none of them a
+     * control character, " or \ (what can stand unescaped inside a JSON string) */
+    uint64_t *jmask;      /* [gvocab_mask_words] those tokens, by rank */
+    uint8_t *allj;        /* [n_nodes] every token of the subtree is one of them */
     int32_t eot, eos;     /* <|im_end|> and <|endoftext|> (or -1): the output may end with either */
     int shared_ranks;     /* some ids share a rank (equal bytes): id_of_rank does not list them all */
     double build_s;       /* time it took */
