@@ -29,39 +29,12 @@ static inline int subset(const gclass *a, const gclass *b)
 #define MAX_DEPTH 1024
 
 /* ---- JSON string text -----------------------------------------------------------
- * Whether every token of JSON string text (vocab.h's jmask) leads from s back to
+ * Whether every character of JSON string text leads from s back to
  * s: checked, not assumed, by walking the UTF-8 automaton beside the
  * recognizer: from s, each character (ASCII but controls, " and \; or a valid
  * multibyte sequence) must come back to s, and every byte on the way must keep
- * a stack alive. Then those tokens are allowed as one bit set, and the walk
- * skips the subtrees that hold nothing else. */
-
-enum { U_B, U_C1, U_C2, U_C3, U_E0, U_ED, U_F0, U_F4 };
-
-/* The UTF-8 automaton's next state on byte b (U_B: a character ended), or -1. */
-static int utf8_next(int q, unsigned b)
-{
-    switch (q) {
-    case U_B:
-        if (b < 0x80) return b >= 0x20 && b != '"' && b != '\\' ? U_B : -1;
-        if (b >= 0xC2 && b <= 0xDF) return U_C1;
-        if (b == 0xE0) return U_E0;
-        if (b == 0xED) return U_ED;
-        if (b >= 0xE1 && b <= 0xEF) return U_C2;
-        if (b == 0xF0) return U_F0;
-        if (b >= 0xF1 && b <= 0xF3) return U_C3;
-        if (b == 0xF4) return U_F4;
-        return -1;
-    case U_C1: return b >= 0x80 && b <= 0xBF ? U_B : -1;
-    case U_C2: return b >= 0x80 && b <= 0xBF ? U_C1 : -1;
-    case U_C3: return b >= 0x80 && b <= 0xBF ? U_C2 : -1;
-    case U_E0: return b >= 0xA0 && b <= 0xBF ? U_C1 : -1;
-    case U_ED: return b >= 0x80 && b <= 0x9F ? U_C1 : -1;
-    case U_F0: return b >= 0x90 && b <= 0xBF ? U_C2 : -1;
-    case U_F4: return b >= 0x80 && b <= 0x8F ? U_C2 : -1;
-    }
-    return -1;
-}
+ * a stack alive. Then a subtree whose tokens go on with such text alone
+ * (vocab.h's uok) is allowed whole, as one range of ranks. */
 
 /* 1 if JSON string text loops at s, 0 if not, -1 on failure. */
 static int text_loops(rec *r, int s)
@@ -72,7 +45,7 @@ static int text_loops(rec *r, int s)
     qs[0] = U_B;
     for (int k = 0; k < n && ok; k++) {
         for (unsigned b = 0; b < 256 && ok; b++) {
-            int q = utf8_next(qs[k], b);
+            int q = utf8_text_next(qs[k], b);
             if (q < 0) continue;
             int t = rec_next(r, xs[k], b);
             if (t == REC_ERROR) return -1;
@@ -107,15 +80,19 @@ q3_status mask_trie(rec *r, const gvocab *v, int s, uint64_t *mask)
     fstate[0] = s;
     const uint8_t *lab = v->lab;
     const int32_t *end = v->end, *tok_rank = v->tok_rank;
-    int text = text_loops(r, s);
-    if (text < 0) return q3_fail(Q3_ERR_NOMEM, "out of memory");
-    if (text) memcpy(mask, v->jmask, gvocab_mask_words(v) * sizeof *mask);
+    int ftext[MAX_DEPTH]; /* the frame's state loops on JSON string text */
+    ftext[0] = text_loops(r, s);
+    if (ftext[0] < 0) return q3_fail(Q3_ERR_NOMEM, "out of memory");
     int32_t i = 1;
     while (i < v->n_nodes) {
         while (i >= fend[depth]) depth--;
-        if (text && v->allj[i]) { /* every token below is string text: allowed above */
-            i = end[i];
-            continue;
+        if (ftext[depth]) {
+            int q = utf8_text_next(U_B, lab[i]);
+            if (q >= 0 && (v->uok[i] >> q & 1)) { /* every token below goes on with text only */
+                set_range(mask, v->rank_lo[i], v->rank_lo[end[i]]);
+                i = end[i];
+                continue;
+            }
         }
         int S = fstate[depth];
         int T = rec_next(r, S, lab[i]);
@@ -139,6 +116,8 @@ q3_status mask_trie(rec *r, const gvocab *v, int s, uint64_t *mask)
             depth++;
             fend[depth] = end[i];
             fstate[depth] = T;
+            ftext[depth] = T == S ? ftext[depth - 1] : text_loops(r, T);
+            if (ftext[depth] < 0) return q3_fail(Q3_ERR_NOMEM, "out of memory");
         }
         i++;
     }

@@ -46,8 +46,7 @@ static void vocab_free(gvocab *v)
     free(v->tok_rank);
     free(v->uni);
     free(v->unions);
-    free(v->jmask);
-    free(v->allj);
+    free(v->uok);
     free(v);
 }
 
@@ -62,30 +61,28 @@ static int cmp_tokens(const void *a, const void *b, void *ctx)
     return (x > y) - (x < y);
 }
 
-/* Whether b[0..n) is whole, valid UTF-8 with no control character, " or \. */
-static int json_text(const unsigned char *b, size_t n)
+int utf8_text_next(int q, unsigned b)
 {
-    for (size_t i = 0; i < n;) {
-        unsigned c = b[i];
-        if (c < 0x80) {
-            if (c < 0x20 || c == '"' || c == '\\') return 0;
-            i++;
-            continue;
-        }
-        int k = c >= 0xC2 && c <= 0xDF ? 1 : c >= 0xE0 && c <= 0xEF ? 2 : c >= 0xF0 && c <= 0xF4 ? 3 : -1;
-        if (k < 0 || i + (size_t)k >= n)
-            return 0;
-        unsigned lo = 0x80, hi = 0xBF;
-        if (c == 0xE0) lo = 0xA0;
-        if (c == 0xED) hi = 0x9F;
-        if (c == 0xF0) lo = 0x90;
-        if (c == 0xF4) hi = 0x8F;
-        if (b[i + 1] < lo || b[i + 1] > hi) return 0;
-        for (int j = 2; j <= k; j++)
-            if ((b[i + (size_t)j] & 0xC0) != 0x80) return 0;
-        i += (size_t)k + 1;
+    switch (q) {
+    case U_B:
+        if (b < 0x80) return b >= 0x20 && b != '"' && b != '\\' ? U_B : -1;
+        if (b >= 0xC2 && b <= 0xDF) return U_C1;
+        if (b == 0xE0) return U_E0;
+        if (b == 0xED) return U_ED;
+        if (b >= 0xE1 && b <= 0xEF) return U_C2;
+        if (b == 0xF0) return U_F0;
+        if (b >= 0xF1 && b <= 0xF3) return U_C3;
+        if (b == 0xF4) return U_F4;
+        return -1;
+    case U_C1: return b >= 0x80 && b <= 0xBF ? U_B : -1;
+    case U_C2: return b >= 0x80 && b <= 0xBF ? U_C1 : -1;
+    case U_C3: return b >= 0x80 && b <= 0xBF ? U_C2 : -1;
+    case U_E0: return b >= 0xA0 && b <= 0xBF ? U_C1 : -1;
+    case U_ED: return b >= 0x80 && b <= 0x9F ? U_C1 : -1;
+    case U_F0: return b >= 0x90 && b <= 0xBF ? U_C2 : -1;
+    case U_F4: return b >= 0x80 && b <= 0x8F ? U_C2 : -1;
     }
-    return 1;
+    return -1;
 }
 
 static uint64_t class_hash(const gclass *c)
@@ -229,26 +226,23 @@ static q3_status build(const q3_tokenizer *tok, int32_t n_ids, int32_t eot, int3
     }
     free(h);
     free(u);
-    v->jmask = calloc(gvocab_mask_words(v), sizeof *v->jmask);
-    v->allj = malloc((size_t)n_nodes);
-    if (!v->jmask || !v->allj) goto oom;
-    for (int32_t x = 0; x < n_nodes; x++) v->allj[x] = 1;
-    for (int32_t x = n_nodes - 1; x >= 0; x--) {
-        if (v->tok_rank[x] >= 0) {
-            int32_t id = v->id_of_rank[v->tok_rank[x]];
-            int j = json_text((const unsigned char *)v->bytes + v->off[id], v->len[id]);
-            if (j) v->jmask[v->tok_rank[x] >> 6] |= 1ull << (v->tok_rank[x] & 63);
-            else v->allj[x] = 0;
+    v->uok = malloc((size_t)n_nodes);
+    if (!v->uok) goto oom;
+    for (int32_t x = 0; x < n_nodes; x++) v->uok[x] = v->tok_rank[x] >= 0 ? (uint8_t)(1u << U_B) : 0xFF;
+    for (int32_t x = n_nodes - 1; x > 0; x--) { /* children come after their parent: fold each into it */
+        uint8_t keep = 0;
+        for (int q = 0; q < U_N; q++) {
+            int q2 = utf8_text_next(q, v->lab[x]);
+            if (q2 >= 0 && (v->uok[x] >> q2 & 1)) keep |= (uint8_t)(1u << q);
         }
-        if (x > 0 && !v->allj[x]) v->allj[parent[x]] = 0;
+        v->uok[parent[x]] &= keep;
     }
     gclass *shrunk = realloc(v->unions, (size_t)(v->n_unions ? v->n_unions : 1) * sizeof *v->unions);
     if (shrunk) v->unions = shrunk;
     free(order);
     free(parent);
     v->bytes_held = sizeof *v + total + (size_t)n_ids * (4 + 4 + 4 + 4 + 1) +
-                    (size_t)n_nodes * (1 + 4 + 4 + 4 + 4 + 1) + (size_t)v->n_unions * sizeof(gclass) +
-                    gvocab_mask_words(v) * 8;
+                    (size_t)n_nodes * (1 + 4 + 4 + 4 + 4 + 1) + (size_t)v->n_unions * sizeof(gclass);
     v->build_s = seconds() - t0;
     *out = v;
     return Q3_OK;

@@ -17,6 +17,13 @@
 #include "grammar/grammar.h"
 #include "text/tokenizer.h"
 
+/* The UTF-8 automaton of JSON string text: U_B between characters, the others
+ * inside one (how many continuation bytes are left, and the first one's range). */
+enum { U_B, U_C1, U_C2, U_C3, U_E0, U_ED, U_F0, U_F4, U_N };
+
+/* Its next state on byte b (U_B: a character ended), or -1: not such text. */
+int utf8_text_next(int q, unsigned b);
+
 typedef struct gvocab {
     int32_t n_ids;        /* the tokenizer's ids */
     int32_t n_trie_ranks; /* ranks [0, n_trie_ranks) are trie tokens */
@@ -34,10 +41,10 @@ typedef struct gvocab {
     uint32_t *uni;        /* [n_nodes] index into unions: every byte of the subtree, its own label too */
     gclass *unions;
     int32_t n_unions;
-    /* JSON string text: tokens whose bytes are whole UTF-8 characters, none of them a
-     * control character, " or \ (what can stand unescaped inside a JSON string) */
-    uint64_t *jmask;      /* [gvocab_mask_words] those tokens, by rank */
-    uint8_t *allj;        /* [n_nodes] every token of the subtree is one of them */
+    /* JSON string text (whole UTF-8 characters, none a control character, " or \):
+     * bit q of uok[v]: every token of v's subtree, its bytes below v read from state q
+     * of the UTF-8 automaton (mask.c's U_*), is such text and ends on a character */
+    uint8_t *uok;         /* [n_nodes] */
     int32_t eot, eos;     /* <|im_end|> and <|endoftext|> (or -1): the output may end with either */
     int shared_ranks;     /* some ids share a rank (equal bytes): id_of_rank does not list them all */
     double build_s;       /* time it took */
