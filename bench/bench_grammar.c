@@ -13,7 +13,13 @@
  * q3_matcher_apply reads) and the cost of applying it to a row of logits;
  * compile p50 / p99 (schema -> first mask, the vocabulary's tables already
  * built); memory per compiled grammar; and the per-tokenizer tables' build
- * time and bytes. */
+ * time and bytes.
+ *
+ * With --model M (a Qwen3 folder or GGUF with the Qwen3 vocabulary): decode
+ * throughput constrained (a JSON Schema with a free string, so the answers run
+ * to max_tokens) against unconstrained, at B = 1 and B = 8 sequences, as
+ * process CPU time per generated token (the machine is shared: wall time would
+ * count other processes), --threads T (default 2). */
 #include <cjson/cJSON.h>
 #include <dirent.h>
 #include <math.h>
@@ -202,12 +208,84 @@ static void suite(const char *dir, float *logits, int n_vocab)
     closedir(d);
 }
 
+static double cpu_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* CPU seconds per generated token for B sequences of max_tokens each, constrained by G or not. */
+static double decode_cost(q3_model *model, int B, q3_grammar *G, int threads, int max_tokens, double *wall_per_tok)
+{
+    q3_ctx_opts co = q3_ctx_opts_default();
+    co.max_seqs = B;
+    co.n_ctx = 512;
+    co.n_threads = threads;
+    q3_ctx *c;
+    if (q3_ctx_new(model, &co, &c)) return NAN;
+    q3_sampler *smp[8] = {0};
+    q3_matcher *m[8] = {0};
+    q3_gen *g[8] = {0};
+    int32_t *ids = NULL;
+    size_t n = 0;
+    q3_chat_message msg = {"user", "Write a short note."};
+    q3_chat_opts cho = q3_chat_opts_default();
+    cho.enable_thinking = 0;
+    q3_chat_tokenize(tok, &msg, 1, &cho, &ids, &n);
+    for (int b = 0; b < B; b++) {
+        q3_sampler_params sp = q3_sampler_defaults(0);
+        sp.seed = (uint64_t)b + 1;
+        int seq;
+        q3_gen_opts o = q3_gen_opts_default();
+        o.max_tokens = max_tokens;
+        if (G) q3_matcher_new(G, 0, &m[b]);
+        o.grammar = m[b];
+        q3_sampler_new(&sp, q3_model_vocab_size(model), &smp[b]);
+        q3_seq_new(c, &seq);
+        q3_gen_new(c, seq, smp[b], tok, &o, &g[b]);
+        q3_gen_prompt(g[b], ids, n);
+    }
+    /* prefill first, untimed */
+    for (int busy = 1; busy;) {
+        busy = 0;
+        for (int b = 0; b < B; b++) busy |= q3_gen_prefilling(g[b]);
+        if (busy) q3_gen_step(g, B);
+    }
+    int before = 0;
+    for (int b = 0; b < B; b++) before += q3_gen_result_get(g[b])->n_ids;
+    double t0 = cpu_now();
+    struct timespec w0, w1;
+    clock_gettime(CLOCK_MONOTONIC, &w0);
+    for (int live = 1; live;) {
+        live = 0;
+        for (int b = 0; b < B; b++) live |= !q3_gen_done(g[b]);
+        if (live && q3_gen_step(g, B)) break;
+    }
+    double cpu = cpu_now() - t0;
+    clock_gettime(CLOCK_MONOTONIC, &w1);
+    int made = -before;
+    for (int b = 0; b < B; b++) made += q3_gen_result_get(g[b])->n_ids;
+    for (int b = 0; b < B; b++) {
+        q3_gen_free(g[b]);
+        q3_matcher_free(m[b]);
+        q3_sampler_free(smp[b]);
+    }
+    free(ids);
+    q3_ctx_free(c);
+    *wall_per_tok = ((double)(w1.tv_sec - w0.tv_sec) + 1e-9 * (double)(w1.tv_nsec - w0.tv_nsec)) / made;
+    return made > 0 ? cpu / made : NAN;
+}
+
 int main(int argc, char **argv)
 {
     const char *tok_path = "tests/data/golden/e2e/tokenizer.json", *suite_dir = "tests/data/json-schema-test-suite/draft4";
-    int repeats = 3;
+    int repeats = 3, threads = 2;
+    const char *model_path = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--suite") && i + 1 < argc) suite_dir = argv[++i];
+        else if (!strcmp(argv[i], "--model") && i + 1 < argc) model_path = argv[++i];
+        else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--repeats") && i + 1 < argc) repeats = atoi(argv[++i]);
         else tok_path = argv[i];
     }
@@ -251,6 +329,28 @@ int main(int argc, char **argv)
     printf("%-44s %8.1f KB %8.1f KB %8.1f KB %10zu\n", "memory per compiled grammar", pct(&mem, 0.5) / 1e3,
            pct(&mem, 0.99) / 1e3, pct(&mem, 1.0) / 1e3, mem.n);
     printf("(%d schemas compiled, %d instances walked)\n", n_schemas, n_instances);
+    if (model_path) {
+        q3_model *model;
+        if (q3_model_open(model_path, &model)) {
+            fprintf(stderr, "bench_grammar: %s\n", q3_last_error());
+            return 1;
+        }
+        const char *schema = "{\"type\":\"object\",\"properties\":{\"title\":{\"type\":\"string\"},\"body\":"
+                             "{\"type\":\"string\"}},\"required\":[\"title\",\"body\"],\"additionalProperties\":false}";
+        q3_grammar *G;
+        if (q3_grammar_compile(tok, Q3_GRAMMAR_JSON_SCHEMA, schema, strlen(schema), &G)) return 1;
+        printf("decode, %s, %d threads: CPU ms per generated token (wall ms), constrained vs not\n", model_path, threads);
+        int bs[2] = {1, 8};
+        for (int k = 0; k < 2; k++) {
+            double wu, wc;
+            double u = decode_cost(model, bs[k], NULL, threads, 32, &wu);
+            double cst = decode_cost(model, bs[k], G, threads, 32, &wc);
+            printf("  B=%d: unconstrained %.2f ms (%.2f), constrained %.2f ms (%.2f): throughput ratio %.3f\n", bs[k],
+                   1e3 * u, 1e3 * wu, 1e3 * cst, 1e3 * wc, u / cst);
+        }
+        q3_grammar_free(G);
+        q3_model_close(model);
+    }
     free(logits);
     q3_tokenizer_free(tok);
     return 0;
