@@ -407,7 +407,9 @@ typedef enum q3_grammar_kind {
  * Q3_ERR_UNSUPPORTED and a message naming it; malformed text with
  * Q3_ERR_INVALID. Builds the tokenizer's tables on first use (once per
  * process, kept until exit). The grammar is immutable: matchers on several
- * threads may share it; the tokenizer must outlive it. */
+ * threads may share it; the tokenizer must outlive it. The same kind and text
+ * for the same vocabulary again (among the last 32 compiled) return the same
+ * grammar from a cache; each q3_grammar_compile needs its q3_grammar_free. */
 Q3_API q3_status q3_grammar_compile(const q3_tokenizer *tok, q3_grammar_kind kind, const char *text, size_t len,
                                     q3_grammar **out);
 Q3_API void q3_grammar_free(q3_grammar *g);

@@ -261,6 +261,35 @@ static void test_tokens_and_thinking(void)
     free(logits);
 }
 
+/* The compile cache hands out the same grammar; apply and mask agree where most tokens are allowed too. */
+static void test_cache_and_apply(void)
+{
+    q3_grammar *A = compile(Q3_GRAMMAR_GBNF, JSON_GBNF), *B = compile(Q3_GRAMMAR_GBNF, JSON_GBNF);
+    CHECK(A && A == B, "the same text compiles to the cached grammar");
+    q3_grammar_free(B);
+    q3_matcher *m;
+    if (!A || q3_matcher_new(A, 0, &m)) return;
+    size_t ok;
+    q3_matcher_accept_bytes(m, "{\"ab", 4, &ok); /* inside a string: almost everything allowed */
+    int n_vocab = 151936;
+    uint32_t *bits = calloc((size_t)n_vocab / 32 + 1, 4);
+    float *logits = malloc((size_t)n_vocab * sizeof *logits);
+    for (int id = 0; id < n_vocab; id++) logits[id] = 1.0f;
+    q3_matcher_mask(m, bits, n_vocab);
+    q3_matcher_apply(m, logits, n_vocab);
+    int agree = 1, allowed = 0;
+    for (int id = 0; id < n_vocab; id++) {
+        int b = (int)(bits[id >> 5] >> (id & 31) & 1);
+        allowed += b;
+        agree &= (logits[id] == 1.0f) == b;
+    }
+    CHECK(agree && allowed > 100000, "apply and mask agree inside a string (%d allowed)", allowed);
+    free(bits);
+    free(logits);
+    q3_matcher_free(m);
+    q3_grammar_free(A);
+}
+
 int main(void)
 {
     if (q3_tokenizer_load(TOKENIZER_JSON, &tok)) {
@@ -270,6 +299,7 @@ int main(void)
     test_oracle();
     test_gbnf_language();
     test_tokens_and_thinking();
+    test_cache_and_apply();
     q3_tokenizer_free(tok);
     TEST_DONE();
 }

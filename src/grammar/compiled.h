@@ -9,6 +9,9 @@
 #include "grammar/vocab.h"
 
 struct q3_grammar {
+    int refs;           /* the callers' and the compile cache's (atomic) */
+    char *key;          /* the cache's key: kind, then the text */
+    size_t key_len;
     q3g *g;
     const gvocab *v;
     int32_t *token_ids; /* [g->n_token_names] the id of each named token */

@@ -253,8 +253,39 @@ oom:
     return q3_fail(Q3_ERR_NOMEM, "out of memory building the token trie");
 }
 
+/* The last tokenizer seen, with a fingerprint of 256 of its tokens: the same
+ * pointer and fingerprint skip hashing the whole vocabulary (about 1 MB) on
+ * every compile. A different tokenizer at a freed one's address with the same
+ * size and the same sampled tokens would be taken for it. */
+static const q3_tokenizer *last_tok;
+static uint64_t last_print;
+static gvocab *last_v;
+
+static uint64_t fingerprint(const q3_tokenizer *tok, int32_t n_ids, int32_t eot, int32_t eos)
+{
+    uint64_t h = fnv(0xcbf29ce484222325ull, &n_ids, sizeof n_ids);
+    h = fnv(h, &eot, sizeof eot);
+    h = fnv(h, &eos, sizeof eos);
+    for (int k = 0; k < 256 && n_ids > 0; k++) {
+        int32_t id = (int32_t)(((int64_t)k * n_ids) / 256);
+        size_t l = 0;
+        const char *b = q3_tokenizer_token_bytes(tok, id, &l);
+        h = fnv(h, &l, sizeof l);
+        if (b) h = fnv(h, b, l);
+    }
+    return h;
+}
+
 q3_status gvocab_get(const q3_tokenizer *tok, int32_t n_ids, int32_t eot, int32_t eos, const gvocab **out)
 {
+    uint64_t print = fingerprint(tok, n_ids, eot, eos);
+    pthread_mutex_lock(&registry_lock);
+    if (last_tok == tok && last_print == print && last_v) {
+        *out = last_v;
+        pthread_mutex_unlock(&registry_lock);
+        return Q3_OK;
+    }
+    pthread_mutex_unlock(&registry_lock);
     uint64_t key = fnv(0xcbf29ce484222325ull, &n_ids, sizeof n_ids);
     key = fnv(key, &eot, sizeof eot);
     key = fnv(key, &eos, sizeof eos);
@@ -269,7 +300,9 @@ q3_status gvocab_get(const q3_tokenizer *tok, int32_t n_ids, int32_t eot, int32_
     pthread_mutex_lock(&registry_lock);
     for (int i = 0; i < n_registry; i++)
         if (registry[i].key == key) {
-            *out = registry[i].v;
+            *out = last_v = registry[i].v;
+            last_tok = tok;
+            last_print = print;
             pthread_mutex_unlock(&registry_lock);
             return Q3_OK;
         }
@@ -283,7 +316,9 @@ q3_status gvocab_get(const q3_tokenizer *tok, int32_t n_ids, int32_t eot, int32_
             registry[n_registry].key = key;
             registry[n_registry].v = v;
             n_registry++;
-            *out = v;
+            *out = last_v = v;
+            last_tok = tok;
+            last_print = print;
         }
     }
     pthread_mutex_unlock(&registry_lock);
