@@ -390,6 +390,79 @@ Q3_API size_t q3_sampler_candidates(q3_sampler *s, const float *logits,
                              const int32_t **ids, const float **probs);
 
 
+/* ---- structured output: grammars and token masks -------------------------
+ *
+ * A constraint is compiled once (q3_grammar: a JSON Schema, any JSON object,
+ * a GBNF grammar, a regex, a choice of strings, or a forced tool call) for a
+ * tokenizer, then followed per sequence by a q3_matcher: its mask allows
+ * exactly the tokens t for which the output so far + bytes(t) is a prefix of
+ * some string of the language, an end-of-turn token only where the output is
+ * complete, and added tokens (<think>, <tool_call>, <|im_start|>...) only
+ * where the grammar names them. docs/structured-output.md lists what each
+ * front end supports and what it refuses. */
+
+typedef struct q3_grammar q3_grammar;
+
+typedef enum q3_grammar_kind {
+    Q3_GRAMMAR_JSON_SCHEMA = 0, /* text: a JSON Schema (draft 4 to 2020-12 spellings) */
+    Q3_GRAMMAR_JSON,            /* any JSON object (response_format json_object); text: NULL or "" */
+    Q3_GRAMMAR_GBNF,            /* text: llama.cpp's GBNF; the rule `root` starts */
+    Q3_GRAMMAR_REGEX,           /* text: a regex the whole output must match */
+    Q3_GRAMMAR_CHOICE,          /* text: a JSON array of strings, the output one of them */
+    Q3_GRAMMAR_TOOL_CALL,       /* text: {"tools": [OpenAI tools], "name": "f" (optional)}: the output is
+                                   Qwen3's <tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>,
+                                   the arguments valid against the tool's parameters */
+} q3_grammar_kind;
+
+/* Compiles text[0..len) for tok's vocabulary. A keyword, rule or construct
+ * that would change the language and is not supported fails with
+ * Q3_ERR_UNSUPPORTED and a message naming it; malformed text with
+ * Q3_ERR_INVALID. Builds the tokenizer's tables on first use (once per
+ * process, kept until exit). The grammar is immutable: matchers on several
+ * threads may share it; the tokenizer must outlive it. The same kind and text
+ * for the same vocabulary again (among the last 32 compiled) return the same
+ * grammar from a cache; each q3_grammar_compile needs its q3_grammar_free. */
+Q3_API q3_status q3_grammar_compile(const q3_tokenizer *tok, q3_grammar_kind kind, const char *text, size_t len,
+                                    q3_grammar **out);
+Q3_API void q3_grammar_free(q3_grammar *g);
+/* Bytes the compiled grammar holds (not the shared per-tokenizer tables). */
+Q3_API size_t q3_grammar_bytes(const q3_grammar *g);
+
+typedef struct q3_matcher q3_matcher;
+
+enum {
+    /* the constraint starts after the first </think>: thinking is free (the
+       output may not end before it closes), then one or two newlines may come
+       before the constrained text */
+    Q3_MATCHER_AFTER_THINK = 1 << 0,
+};
+
+/* A matcher at the start of g's language (flags: Q3_MATCHER_AFTER_THINK or
+ * 0). g must outlive it. One thread at a time; one per sequence. */
+Q3_API q3_status q3_matcher_new(const q3_grammar *g, unsigned flags, q3_matcher **out);
+Q3_API void q3_matcher_free(q3_matcher *m);
+/* Back to the start. */
+Q3_API void q3_matcher_reset(q3_matcher *m);
+
+/* The allowed tokens as bits by id: allowed[id / 32] >> (id % 32) & 1, for
+ * ids [0, n_vocab) (ids beyond the tokenizer's are never allowed). */
+Q3_API q3_status q3_matcher_mask(q3_matcher *m, uint32_t *allowed, int n_vocab);
+/* Sets logits[id] = -INFINITY for every token the mask forbids. */
+Q3_API q3_status q3_matcher_apply(q3_matcher *m, float *logits, int n_vocab);
+/* Moves past token id. Q3_ERR_INVALID (the matcher unchanged) when the mask
+ * forbids it. */
+Q3_API q3_status q3_matcher_accept(q3_matcher *m, int32_t id);
+/* Moves past the bytes text[0..len) as far as they are a prefix of the
+ * language; *n_ok: how many were taken. Q3_ERR_INVALID when not all were. */
+Q3_API q3_status q3_matcher_accept_bytes(q3_matcher *m, const char *text, size_t len, size_t *n_ok);
+
+typedef enum q3_match_state {
+    Q3_MATCH_OPEN = 0,   /* the output so far is a proper prefix: it must go on */
+    Q3_MATCH_COMPLETE,   /* complete, and it may also go on */
+    Q3_MATCH_DONE,       /* complete, and nothing may follow (an end-of-turn token did, or only it can) */
+} q3_match_state;
+Q3_API q3_match_state q3_matcher_state(const q3_matcher *m);
+
 /* ---- generation ----------------------------------------------------------
  *
  * One generation loop for every application (q3 run, q3 chat, q3 serve and
@@ -477,6 +550,10 @@ typedef struct q3_gen_opts {
     int top_logprobs;                    /* alternatives per token, 0..Q3_MAX_TOP_LOGPROBS */
     int no_prompt_penalty;               /* 1: the prompt's tokens stay out of the sampler's penalty
                                             window (OpenAI's presence/frequency count only output) */
+    /* The constraint (borrowed; NULL: none): its mask is applied to each row
+     * after on_logits, and each sampled token moves it on. Its tokenizer
+     * must be the generator's. */
+    q3_matcher *grammar;
 } q3_gen_opts;
 
 /* Every field 0 / NULL, size set. */

@@ -720,6 +720,30 @@ int main(void)
     check_error("logit_bias out of range", "/v1/completions", "{\"prompt\":\"x\",\"logit_bias\":{\"1\":101}}", 400);
     check_error("logit_bias id past the vocabulary", "/v1/completions", "{\"prompt\":\"x\",\"logit_bias\":{\"99999999\":1}}", 400);
 
+    /* structured output: the constraint fields, parsed and compiled by the HTTP thread */
+    j = post_json("/v1/completions", "{\"prompt\":\"Code: \",\"max_tokens\":10,\"temperature\":1,\"seed\":3,"
+                                     "\"guided_regex\":\"[0-9]{3}-[a-z]\"}", &st);
+    const char *code = jstr(j, "choices.0.text");
+    CHECK(st == 200 && code && strlen(code) == 5 && code[3] == '-' && code[0] >= '0' && code[0] <= '9' &&
+          !strcmp(jstr(j, "choices.0.finish_reason"), "stop"),
+          "guided_regex: %d '%s'", st, code ? code : "?");
+    cJSON_Delete(j);
+    j = post_json("/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":5,"
+                  "\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"n\",\"schema\":"
+                  "{\"type\":\"integer\",\"multipleOf\":2}}}}", &st);
+    CHECK(st == 400 && jstr(j, "error.message") && strstr(jstr(j, "error.message"), "multipleOf") &&
+          jstr(j, "error.param") && !strcmp(jstr(j, "error.param"), "response_format"),
+          "an unsupported keyword: %d, named in the message, param response_format", st);
+    cJSON_Delete(j);
+    check_error("tool_choice required without tools", "/v1/chat/completions",
+                "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tool_choice\":\"required\"}", 400);
+    check_error("structured_outputs not an object", "/v1/chat/completions",
+                "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"structured_outputs\":\"x\"}", 400);
+    check_error("two constraints", "/v1/completions", "{\"prompt\":\"x\",\"grammar\":\"root ::= \\\"a\\\"\",\"guided_choice\":[\"b\"]}", 400);
+    check_error("response_format type xml", "/v1/chat/completions",
+                "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"response_format\":{\"type\":\"xml\"}}", 400);
+    check_error("a GBNF syntax error", "/v1/completions", "{\"prompt\":\"x\",\"grammar\":\"root ::= [a-\"}", 400);
+
     /* errors: status and envelope */
     check_error("invalid JSON", "/v1/chat/completions", "{\"messages\": [", 400);
     check_error("not an object", "/v1/chat/completions", "[1,2]", 400);

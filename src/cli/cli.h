@@ -22,6 +22,7 @@ int cmd_tokenize(int argc, char **argv);
 int cmd_detokenize(int argc, char **argv);
 int cmd_embed(int argc, char **argv);
 int cmd_rerank(int argc, char **argv);
+int cmd_grammar(int argc, char **argv);
 
 /* Prints "q3 CMD: <message>" to stderr; returns 1 for `return cli_error(...)`. */
 int cli_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

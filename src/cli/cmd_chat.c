@@ -166,6 +166,12 @@ int cmd_chat(int argc, char **argv)
         free(system);
         return rc;
     }
+    int grc = cli_gen_grammar(&g, !g.no_think);
+    if (grc) {
+        cli_gen_close(&g);
+        free(system);
+        return grc;
+    }
     struct sigaction sa = {0};
     sa.sa_handler = on_sigint; /* no SA_RESTART: Ctrl-C at the prompt interrupts the read */
     sigaction(SIGINT, &sa, NULL);
@@ -268,9 +274,19 @@ int cmd_chat(int argc, char **argv)
         if (common == n_ids) common--; /* the last prompt token must be fed to get logits */
         q3_session_rewind(g.session, (int)common);
         q3_sampler_reset(g.sampler);
+        if (g.grammar) { /* each answer from the grammar's start, in this turn's thinking mode */
+            q3_matcher_free(g.matcher);
+            g.matcher = NULL;
+            if (q3_matcher_new(g.grammar, g.no_think ? 0 : Q3_MATCHER_AFTER_THINK, &g.matcher)) {
+                fprintf(stderr, "q3 chat: %s\n", q3_last_error());
+                free(ids);
+                rc = 1;
+                break;
+            }
+        }
         q3_gen_opts o = {.max_tokens = g.max_tokens, .stop = g.stops, .n_stop = g.n_stops,
                          .interrupt = &interrupted, .on_text = cli_gen_print, .user = &g,
-                         .split_channels = 1};
+                         .split_channels = 1, .grammar = g.matcher};
         g.in_think = 0;
         q3_gen_result res;
         st = q3_generate(g.session, g.sampler, g.tok, ids + common, n_ids - common, &o, &res);

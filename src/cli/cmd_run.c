@@ -152,10 +152,15 @@ int cmd_run(int argc, char **argv)
         }
     }
     if (cli_gen_sampler(&g, thinking)) goto done;
+    int grc = cli_gen_grammar(&g, thinking && !raw);
+    if (grc) {
+        rc = grc;
+        goto done;
+    }
     cli_gen_print_prompt(&g, ids, n_ids);
     signal(SIGINT, on_sigint);
     q3_gen_opts o = {.max_tokens = g.max_tokens, .stop = g.stops, .n_stop = g.n_stops, .interrupt = &interrupted,
-                     .on_text = cli_gen_print, .user = &g, .split_channels = !g.raw};
+                     .on_text = cli_gen_print, .user = &g, .split_channels = !g.raw, .grammar = g.matcher};
     if (q3_generate(g.session, g.sampler, g.tok, ids, n_ids, &o, &res)) {
         cli_error("run", "%s", q3_last_error());
         goto done;

@@ -60,6 +60,11 @@ int cli_gen_add_opts(cli_gen *g, cli_opt *t)
         CLI_OPT("verbose-prompt", 0, CLI_FLAG, &g->verbose_prompt, NULL, "print the prompt's token ids to stderr first"),
         CLI_OPT("no-warmup", 0, CLI_FLAG, &g->no_warmup, NULL, "no warm-up decode step at load (the first prompt's time then\n"
                 "includes reading the weights from disk)"),
+        CLI_OPT("grammar", 0, CLI_STR, &g->grammar_text, "GBNF", "constrain the answer to a GBNF grammar (llama.cpp's syntax)"),
+        CLI_OPT("grammar-file", 0, CLI_FILE, &g->grammar_file, "FILE", "the same from a file"),
+        CLI_OPT("json-schema", 'j', CLI_STR, &g->schema_text, "SCHEMA", "constrain the answer to JSON valid against a JSON Schema\n"
+         "(docs/structured-output.md: what is supported; '{}': any JSON)"),
+        CLI_OPT("json-schema-file", 0, CLI_FILE, &g->schema_file, "FILE", "the same from a file"),
     };
     size_t n = sizeof o / sizeof o[0];
     memcpy(t, o, sizeof o);
@@ -279,8 +284,33 @@ void cli_gen_print_stats(const cli_gen *g, const q3_gen_result *r, double load_s
             (unsigned long long)g->seed_used, g->sp.temperature > 0 ? "sampled" : "greedy");
 }
 
+int cli_gen_grammar(cli_gen *g, int thinking)
+{
+    int given = !!g->grammar_text + !!g->grammar_file + !!g->schema_text + !!g->schema_file;
+    if (!given) return 0;
+    if (given > 1)
+        return cli_usage_error(g->cmd, "--grammar, --grammar-file, --json-schema and --json-schema-file exclude each other");
+    q3_grammar_kind kind = g->grammar_text || g->grammar_file ? Q3_GRAMMAR_GBNF : Q3_GRAMMAR_JSON_SCHEMA;
+    const char *file = g->grammar_file ? g->grammar_file : g->schema_file;
+    char *owned = NULL;
+    const char *text = g->grammar_text ? g->grammar_text : g->schema_text;
+    size_t len = text ? strlen(text) : 0;
+    if (file && !(text = owned = cli_read_path(g->cmd, file, &len))) return 1;
+    q3_status st = q3_grammar_compile(g->tok, kind, text, len, &g->grammar);
+    free(owned);
+    if (st) {
+        cli_error(g->cmd, "%s%s%s", file ? file : "", file ? ": " : "", q3_last_error());
+        return st == Q3_ERR_INVALID || st == Q3_ERR_UNSUPPORTED ? 2 : 1;
+    }
+    if (q3_matcher_new(g->grammar, thinking ? Q3_MATCHER_AFTER_THINK : 0, &g->matcher))
+        return cli_error(g->cmd, "%s", q3_last_error());
+    return 0;
+}
+
 void cli_gen_close(cli_gen *g)
 {
+    q3_matcher_free(g->matcher);
+    q3_grammar_free(g->grammar);
     q3_sampler_free(g->sampler);
     q3_session_free(g->session);
     q3_tokenizer_free(g->tok);

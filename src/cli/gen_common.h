@@ -28,6 +28,10 @@ typedef struct cli_gen {
     int verbose_prompt;           /* print the prompt's ids to stderr */
     int no_warmup;                /* skip the warm-up decode step before the prompt is timed */
     cli_llama llama;              /* llama.cpp's spellings (-ngl, -fa, -ctk/-ctv, -b, -ub) */
+    /* structured output: at most one of these (llama.cpp's option names) */
+    const char *grammar_text, *grammar_file, *schema_text, *schema_file;
+    q3_grammar *grammar;
+    q3_matcher *matcher; /* NULL: unconstrained; reset for each answer */
     q3_model *model;
     q3_tokenizer *tok;
     q3_session *session;
@@ -44,7 +48,7 @@ typedef struct cli_gen {
 void cli_gen_init(cli_gen *g, const char *cmd);
 /* Appends the shared options (model, session, sampling, printing) to tab;
  * returns how many. tab must have room for CLI_GEN_N_OPTS more. */
-#define CLI_GEN_N_OPTS (25 + CLI_LLAMA_N_OPTS)
+#define CLI_GEN_N_OPTS (29 + CLI_LLAMA_N_OPTS)
 int cli_gen_add_opts(cli_gen *g, cli_opt *tab);
 /* After cli_parse of s: resolves llama.cpp's spellings (cli_llama_apply).
  * Returns 0 or 2 (a usage error, printed). */
@@ -66,6 +70,11 @@ int cli_gen_open(cli_gen *g);
  * (printed to stderr) unless --seed. Returns 0 or 1 (printed). */
 int cli_gen_sampler(cli_gen *g, int thinking);
 void cli_gen_close(cli_gen *g);
+/* With --grammar, --grammar-file, -j/--json-schema or --json-schema-file:
+ * compiles it (for output after </think> when thinking) into g->matcher.
+ * Returns 0, 2 after a usage error (two given, or a refused keyword or
+ * rule: printed), or 1. */
+int cli_gen_grammar(cli_gen *g, int thinking);
 /* Checks the model's chat template is Qwen3's (prints why not); 0 if usable. */
 int cli_gen_check_template(cli_gen *g);
 /* The ids of a conversation ({messages, ...} as q3_chat_tokenize_json takes

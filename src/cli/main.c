@@ -30,6 +30,7 @@ static const struct {
     {"detokenize", cmd_detokenize, "print the text of token ids (a JSON array or a comma list)"},
     {"embed", cmd_embed, "embeddings of texts (Qwen3-Embedding): JSON lines or raw float32"},
     {"rerank", cmd_rerank, "score documents against a query (Qwen3-Reranker), best first"},
+    {"grammar", cmd_grammar, "compile a JSON Schema, GBNF grammar, regex or choice; check a text against it"},
 };
 
 int cli_error(const char *cmd, const char *fmt, ...)

@@ -133,8 +133,9 @@ q3_status q3_gen_new(q3_ctx *c, int seq, q3_sampler *smp, const q3_tokenizer *to
         if (l > g->text.hold + 1) g->text.hold = l - 1;
     }
     g->logits = malloc((size_t)g->vocab * sizeof *g->logits);
-    if (opts.logprobs && opts.on_logits) g->raw = malloc((size_t)g->vocab * sizeof *g->raw);
-    if (!g->logits || (opts.logprobs && opts.on_logits && !g->raw) || (tok && q3_detokenizer_new(tok, &g->detok))) {
+    int processed = opts.on_logits || opts.grammar; /* the row changes before sampling */
+    if (opts.logprobs && processed) g->raw = malloc((size_t)g->vocab * sizeof *g->raw);
+    if (!g->logits || (opts.logprobs && processed && !g->raw) || (tok && q3_detokenizer_new(tok, &g->detok))) {
         q3_gen_free(g);
         return q3_fail(Q3_ERR_NOMEM, "out of memory");
     }
@@ -441,9 +442,25 @@ static q3_status after_logits(q3_gen *g)
             return Q3_OK;
         }
     }
+    if (g->o.grammar) {
+        q3_status st = q3_matcher_apply(g->o.grammar, g->logits, g->vocab);
+        if (st) {
+            snprintf(g->error, sizeof g->error, "grammar: %s", q3_last_error()[0] ? q3_last_error() : q3_status_name(st));
+            finish_text(g);
+            end(g, Q3_STOP_ERROR);
+            return Q3_OK;
+        }
+    }
     int32_t id = q3_sampler_sample(g->smp, g->logits);
     if (id < 0) { /* a row the sampler refuses (NaN, +inf, nothing allowed): the answer ends with the reason */
         snprintf(g->error, sizeof g->error, "%s", q3_last_error());
+        finish_text(g);
+        end(g, Q3_STOP_ERROR);
+        return Q3_OK;
+    }
+    if (g->o.grammar && q3_matcher_accept(g->o.grammar, id)) {
+        /* the mask allowed only tokens it accepts: this is a bug, not the model's doing */
+        snprintf(g->error, sizeof g->error, "grammar: the sampled token %d is not allowed: %s", id, q3_last_error());
         finish_text(g);
         end(g, Q3_STOP_ERROR);
         return Q3_OK;

@@ -27,6 +27,7 @@ typedef struct slot {
     int need_blocks;       /* KV blocks reserved at admission (prompt + max_tokens) */
     q3_sampler *smp;
     q3_gen *gen;
+    q3_matcher *matcher;   /* the job's constraint followed, or NULL */
     srv_out out;
 } slot;
 
@@ -97,6 +98,7 @@ static void on_text(void *user, const q3_text_piece *p)
 static void release_slot(srv_engine *e, slot *s)
 {
     q3_gen_free(s->gen);
+    q3_matcher_free(s->matcher);
     q3_seq_drop(e->ctx, s->seq);
     q3_sampler_free(s->smp);
     srv_out_free(&s->out);
@@ -212,10 +214,19 @@ static int admit(srv_engine *e, slot *s, srv_job *j)
     o.top_logprobs = j->req.top_logprobs;
     o.no_prompt_penalty = j->req.no_prompt_penalty;
     if (j->req.n_bias) o.on_logits = apply_bias;
+    if (j->req.grammar) { /* compiled by the HTTP thread; the matcher is this sequence's */
+        if (q3_matcher_new(j->req.grammar, j->req.grammar_flags, &s->matcher)) {
+            q3_seq_drop(e->ctx, s->seq);
+            memset(s, 0, sizeof *s);
+            return -1;
+        }
+        o.grammar = s->matcher;
+    }
     int n_done = q3_seq_reuse_prefix(e->ctx, s->seq, j->req.prompt, (size_t)j->req.n_prompt);
     if (q3_sampler_new(&j->req.sp, e->vocab, &s->smp) || q3_gen_new(e->ctx, s->seq, s->smp, e->tok, &o, &s->gen) ||
         q3_gen_prompt_from(s->gen, j->req.prompt, (size_t)j->req.n_prompt, (size_t)n_done)) {
         q3_gen_free(s->gen);
+        q3_matcher_free(s->matcher);
         q3_sampler_free(s->smp);
         q3_seq_drop(e->ctx, s->seq);
         memset(s, 0, sizeof *s);

@@ -32,6 +32,7 @@ void srv_job_unref(srv_job *j)
     free(j->req.prompt);
     free(j->req.bias);
     srv_embed_free(j->req.embed);
+    q3_grammar_free(j->req.grammar);
     for (int i = 0; i < j->req.n_stop; i++) free(j->req.stop[i]);
     for (int i = 0; i < j->res.n_tool_calls; i++) {
         free(j->res.tool_calls[i].name);

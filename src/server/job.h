@@ -91,6 +91,9 @@ typedef struct srv_request {
     int parse_reasoning;            /* split <think>...</think> into reasoning_content */
     int logprobs, top_logprobs;     /* return logprobs (and this many alternatives, <= 20) */
     const struct q3_tokenizer *tok; /* token texts for logprobs; outlives the job */
+    q3_grammar *grammar;            /* the output's constraint (response_format, a forced tool call,
+                                       json_schema, grammar, structured_outputs, guided_*), or NULL; owned */
+    unsigned grammar_flags;         /* Q3_MATCHER_AFTER_THINK when the model thinks first */
     char id[64];                    /* chatcmpl-... / cmpl-... */
     long long created;              /* unix seconds */
     const char *model_name;         /* the server's, outlives the job */

@@ -465,13 +465,133 @@ done:
     return rc;
 }
 
+/* ---- structured output ------------------------------------------------------ */
+
+/* The constraint fields every dialect spells its own way, one at most a request:
+ * OpenAI's response_format (json_object, json_schema) and forced tool_choice,
+ * llama-server's json_schema and grammar, vLLM's structured_outputs {json,
+ * regex, choice, grammar} and the older guided_*. Compiles it (here, on the
+ * HTTP thread, not the engine's) into j->req.grammar. tools: the request's
+ * tools (chat), for a forced tool_choice. after_think: the model thinks first. */
+static int parse_constraint(const srv_api *a, const cJSON *root, const cJSON *tools, int after_think, srv_job *j,
+                            srv_err *e)
+{
+    q3_grammar_kind kind = Q3_GRAMMAR_JSON;
+    const char *field = NULL;
+    char *text = NULL; /* owned */
+    int n = 0;
+    const cJSON *v;
+    v = cJSON_GetObjectItemCaseSensitive(root, "response_format");
+    if (v && !cJSON_IsNull(v)) {
+        const cJSON *t = cJSON_GetObjectItemCaseSensitive(v, "type");
+        if (!cJSON_IsObject(v) || !cJSON_IsString(t))
+            return bad(e, "response_format", "response_format must be {\"type\": \"text\" | \"json_object\" | \"json_schema\", ...}");
+        if (!strcmp(t->valuestring, "json_object")) {
+            kind = Q3_GRAMMAR_JSON;
+            field = "response_format";
+            n++;
+        } else if (!strcmp(t->valuestring, "json_schema")) {
+            const cJSON *js = cJSON_GetObjectItemCaseSensitive(v, "json_schema");
+            const cJSON *sc = cJSON_GetObjectItemCaseSensitive(js, "schema");
+            if (!cJSON_IsObject(js) || !(cJSON_IsObject(sc) || cJSON_IsBool(sc)))
+                return bad(e, "response_format", "response_format json_schema needs {\"json_schema\": {\"name\": ..., \"schema\": {...}}}");
+            kind = Q3_GRAMMAR_JSON_SCHEMA;
+            field = "response_format";
+            text = cJSON_PrintUnformatted(sc);
+            n++;
+        } else if (strcmp(t->valuestring, "text")) {
+            return bad(e, "response_format", "response_format type '%.40s' is not one of text, json_object, json_schema", t->valuestring);
+        }
+    }
+    const cJSON *tc = cJSON_GetObjectItemCaseSensitive(root, "tool_choice");
+    if (tools && tc && (cJSON_IsObject(tc) || (cJSON_IsString(tc) && !strcmp(tc->valuestring, "required")))) {
+        cJSON *spec = cJSON_CreateObject();
+        cJSON_AddItemToObject(spec, "tools", cJSON_Duplicate(tools, 1));
+        if (cJSON_IsObject(tc)) {
+            const cJSON *f = cJSON_GetObjectItemCaseSensitive(tc, "function");
+            const cJSON *nm = cJSON_GetObjectItemCaseSensitive(f, "name");
+            if (!cJSON_IsString(nm)) {
+                cJSON_Delete(spec);
+                free(text);
+                return bad(e, "tool_choice", "tool_choice must be \"auto\", \"none\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": ...}}");
+            }
+            cJSON_AddStringToObject(spec, "name", nm->valuestring);
+        }
+        free(text);
+        text = cJSON_PrintUnformatted(spec);
+        cJSON_Delete(spec);
+        kind = Q3_GRAMMAR_TOOL_CALL;
+        field = "tool_choice";
+        n++;
+    }
+    static const struct {
+        const char *name;
+        q3_grammar_kind kind;
+    } direct[] = {
+        {"json_schema", Q3_GRAMMAR_JSON_SCHEMA}, {"grammar", Q3_GRAMMAR_GBNF},
+        {"guided_json", Q3_GRAMMAR_JSON_SCHEMA}, {"guided_regex", Q3_GRAMMAR_REGEX},
+        {"guided_choice", Q3_GRAMMAR_CHOICE},    {"guided_grammar", Q3_GRAMMAR_GBNF},
+    };
+    const cJSON *so = cJSON_GetObjectItemCaseSensitive(root, "structured_outputs");
+    if (so && !cJSON_IsNull(so) && !cJSON_IsObject(so)) {
+        free(text);
+        return bad(e, "structured_outputs", "structured_outputs must be an object: {json | regex | choice | grammar}");
+    }
+    static const struct {
+        const char *name;
+        q3_grammar_kind kind;
+    } so_keys[] = {{"json", Q3_GRAMMAR_JSON_SCHEMA}, {"regex", Q3_GRAMMAR_REGEX}, {"choice", Q3_GRAMMAR_CHOICE},
+                   {"grammar", Q3_GRAMMAR_GBNF}, {"json_object", Q3_GRAMMAR_JSON}};
+    for (int pass = 0; pass < 2; pass++) {
+        int count = pass ? (int)(sizeof so_keys / sizeof so_keys[0]) : (int)(sizeof direct / sizeof direct[0]);
+        for (int i = 0; i < count; i++) {
+            const char *name = pass ? so_keys[i].name : direct[i].name;
+            v = cJSON_GetObjectItemCaseSensitive(pass ? so : root, name);
+            if (!v || cJSON_IsNull(v) || (pass && !so)) continue;
+            if (pass && !strcmp(name, "json_object")) {
+                if (!cJSON_IsTrue(v)) continue;
+            }
+            q3_grammar_kind k = pass ? so_keys[i].kind : direct[i].kind;
+            char *t = NULL;
+            if (k == Q3_GRAMMAR_JSON_SCHEMA && (cJSON_IsObject(v) || cJSON_IsBool(v))) t = cJSON_PrintUnformatted(v);
+            else if (k == Q3_GRAMMAR_CHOICE && cJSON_IsArray(v)) t = cJSON_PrintUnformatted(v);
+            else if (k == Q3_GRAMMAR_JSON) t = NULL;
+            else if (cJSON_IsString(v) && k != Q3_GRAMMAR_CHOICE) t = strdup(v->valuestring);
+            else {
+                free(text);
+                return bad(e, pass ? "structured_outputs" : name, "'%s%s%s' has the wrong type (a schema is an object, "
+                           "a choice a list of strings, a regex or grammar a string)", pass ? "structured_outputs." : "",
+                           name, "");
+            }
+            free(text);
+            text = t;
+            kind = k;
+            field = pass ? "structured_outputs" : name;
+            n++;
+        }
+    }
+    if (n == 0) return 0;
+    if (n > 1) {
+        free(text);
+        return bad(e, field, "give one constraint at most (response_format, a forced tool_choice, json_schema, grammar, "
+                             "structured_outputs or guided_*): this request has %d", n);
+    }
+    q3_status st = q3_grammar_compile(a->tok, kind, text ? text : "", text ? strlen(text) : 0, &j->req.grammar);
+    free(text);
+    if (st == Q3_ERR_NOMEM) return srv_err_set(e, 500, "server_error", NULL, NULL, "out of memory");
+    if (st) return bad(e, field, "%s", q3_last_error());
+    j->req.grammar_flags = after_think ? Q3_MATCHER_AFTER_THINK : 0;
+    return 0;
+}
+
 int srv_parse_chat(const srv_api *a, const char *body, size_t len, srv_job *j, srv_err *e)
 {
     static const char *const known[] = {
         "model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "min_p",
         "presence_penalty", "frequency_penalty", "repetition_penalty", "seed", "stop", "stream", "stream_options",
         "chat_template_kwargs", "tools", "tool_choice", "parallel_tool_calls", "logprobs", "top_logprobs", "n",
-        "user", "response_format", "logit_bias", NULL};
+        "user", "response_format", "logit_bias", "json_schema", "grammar", "structured_outputs", "guided_json",
+        "guided_regex", "guided_choice", "guided_grammar", NULL};
     cJSON *root = parse_body(body, len, e);
     if (!root) return e->status;
     int rc = check_body_fields(root, known, e);
@@ -487,12 +607,6 @@ int srv_parse_chat(const srv_api *a, const char *body, size_t len, srv_job *j, s
             rc = get_bool(kw, "enable_thinking", &t, e);
             thinking = t;
         }
-    }
-    const cJSON *rf = cJSON_GetObjectItemCaseSensitive(root, "response_format");
-    if (!rc && rf && !cJSON_IsNull(rf)) {
-        const cJSON *t = cJSON_GetObjectItemCaseSensitive(rf, "type");
-        if (!cJSON_IsObject(rf) || !cJSON_IsString(t) || strcmp(t->valuestring, "text"))
-            rc = bad(e, "response_format", "only response_format {\"type\": \"text\"} is supported");
     }
     const cJSON *tools = cJSON_GetObjectItemCaseSensitive(root, "tools");
     if (!rc && tools && !cJSON_IsNull(tools)) {
@@ -510,10 +624,16 @@ int srv_parse_chat(const srv_api *a, const char *body, size_t len, srv_job *j, s
     const cJSON *tc = cJSON_GetObjectItemCaseSensitive(root, "tool_choice");
     if (!rc && tc && !cJSON_IsNull(tc)) {
         if (cJSON_IsString(tc) && !strcmp(tc->valuestring, "none")) tools = NULL;
-        else if (!(cJSON_IsString(tc) && !strcmp(tc->valuestring, "auto")))
-            rc = bad(e, "tool_choice", "tool_choice must be \"auto\" or \"none\" (q3 serve does not force tool calls)");
+        else if (cJSON_IsString(tc) && !strcmp(tc->valuestring, "required") && !tools)
+            rc = bad(e, "tool_choice", "tool_choice \"required\" needs a non-empty 'tools' list");
+        else if (cJSON_IsObject(tc) && !tools)
+            rc = bad(e, "tool_choice", "a named tool_choice needs a non-empty 'tools' list");
+        else if (!(cJSON_IsString(tc) && (!strcmp(tc->valuestring, "auto") || !strcmp(tc->valuestring, "required"))) &&
+                 !cJSON_IsObject(tc))
+            rc = bad(e, "tool_choice", "tool_choice must be \"auto\", \"none\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": ...}}");
     }
     j->req.parse_tools = tools != NULL;
+    if (!rc) rc = parse_constraint(a, root, tools, thinking != 0, j, e);
     if (!rc) rc = parse_common(a, root, j, thinking != 0, e);
     if (!rc) {
         const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(root, "messages");
@@ -531,12 +651,14 @@ int srv_parse_completion(const srv_api *a, const char *body, size_t len, srv_job
     static const char *const known[] = {
         "model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "min_p", "presence_penalty",
         "frequency_penalty", "repetition_penalty", "seed", "stop", "stream", "stream_options", "n", "user",
-        "logprobs", "echo", "best_of", "suffix", "logit_bias", NULL};
+        "logprobs", "echo", "best_of", "suffix", "logit_bias", "response_format", "json_schema", "grammar",
+        "structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar", NULL};
     cJSON *root = parse_body(body, len, e);
     if (!root) return e->status;
     j->req.kind = SRV_COMPLETION;
     int rc = check_body_fields(root, known, e);
     if (!rc) rc = parse_common(a, root, j, 0, e);
+    if (!rc) rc = parse_constraint(a, root, NULL, 0, j, e);
     int echo = 0;
     long long best_of = 1;
     if (!rc && !(rc = get_bool(root, "echo", &echo, e)) && echo) rc = bad(e, "echo", "echo is not supported");

@@ -1,0 +1,44 @@
+/* What a compiled q3_grammar is: the finished rules, the vocabulary's tables
+ * and the ids of the tokens the rules name. Shared by compile.c and
+ * matcher.c (and the tests and bench, which look inside). */
+#ifndef Q3_GRAMMAR_COMPILED_H
+#define Q3_GRAMMAR_COMPILED_H
+
+#include "grammar/grammar.h"
+#include "grammar/recognizer.h"
+#include "grammar/vocab.h"
+
+struct q3_grammar {
+    int refs;           /* the callers' and the compile cache's (atomic) */
+    char *key;          /* the cache's key: kind, then the text */
+    size_t key_len;
+    q3g *g;
+    const gvocab *v;
+    int32_t *token_ids; /* [g->n_token_names] the id of each named token */
+    int32_t think_close; /* </think>, or -1 */
+    int kind;           /* q3_grammar_kind */
+};
+
+/* Masks remembered per matcher, by recognizer state. */
+#define MATCHER_CACHE 8
+
+struct q3_matcher {
+    const struct q3_grammar *G;
+    unsigned flags;
+    int phase;       /* 0: thinking (before </think>), 1: constrained, 2: ended by an end-of-turn token */
+    rec r;
+    int state;       /* the recognizer's state in phase 1 */
+    uint64_t *mask;  /* [gvocab_mask_words] by rank: the last mask computed */
+    int mask_state;  /* the state mask is for (-1: none) */
+    struct {
+        int state;   /* -1: empty */
+        uint64_t *bits;
+    } cache[MATCHER_CACHE];
+    int cache_next;
+};
+
+/* The mask of m's current position by rank (owned by m, valid until its next
+ * call). */
+q3_status matcher_rank_mask(struct q3_matcher *m, const uint64_t **mask);
+
+#endif

@@ -1,0 +1,255 @@
+/* q3_matcher: one sequence's position in a grammar, its masks, and the
+ * thinking phase before the constraint starts. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "grammar/compiled.h"
+#include "grammar/mask.h"
+#include "q3.h"
+#include "util/error.h"
+
+/* The recognizer's tables are rebuilt around the current state past this. */
+#define MATCHER_TABLE_LIMIT ((size_t)64 << 20)
+
+static void cache_clear(q3_matcher *m)
+{
+    for (int i = 0; i < MATCHER_CACHE; i++) m->cache[i].state = -1;
+    m->mask_state = -1;
+}
+
+static q3_status start(q3_matcher *m)
+{
+    m->phase = (m->flags & Q3_MATCHER_AFTER_THINK) && m->G->think_close >= 0 ? 0 : 1;
+    m->state = rec_start(&m->r);
+    if (m->state < 0) return m->state == REC_DEAD ? q3_fail(Q3_ERR_INVALID, "the grammar matches nothing")
+                                                  : Q3_ERR_NOMEM;
+    return Q3_OK;
+}
+
+q3_status q3_matcher_new(const q3_grammar *G, unsigned flags, q3_matcher **out)
+{
+    *out = NULL;
+    if (!G) return q3_fail(Q3_ERR_INVALID, "q3_matcher_new: no grammar");
+    if (flags & ~(unsigned)Q3_MATCHER_AFTER_THINK) return q3_fail(Q3_ERR_INVALID, "q3_matcher_new: unknown flags %#x", flags);
+    q3_matcher *m = calloc(1, sizeof *m);
+    if (!m) return q3_fail(Q3_ERR_NOMEM, "out of memory");
+    m->G = G;
+    m->flags = flags;
+    size_t words = gvocab_mask_words(G->v);
+    int root = (flags & Q3_MATCHER_AFTER_THINK) ? G->g->root_after_think : G->g->root;
+    q3_status st = rec_init(&m->r, G->g, root);
+    if (st) {
+        free(m);
+        return st;
+    }
+    m->mask = malloc(words * sizeof *m->mask);
+    int ok = m->mask != NULL;
+    for (int i = 0; i < MATCHER_CACHE; i++) ok &= (m->cache[i].bits = malloc(words * sizeof(uint64_t))) != NULL;
+    cache_clear(m);
+    if (!ok) {
+        q3_matcher_free(m);
+        return q3_fail(Q3_ERR_NOMEM, "out of memory");
+    }
+    if ((st = start(m))) {
+        q3_matcher_free(m);
+        return st;
+    }
+    *out = m;
+    return Q3_OK;
+}
+
+void q3_matcher_free(q3_matcher *m)
+{
+    if (!m) return;
+    rec_free(&m->r);
+    free(m->mask);
+    for (int i = 0; i < MATCHER_CACHE; i++) free(m->cache[i].bits);
+    free(m);
+}
+
+void q3_matcher_reset(q3_matcher *m)
+{
+    int root = m->r.root;
+    rec_free(&m->r); /* forget the old text's tables too */
+    cache_clear(m);
+    if (rec_init(&m->r, m->G->g, root) || start(m)) m->state = REC_ERROR;
+}
+
+static int is_end(const gvocab *v, int32_t id) { return id >= 0 && (id == v->eot || id == v->eos); }
+
+static inline void set_rank(uint64_t *m, int32_t r) { m[r >> 6] |= 1ull << (r & 63); }
+
+q3_status matcher_rank_mask(q3_matcher *m, const uint64_t **out)
+{
+    const gvocab *v = m->G->v;
+    size_t words = gvocab_mask_words(v);
+    if (m->phase == 0) { /* thinking: anything but the end */
+        memset(m->mask, 0xff, words * sizeof *m->mask);
+        for (int k = 0; k < 2; k++) {
+            int32_t e = k ? v->eos : v->eot;
+            if (e >= 0) m->mask[v->rank_of[e] >> 6] &= ~(1ull << (v->rank_of[e] & 63));
+        }
+        m->mask_state = -1;
+        *out = m->mask;
+        return Q3_OK;
+    }
+    if (m->phase == 2) {
+        memset(m->mask, 0, words * sizeof *m->mask);
+        if (v->eot >= 0) set_rank(m->mask, v->rank_of[v->eot]);
+        m->mask_state = -1;
+        *out = m->mask;
+        return Q3_OK;
+    }
+    *out = m->mask;
+    if (m->mask_state == m->state) return Q3_OK;
+    for (int i = 0; i < MATCHER_CACHE; i++)
+        if (m->cache[i].state == m->state) {
+            memcpy(m->mask, m->cache[i].bits, words * sizeof *m->mask);
+            m->mask_state = m->state;
+            return Q3_OK;
+        }
+    q3_status st = mask_trie(&m->r, v, m->state, m->mask);
+    if (st) return st;
+    const q3g *g = m->G->g;
+    if (rec_wants_token(&m->r, m->state))
+        for (int i = 0; i < g->n_token_names; i++) {
+            int t = rec_next_token(&m->r, m->state, i);
+            if (t == REC_ERROR) return Q3_ERR_NOMEM;
+            if (t >= 0) set_rank(m->mask, v->rank_of[m->G->token_ids[i]]);
+        }
+    if (rec_accepting(&m->r, m->state)) {
+        if (v->eot >= 0) set_rank(m->mask, v->rank_of[v->eot]);
+        if (v->eos >= 0) set_rank(m->mask, v->rank_of[v->eos]);
+    }
+    int c = m->cache_next;
+    m->cache_next = (c + 1) % MATCHER_CACHE;
+    memcpy(m->cache[c].bits, m->mask, words * sizeof *m->mask);
+    m->cache[c].state = m->state;
+    m->mask_state = m->state;
+    return Q3_OK;
+}
+
+q3_status q3_matcher_mask(q3_matcher *m, uint32_t *allowed, int n_vocab)
+{
+    const uint64_t *mask;
+    q3_status st = matcher_rank_mask(m, &mask);
+    if (st) return st;
+    const gvocab *v = m->G->v;
+    memset(allowed, 0, ((size_t)n_vocab + 31) / 32 * sizeof *allowed);
+    int n = n_vocab < v->n_ids ? n_vocab : v->n_ids;
+    for (int id = 0; id < n; id++) {
+        int32_t r = v->rank_of[id];
+        if (mask[r >> 6] >> (r & 63) & 1) allowed[id >> 5] |= 1u << (id & 31);
+    }
+    return Q3_OK;
+}
+
+q3_status q3_matcher_apply(q3_matcher *m, float *logits, int n_vocab)
+{
+    const uint64_t *mask;
+    q3_status st = matcher_rank_mask(m, &mask);
+    if (st) return st;
+    const gvocab *v = m->G->v;
+    int n = n_vocab < v->n_ids ? n_vocab : v->n_ids;
+    size_t words = gvocab_mask_words(v);
+    for (int id = n; id < n_vocab; id++) logits[id] = -INFINITY;
+    if (!v->shared_ranks && n == v->n_ids) {
+        size_t allowed = 0;
+        for (size_t w = 0; w < words; w++) allowed += (size_t)__builtin_popcountll(mask[w]);
+        if (allowed < (size_t)n / 4) { /* few allowed: keep them, forbid the whole row, put them back */
+            float keep[4096];
+            int32_t kid[4096];
+            if (allowed <= 4096) {
+                size_t k = 0;
+                for (size_t w = 0; w < words; w++)
+                    for (uint64_t b = mask[w]; b; b &= b - 1) {
+                        int32_t id = v->id_of_rank[(int32_t)(w * 64) + __builtin_ctzll(b)];
+                        kid[k] = id;
+                        keep[k++] = logits[id];
+                    }
+                for (int id = 0; id < n; id++) logits[id] = -INFINITY;
+                for (size_t i = 0; i < k; i++) logits[kid[i]] = keep[i];
+                return Q3_OK;
+            }
+        }
+        /* many allowed: forbid the others, visiting only the zero bits */
+        for (size_t w = 0; w < words; w++) {
+            uint64_t z = ~mask[w];
+            if (w == words - 1 && v->n_ids % 64) z &= (1ull << (v->n_ids % 64)) - 1;
+            for (; z; z &= z - 1) logits[v->id_of_rank[(int32_t)(w * 64) + __builtin_ctzll(z)]] = -INFINITY;
+        }
+        return Q3_OK;
+    }
+    const int32_t *rank_of = v->rank_of;
+    for (int id = 0; id < n; id++) {
+        int32_t r = rank_of[id];
+        if (!(mask[r >> 6] >> (r & 63) & 1)) logits[id] = -INFINITY;
+    }
+    return Q3_OK;
+}
+
+static q3_status moved(q3_matcher *m, int s)
+{
+    m->state = s;
+    int c = rec_compact(&m->r, &m->state, MATCHER_TABLE_LIMIT);
+    if (c < 0) return q3_fail(Q3_ERR_NOMEM, "out of memory");
+    if (c) cache_clear(m);
+    return Q3_OK;
+}
+
+q3_status q3_matcher_accept(q3_matcher *m, int32_t id)
+{
+    const gvocab *v = m->G->v;
+    if (id < 0 || id >= v->n_ids) return q3_fail(Q3_ERR_INVALID, "token %d is not in the vocabulary", id);
+    if (m->phase == 0) {
+        if (is_end(v, id)) return q3_fail(Q3_ERR_INVALID, "the output may not end while thinking");
+        if (id == m->G->think_close) m->phase = 1;
+        return Q3_OK;
+    }
+    if (m->phase == 2) return q3_fail(Q3_ERR_INVALID, "the output has ended");
+    if (is_end(v, id)) {
+        if (!rec_accepting(&m->r, m->state)) return q3_fail(Q3_ERR_INVALID, "the output is not complete");
+        m->phase = 2;
+        return Q3_OK;
+    }
+    int s;
+    if (v->in_trie[id]) {
+        s = mask_feed(&m->r, m->state, (const unsigned char *)v->bytes + v->off[id], v->len[id], NULL);
+    } else {
+        s = REC_DEAD;
+        for (int i = 0; i < m->G->g->n_token_names; i++)
+            if (m->G->token_ids[i] == id) {
+                s = rec_next_token(&m->r, m->state, i);
+                break;
+            }
+    }
+    if (s == REC_ERROR) return Q3_ERR_NOMEM;
+    if (s < 0) return q3_fail(Q3_ERR_INVALID, "token %d is not allowed here", id);
+    return moved(m, s);
+}
+
+q3_status q3_matcher_accept_bytes(q3_matcher *m, const char *text, size_t len, size_t *n_ok)
+{
+    if (n_ok) *n_ok = 0;
+    if (m->phase != 1) return q3_fail(Q3_ERR_INVALID, "q3_matcher_accept_bytes: the matcher is not in its constrained text");
+    size_t k = 0;
+    int s = mask_feed(&m->r, m->state, (const unsigned char *)text, len, &k);
+    if (n_ok) *n_ok = k;
+    if (s == REC_ERROR) return Q3_ERR_NOMEM;
+    if (s < 0) {
+        /* keep the position of the longest valid prefix */
+        int p = mask_feed(&m->r, m->state, (const unsigned char *)text, k, NULL);
+        if (p >= 0) moved(m, p);
+        return q3_fail(Q3_ERR_INVALID, "rejected at byte %zu", k);
+    }
+    return moved(m, s);
+}
+
+q3_match_state q3_matcher_state(const q3_matcher *m)
+{
+    if (m->phase == 0) return Q3_MATCH_OPEN;
+    if (m->phase == 2) return Q3_MATCH_DONE;
+    if (!rec_accepting(&m->r, m->state)) return Q3_MATCH_OPEN;
+    return rec_can_continue(&m->r, m->state) || rec_wants_token(&m->r, m->state) ? Q3_MATCH_COMPLETE : Q3_MATCH_DONE;
+}

@@ -1,0 +1,385 @@
+/* The byte-level recognizer (recognizer.h): hash-consed stacks, interned
+ * states, memoized transitions. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "grammar/recognizer.h"
+#include "util/error.h"
+
+static uint32_t mix2(uint32_t a, uint32_t b)
+{
+    uint64_t h = ((uint64_t)a << 32 | b) * 0x9e3779b97f4a7c15ull;
+    return (uint32_t)(h >> 32) ^ (uint32_t)h;
+}
+
+static int fail_nomem(rec *r)
+{
+    r->failed = 1;
+    q3_fail(Q3_ERR_NOMEM, "out of memory");
+    return REC_ERROR;
+}
+
+static int grow(void **p, size_t *cap, size_t need, size_t elem)
+{
+    if (need <= *cap) return 0;
+    size_t c = *cap ? *cap : 64;
+    while (c < need) c *= 2;
+    void *q = realloc(*p, c * elem);
+    if (!q) return -1;
+    *p = q;
+    *cap = c;
+    return 0;
+}
+
+/* ---- nodes --------------------------------------------------------------------- */
+
+static int rehash_nodes(rec *r, uint32_t cap)
+{
+    int32_t *h = calloc(cap, sizeof *h);
+    if (!h) return -1;
+    for (int i = 1; i < r->n_nodes; i++) {
+        uint32_t k = mix2((uint32_t)r->npos[i], (uint32_t)r->npar[i]) & (cap - 1);
+        while (h[k]) k = (k + 1) & (cap - 1);
+        h[k] = i + 1;
+    }
+    free(r->nhash);
+    r->nhash = h;
+    r->nhash_cap = cap;
+    return 0;
+}
+
+/* The node (pos, par), made if new; -1 on failure. */
+static int node(rec *r, int pos, int par)
+{
+    if ((uint32_t)r->n_nodes * 2 >= r->nhash_cap && rehash_nodes(r, r->nhash_cap ? r->nhash_cap * 2 : 1024))
+        return -1;
+    uint32_t k = mix2((uint32_t)pos, (uint32_t)par) & (r->nhash_cap - 1);
+    for (int32_t e; (e = r->nhash[k]); k = (k + 1) & (r->nhash_cap - 1))
+        if (r->npos[e - 1] == pos && r->npar[e - 1] == par) return e - 1;
+    if (r->n_nodes == r->cap_nodes) {
+        size_t c = (size_t)r->cap_nodes, c2 = c, c3 = c;
+        if (grow((void **)&r->npos, &c, c + 1, sizeof *r->npos) || grow((void **)&r->npar, &c2, c2 + 1, sizeof *r->npar) ||
+            grow((void **)&r->seen, &c3, c3 + 1, sizeof *r->seen))
+            return -1;
+        memset(r->seen + r->cap_nodes, 0, (c - (size_t)r->cap_nodes) * sizeof *r->seen);
+        r->cap_nodes = (int)c;
+    }
+    int id = r->n_nodes++;
+    r->npos[id] = pos;
+    r->npar[id] = par;
+    r->seen[id] = 0;
+    r->nhash[k] = id + 1;
+    return id;
+}
+
+/* The stack after the symbol at pos is matched: its parent if pos ends its alternative. */
+static int cont(rec *r, int pos, int par)
+{
+    return r->g->syms[pos + 1].kind == GS_END ? par : node(r, pos + 1, par);
+}
+
+static int add(rec *r, int x)
+{
+    if (r->n_buf == r->cap_buf) {
+        size_t c = (size_t)r->cap_buf;
+        if (grow((void **)&r->buf, &c, c + 1, sizeof *r->buf)) return -1;
+        r->cap_buf = (int)c;
+    }
+    if (r->n_buf >= REC_MAX_STACKS) {
+        r->failed = 1;
+        q3_fail(Q3_ERR_UNSUPPORTED, "the grammar is too ambiguous: more than %d parses of one prefix", REC_MAX_STACKS);
+        return -1;
+    }
+    r->buf[r->n_buf++] = x;
+    return 0;
+}
+
+/* Adds the stacks x expands to (tops at a byte class or token; 0 when it empties). */
+static int closure(rec *r, int x)
+{
+    for (;;) {
+        if (x == 0) {
+            if (r->seen[0] == r->stamp) return 0;
+            r->seen[0] = r->stamp;
+            return add(r, 0);
+        }
+        if (r->seen[x] == r->stamp) return 0;
+        r->seen[x] = r->stamp;
+        int pos = r->npos[x];
+        gsym s = r->g->syms[pos];
+        if (s.kind == GS_END) {
+            x = r->npar[x];
+            continue;
+        }
+        if (s.kind != GS_RULE) return add(r, x);
+        int k = cont(r, pos, r->npar[x]);
+        if (k < 0) return -1;
+        int a0 = r->g->rule_alt0[s.arg], na = r->g->rule_nalt[s.arg];
+        for (int a = a0; a < a0 + na; a++) {
+            int y = node(r, r->g->alt_start[a], k);
+            if (y < 0 || closure(r, y)) return -1;
+        }
+        return 0;
+    }
+}
+
+static void begin(rec *r)
+{
+    r->n_buf = 0;
+    if (++r->stamp == 0) { /* wrapped: clear the stamps */
+        memset(r->seen, 0, (size_t)r->cap_nodes * sizeof *r->seen);
+        r->stamp = 1;
+    }
+}
+
+/* ---- states -------------------------------------------------------------------- */
+
+static int cmp_i32(const void *a, const void *b)
+{
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+static uint32_t hash_set(const int32_t *v, int n)
+{
+    uint32_t h = 0x811c9dc5u ^ (uint32_t)n;
+    for (int i = 0; i < n; i++) h = mix2(h, (uint32_t)v[i]);
+    return h;
+}
+
+static int rehash_states(rec *r, uint32_t cap)
+{
+    int32_t *h = calloc(cap, sizeof *h);
+    if (!h) return -1;
+    for (int s = 0; s < r->n_states; s++) {
+        uint32_t k = hash_set(r->pool + r->st_off[s], r->st_len[s]) & (cap - 1);
+        while (h[k]) k = (k + 1) & (cap - 1);
+        h[k] = s + 1;
+    }
+    free(r->shash);
+    r->shash = h;
+    r->shash_cap = cap;
+    return 0;
+}
+
+/* The state of the stacks in buf (sorted and deduplicated here): REC_DEAD if none. */
+static int intern(rec *r)
+{
+    if (r->n_buf == 0) return REC_DEAD;
+    qsort(r->buf, (size_t)r->n_buf, sizeof *r->buf, cmp_i32);
+    if ((uint32_t)r->n_states * 2 >= r->shash_cap && rehash_states(r, r->shash_cap ? r->shash_cap * 2 : 256))
+        return fail_nomem(r);
+    uint32_t k = hash_set(r->buf, r->n_buf) & (r->shash_cap - 1);
+    for (int32_t e; (e = r->shash[k]); k = (k + 1) & (r->shash_cap - 1)) {
+        int s = e - 1;
+        if (r->st_len[s] == r->n_buf && !memcmp(r->pool + r->st_off[s], r->buf, (size_t)r->n_buf * sizeof *r->buf))
+            return s;
+    }
+    if (r->n_states == r->cap_states) {
+        size_t c = (size_t)r->cap_states, c1 = c, c2 = c, c3 = c, c4 = c, c5 = c;
+        if (grow((void **)&r->st_off, &c, c + 1, sizeof *r->st_off) ||
+            grow((void **)&r->st_len, &c1, c1 + 1, sizeof *r->st_len) ||
+            grow((void **)&r->st_trans, &c2, c2 + 1, sizeof *r->st_trans) ||
+            grow((void **)&r->st_loop, &c3, c3 + 1, sizeof *r->st_loop) ||
+            grow((void **)&r->st_loop_ok, &c4, c4 + 1, sizeof *r->st_loop_ok) ||
+            grow((void **)&r->st_text, &c5, c5 + 1, sizeof *r->st_text))
+            return fail_nomem(r);
+        r->cap_states = (int)c;
+    }
+    if (grow((void **)&r->pool, &r->cap_pool, r->n_pool + (size_t)r->n_buf, sizeof *r->pool)) return fail_nomem(r);
+    int s = r->n_states++;
+    r->st_off[s] = (int32_t)r->n_pool;
+    r->st_len[s] = r->n_buf;
+    r->st_trans[s] = NULL;
+    r->st_loop_ok[s] = 0;
+    r->st_text[s] = 0;
+    memcpy(r->pool + r->n_pool, r->buf, (size_t)r->n_buf * sizeof *r->buf);
+    r->n_pool += (size_t)r->n_buf;
+    r->shash[k] = s + 1;
+    r->bytes += (size_t)r->n_buf * sizeof(int32_t) + 48;
+    return s;
+}
+
+q3_status rec_init(rec *r, const q3g *g, int root)
+{
+    memset(r, 0, sizeof *r);
+    r->g = g;
+    r->root = root;
+    if (node(r, -1, 0) != 0) { /* node 0: the empty stack (its fields are never read) */
+        rec_free(r);
+        return q3_fail(Q3_ERR_NOMEM, "out of memory");
+    }
+    return Q3_OK;
+}
+
+void rec_free(rec *r)
+{
+    free(r->npos);
+    free(r->npar);
+    free(r->nhash);
+    free(r->seen);
+    for (int s = 0; s < r->n_states; s++) free(r->st_trans[s]);
+    free(r->st_off);
+    free(r->st_len);
+    free(r->st_trans);
+    free(r->st_loop);
+    free(r->st_loop_ok);
+    free(r->st_text);
+    free(r->shash);
+    free(r->pool);
+    free(r->buf);
+    memset(r, 0, sizeof *r);
+}
+
+int rec_start(rec *r)
+{
+    begin(r);
+    const q3g *g = r->g;
+    int a0 = g->rule_alt0[r->root], na = g->rule_nalt[r->root];
+    for (int a = a0; a < a0 + na; a++) {
+        int y = node(r, g->alt_start[a], 0);
+        if (y < 0) return fail_nomem(r);
+        if (closure(r, y)) return r->failed ? REC_ERROR : fail_nomem(r);
+    }
+    return intern(r);
+}
+
+int rec_next_uncached(rec *r, int s, unsigned c)
+{
+    begin(r);
+    const q3g *g = r->g;
+    int32_t off = r->st_off[s], n = r->st_len[s];
+    for (int i = 0; i < n; i++) {
+        int x = r->pool[off + i];
+        if (x == 0) continue;
+        gsym sym = g->syms[r->npos[x]];
+        if (sym.kind != GS_BYTES || !gclass_has(&g->classes[sym.arg], c)) continue;
+        int k = cont(r, r->npos[x], r->npar[x]);
+        if (k < 0) return fail_nomem(r);
+        if (closure(r, k)) return r->failed ? REC_ERROR : fail_nomem(r);
+        off = r->st_off[s]; /* the pool does not move here, but stay safe */
+    }
+    return intern(r);
+}
+
+int rec_next(rec *r, int s, unsigned c)
+{
+    int32_t *t = r->st_trans[s];
+    if (!t) {
+        t = malloc(256 * sizeof *t);
+        if (!t) return fail_nomem(r);
+        for (int i = 0; i < 256; i++) t[i] = REC_UNKNOWN;
+        r->st_trans[s] = t;
+        r->bytes += 256 * sizeof *t;
+    }
+    if (t[c] != REC_UNKNOWN) return t[c];
+    int n = rec_next_uncached(r, s, c);
+    if (n == REC_ERROR) return n;
+    r->st_trans[s][c] = n;
+    return n;
+}
+
+int rec_next_token(rec *r, int s, int tok)
+{
+    begin(r);
+    const q3g *g = r->g;
+    for (int i = 0; i < r->st_len[s]; i++) {
+        int x = r->pool[r->st_off[s] + i];
+        if (x == 0) continue;
+        gsym sym = g->syms[r->npos[x]];
+        if (sym.kind != GS_TOKEN || (int)sym.arg != tok) continue;
+        int k = cont(r, r->npos[x], r->npar[x]);
+        if (k < 0) return fail_nomem(r);
+        if (closure(r, k)) return r->failed ? REC_ERROR : fail_nomem(r);
+    }
+    return intern(r);
+}
+
+int rec_can_continue(const rec *r, int s)
+{
+    for (int i = 0; i < r->st_len[s]; i++) {
+        int x = r->pool[r->st_off[s] + i];
+        if (x && r->g->syms[r->npos[x]].kind == GS_BYTES) return 1;
+    }
+    return 0;
+}
+
+int rec_wants_token(const rec *r, int s)
+{
+    for (int i = 0; i < r->st_len[s]; i++) {
+        int x = r->pool[r->st_off[s] + i];
+        if (x && r->g->syms[r->npos[x]].kind == GS_TOKEN) return 1;
+    }
+    return 0;
+}
+
+const gclass *rec_loop(rec *r, int s)
+{
+    if (!r->st_loop_ok[s]) {
+        gclass l = {{0}};
+        /* only bytes some stack can take may loop */
+        gclass any = {{0}};
+        for (int i = 0; i < r->st_len[s]; i++) {
+            int x = r->pool[r->st_off[s] + i];
+            if (!x) continue;
+            gsym sym = r->g->syms[r->npos[x]];
+            if (sym.kind != GS_BYTES) continue;
+            for (int w = 0; w < 4; w++) any.w[w] |= r->g->classes[sym.arg].w[w];
+        }
+        for (unsigned c = 0; c < 256; c++) {
+            if (!gclass_has(&any, c)) continue;
+            int t = rec_next(r, s, c);
+            if (t == REC_ERROR) return NULL;
+            if (t == s) gclass_add(&l, c);
+        }
+        r->st_loop[s] = l;
+        r->st_loop_ok[s] = 1;
+    }
+    return &r->st_loop[s];
+}
+
+/* ---- compaction ------------------------------------------------------------------- */
+
+static int copy_stack(rec *dst, const rec *src, int x, int32_t *map)
+{
+    if (x == 0) return 0;
+    if (map[x] >= 0) return map[x];
+    int p = copy_stack(dst, src, src->npar[x], map);
+    if (p < 0) return -1;
+    int y = node(dst, src->npos[x], p);
+    map[x] = y;
+    return y;
+}
+
+int rec_compact(rec *r, int *s, size_t limit)
+{
+    size_t held = r->bytes + (size_t)r->cap_nodes * 12 + (size_t)r->nhash_cap * 4;
+    if (held < limit) return 0;
+    rec fresh;
+    if (rec_init(&fresh, r->g, r->root)) return -1;
+    int32_t *map = malloc((size_t)r->n_nodes * sizeof *map);
+    if (!map) {
+        rec_free(&fresh);
+        return -1;
+    }
+    for (int i = 0; i < r->n_nodes; i++) map[i] = -1;
+    begin(&fresh);
+    for (int i = 0; i < r->st_len[*s]; i++) {
+        int y = copy_stack(&fresh, r, r->pool[r->st_off[*s] + i], map);
+        if (y < 0 || add(&fresh, y)) {
+            free(map);
+            rec_free(&fresh);
+            return -1;
+        }
+    }
+    free(map);
+    int ns = intern(&fresh);
+    if (ns < 0) {
+        rec_free(&fresh);
+        return -1;
+    }
+    rec_free(r);
+    *r = fresh;
+    *s = ns;
+    return 1;
+}

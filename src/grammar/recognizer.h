@@ -1,0 +1,84 @@
+/* The byte-level recognizer: a set of parser stacks over a q3g.
+ *
+ * A stack is a chain of nodes (pos, parent): pos is the symbol being matched
+ * (an index into g->syms), parent the stack to return to when its alternative
+ * ends (0: the empty stack). Nodes are hash-consed, so equal stacks are equal
+ * ids; a continuation that would return straight away is its parent (a tail
+ * call), so right recursion (x*) runs in constant stack. A state is the sorted
+ * set of stacks whose top is a byte class or a named token, plus node 0 when
+ * the text so far is complete; states are interned too, and their byte
+ * transitions memoized, so the mask walk (mask.c) mostly reads a table.
+ *
+ * All of it is per recognizer (one per matcher, one thread); rec_compact
+ * drops what the current state no longer needs when the tables grow large. */
+#ifndef Q3_GRAMMAR_RECOGNIZER_H
+#define Q3_GRAMMAR_RECOGNIZER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "grammar/grammar.h"
+
+enum { REC_DEAD = -1, REC_UNKNOWN = -2, REC_ERROR = -3 };
+
+typedef struct rec {
+    const q3g *g;
+    int root;               /* the rule rec_start starts from */
+    /* nodes */
+    int32_t *npos, *npar;   /* [cap_nodes] */
+    int n_nodes, cap_nodes;
+    int32_t *nhash;         /* open addressing: node + 1, 0 empty; [hash_cap] */
+    uint32_t nhash_cap;
+    uint32_t *seen;         /* [cap_nodes] closure stamp */
+    uint32_t stamp;
+    /* states */
+    int32_t *st_off, *st_len; /* [cap_states] their nodes in pool */
+    int32_t **st_trans;       /* [cap_states] NULL or [256]: REC_UNKNOWN, REC_DEAD or a state */
+    gclass *st_loop;          /* [cap_states] bytes that lead back to the same state */
+    uint8_t *st_loop_ok;      /* [cap_states] st_loop computed */
+    uint8_t *st_text;         /* [cap_states] mask.c's memo: 0 not known, 1 no, 2 JSON string text loops here */
+    int n_states, cap_states;
+    int32_t *shash;           /* state + 1, 0 empty; [shash_cap] */
+    uint32_t shash_cap;
+    int32_t *pool;
+    size_t n_pool, cap_pool;
+    /* scratch */
+    int32_t *buf;
+    int n_buf, cap_buf;
+    int failed;               /* an allocation failed or a state grew past REC_MAX_STACKS */
+    size_t bytes;             /* memory held by the tables above */
+} rec;
+
+/* A state holding more stacks than this is refused (an ambiguous grammar). */
+#define REC_MAX_STACKS 4096
+
+/* A recognizer of g's language from rule root. */
+q3_status rec_init(rec *r, const q3g *g, int root);
+void rec_free(rec *r);
+
+/* The start state (>= 0), or REC_ERROR (message set). */
+int rec_start(rec *r);
+
+/* The state after byte c from state s: a state, REC_DEAD, or REC_ERROR. Memoized. */
+int rec_next(rec *r, int s, unsigned c);
+/* The same computed afresh (no memo): the oracle the tests compare against. */
+int rec_next_uncached(rec *r, int s, unsigned c);
+/* The state after the named token tok (an index into g->token_names). */
+int rec_next_token(rec *r, int s, int tok);
+
+/* Whether the text so far may end here. */
+static inline int rec_accepting(const rec *r, int s) { return r->st_len[s] > 0 && r->pool[r->st_off[s]] == 0; }
+/* Whether some byte may follow (some stack's top is a byte class). */
+int rec_can_continue(const rec *r, int s);
+/* Whether some stack's top is a named token. */
+int rec_wants_token(const rec *r, int s);
+
+/* The bytes that lead from s back to s, or NULL (REC_ERROR). */
+const gclass *rec_loop(rec *r, int s);
+
+/* When the tables have grown past about limit bytes: rebuilds them holding
+ * only state *s (renumbered in place). Returns 1 if it did (every state id
+ * held elsewhere is then stale), 0 if not needed, -1 on failure. */
+int rec_compact(rec *r, int *s, size_t limit);
+
+#endif

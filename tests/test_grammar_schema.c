@@ -1,0 +1,367 @@
+/* JSON Schema, regex and tool-call front ends: texts accepted and rejected,
+ * exact integer and number ranges, refused keywords named, and the mask
+ * oracle on a recursive schema, a schema with formats, and a regex. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "grammar/compiled.h"
+#include "grammar/mask.h"
+#include "q3.h"
+#include "test.h"
+
+#define TOKENIZER_JSON TEST_DATA "/golden/e2e/tokenizer.json"
+
+static q3_tokenizer *tok;
+
+static q3_grammar *compile(q3_grammar_kind k, const char *text)
+{
+    q3_grammar *G = NULL;
+    q3_status st = q3_grammar_compile(tok, k, text, strlen(text), &G);
+    CHECK(st == Q3_OK, "compile %.80s: %s", text, q3_last_error());
+    return G;
+}
+
+/* 1 complete, 0 a valid prefix, -1 rejected. */
+static int run_text(q3_grammar *G, const char *text)
+{
+    q3_matcher *m;
+    if (q3_matcher_new(G, 0, &m)) return -2;
+    size_t ok;
+    q3_status st = q3_matcher_accept_bytes(m, text, strlen(text), &ok);
+    int r = st ? -1 : q3_matcher_state(m) != Q3_MATCH_OPEN ? 1 : 0;
+    q3_matcher_free(m);
+    return r;
+}
+
+#define ACCEPT(G, t) CHECK(run_text(G, t) == 1, "'%s' should be accepted (got %d)", t, run_text(G, t))
+#define PREFIX(G, t) CHECK(run_text(G, t) == 0, "'%s' should be a valid prefix (got %d)", t, run_text(G, t))
+#define INCOMPLETE(G, t) CHECK(run_text(G, t) != 1, "'%s' should not be accepted as complete", t)
+#define REJECT(G, t) CHECK(run_text(G, t) == -1, "'%s' should be rejected (got %d)", t, run_text(G, t))
+
+static void test_objects(void)
+{
+    q3_grammar *G = compile(Q3_GRAMMAR_JSON_SCHEMA,
+                            "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\",\"maxLength\":5},"
+                            "\"age\":{\"type\":\"integer\",\"minimum\":0,\"maximum\":150},"
+                            "\"tags\":{\"type\":\"array\",\"items\":{\"enum\":[\"a\",\"b\",null]},\"maxItems\":2}},"
+                            "\"required\":[\"name\"],\"additionalProperties\":false}");
+    if (!G) return;
+    ACCEPT(G, "{\"name\":\"bob\"}");
+    ACCEPT(G, "{\"name\": \"bob\", \"age\": 42, \"tags\": [\"a\", null]}");
+    ACCEPT(G, "{ \"name\" : \"\\u00e9\\n\" , \"tags\" : [ ] }");
+    ACCEPT(G, "{\n  \"name\": \"x\",\n  \"age\": 150\n}");
+    REJECT(G, "{\"age\": 3}");                     /* name is required and comes first */
+    REJECT(G, "{\"name\":\"bob\",\"age\":151}");
+    REJECT(G, "{\"name\":\"bob\",\"age\":-1}");
+    REJECT(G, "{\"name\":\"toolong\"}");
+    REJECT(G, "{\"name\":\"b\",\"tags\":[\"a\",\"b\",\"a\"]}");
+    REJECT(G, "{\"name\":\"b\",\"other\":1}");
+    REJECT(G, "{\"name\":\"b\",}");
+    PREFIX(G, "{\"name\":\"b\"");
+    char spaces[128] = "{";
+    memset(spaces + 1, ' ', 40);
+    spaces[41] = 0;
+    REJECT(G, spaces); /* whitespace is bounded */
+    q3_grammar_free(G);
+
+    /* additional properties: allowed after the listed ones, never with a listed name */
+    G = compile(Q3_GRAMMAR_JSON_SCHEMA, "{\"properties\":{\"a\":{\"type\":\"integer\"}},\"additionalProperties\":{\"type\":\"string\"}}");
+    if (G) {
+        ACCEPT(G, "{\"a\":1,\"b\":\"x\"}");
+        ACCEPT(G, "{\"ab\":\"x\"}");
+        ACCEPT(G, "{\"b\":\"x\",\"\\u0061\":\"y\"}");
+        REJECT(G, "{\"a\":\"x\"}");
+        REJECT(G, "{\"b\":\"x\",\"a\":\"y\"}");
+        REJECT(G, "{\"b\":1}");
+        ACCEPT(G, "\"not an object\""); /* no type: other types are not constrained */
+        ACCEPT(G, "[1,{\"x\":null}]");
+        q3_grammar_free(G);
+    }
+}
+
+static void test_numbers(void)
+{
+    struct {
+        const char *schema;
+        long lo, hi; /* accepted integers within [-3000, 3000] */
+    } ranges[] = {
+        {"{\"type\":\"integer\",\"minimum\":-37,\"maximum\":1234}", -37, 1234},
+        {"{\"type\":\"integer\",\"exclusiveMinimum\":9,\"exclusiveMaximum\":100}", 10, 99},
+        {"{\"type\":\"integer\",\"minimum\":0,\"exclusiveMinimum\":true,\"maximum\":7.5}", 1, 7},
+        {"{\"type\":\"integer\",\"maximum\":-10}", -3000, -10},
+        {"{\"type\":\"integer\",\"minimum\":999}", 999, 3000},
+        {"{\"type\":\"integer\",\"minimum\":0,\"maximum\":0}", 0, 0},
+    };
+    for (size_t i = 0; i < sizeof ranges / sizeof ranges[0]; i++) {
+        q3_grammar *G = compile(Q3_GRAMMAR_JSON_SCHEMA, ranges[i].schema);
+        if (!G) continue;
+        int wrong = 0;
+        for (long v = -3000; v <= 3000; v++) {
+            char t[32];
+            snprintf(t, sizeof t, "%ld", v);
+            int want = v >= ranges[i].lo && v <= ranges[i].hi, got = run_text(G, t) == 1;
+            if (want != got && wrong++ < 3) fprintf(stderr, "%s: %ld accepted %d\n", ranges[i].schema, v, got);
+        }
+        CHECK(wrong == 0, "%s: %d integers wrong", ranges[i].schema, wrong);
+        REJECT(G, "012");
+        REJECT(G, "1.5");
+        q3_grammar_free(G);
+    }
+    q3_grammar *G = compile(Q3_GRAMMAR_JSON_SCHEMA, "{\"type\":\"number\",\"minimum\":-2,\"exclusiveMaximum\":3}");
+    if (G) {
+        const char *yes[] = {"-2", "-2.0", "-1.999", "0", "-0.5", "2.999", "1", "0.25"};
+        const char *no[] = {"-2.001", "3", "3.0", "3.5", "-3", "10"};
+        for (size_t i = 0; i < sizeof yes / sizeof yes[0]; i++) ACCEPT(G, yes[i]);
+        for (size_t i = 0; i < sizeof no / sizeof no[0]; i++) REJECT(G, no[i]);
+        q3_grammar_free(G);
+    }
+    G = compile(Q3_GRAMMAR_JSON_SCHEMA, "{\"type\":\"number\"}");
+    if (G) {
+        ACCEPT(G, "-1.5e+10");
+        ACCEPT(G, "0");
+        REJECT(G, "01");
+        PREFIX(G, "1.");
+        REJECT(G, "1.e");
+        REJECT(G, ".5");
+        q3_grammar_free(G);
+    }
+}
+
+static void test_strings_and_formats(void)
+{
+    q3_grammar *G = compile(Q3_GRAMMAR_JSON_SCHEMA,
+                            "{\"type\":\"object\",\"properties\":{\"d\":{\"type\":\"string\",\"format\":\"date\"},"
+                            "\"u\":{\"format\":\"uuid\",\"type\":\"string\"},\"ip\":{\"type\":\"string\",\"format\":\"ipv4\"},"
+                            "\"code\":{\"type\":\"string\",\"pattern\":\"^[A-Z]{2}-\\\\d{3}$\"},"
+                            "\"free\":{\"type\":\"string\",\"pattern\":\"ab\"},"
+                            "\"dt\":{\"type\":\"string\",\"format\":\"date-time\"},"
+                            "\"e\":{\"type\":\"string\",\"format\":\"email\"}},\"additionalProperties\":false}");
+    if (!G) return;
+    ACCEPT(G, "{\"d\":\"2024-02-29\",\"u\":\"123e4567-e89b-12d3-a456-426614174000\",\"ip\":\"192.168.0.255\","
+              "\"code\":\"AB-123\",\"free\":\"xxabyy\",\"dt\":\"2024-01-01T12:00:00Z\",\"e\":\"a.b@c.org\"}");
+    REJECT(G, "{\"d\":\"2024-13-01\"}");
+    REJECT(G, "{\"ip\":\"256.1.1.1\"}");
+    REJECT(G, "{\"code\":\"AB-12\"}");
+    REJECT(G, "{\"code\":\"AB-1234\"}");
+    REJECT(G, "{\"free\":\"xxayy\"}");
+    REJECT(G, "{\"dt\":\"2024-01-01 25:00:00Z\"}");
+    q3_grammar_free(G);
+    G = compile(Q3_GRAMMAR_JSON_SCHEMA, "{\"type\":\"string\",\"pattern\":\"^a\\\"b\\\\\\\\c\\n$\"}");
+    if (G) {
+        ACCEPT(G, "\"a\\\"b\\\\c\\n\""); /* ", \ and newline as JSON escapes them */
+        REJECT(G, "\"a\"");
+        q3_grammar_free(G);
+    }
+    G = compile(Q3_GRAMMAR_JSON_SCHEMA, "{\"type\":\"string\",\"minLength\":2,\"maxLength\":3}");
+    if (G) {
+        REJECT(G, "\"a\"");
+        ACCEPT(G, "\"\xc3\xa9\\n\"");
+        ACCEPT(G, "\"abc\"");
+        REJECT(G, "\"abcd\"");
+        q3_grammar_free(G);
+    }
+}
+
+static void test_combinators(void)
+{
+    const char *rec = "{\"$defs\":{\"node\":{\"type\":\"object\",\"properties\":{\"v\":{\"type\":\"integer\"},"
+                      "\"kids\":{\"type\":\"array\",\"items\":{\"$ref\":\"#/$defs/node\"}}},\"required\":[\"v\"],"
+                      "\"additionalProperties\":false}},\"$ref\":\"#/$defs/node\"}";
+    q3_grammar *G = compile(Q3_GRAMMAR_JSON_SCHEMA, rec);
+    if (G) {
+        ACCEPT(G, "{\"v\":1,\"kids\":[{\"v\":2},{\"v\":3,\"kids\":[{\"v\":4,\"kids\":[]}]}]}");
+        REJECT(G, "{\"v\":1,\"kids\":[{\"w\":2}]}");
+        q3_grammar_free(G);
+    }
+    G = compile(Q3_GRAMMAR_JSON_SCHEMA,
+                "{\"anyOf\":[{\"type\":\"string\",\"maxLength\":1},{\"type\":\"integer\",\"minimum\":5}],"
+                "\"definitions\":{}}");
+    if (G) {
+        ACCEPT(G, "\"a\"");
+        ACCEPT(G, "7");
+        INCOMPLETE(G, "4");
+        REJECT(G, "4.5");
+        REJECT(G, "\"ab\"");
+        q3_grammar_free(G);
+    }
+    G = compile(Q3_GRAMMAR_JSON_SCHEMA,
+                "{\"allOf\":[{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}},\"required\":[\"a\"]},"
+                "{\"properties\":{\"b\":{\"const\":true},\"a\":{\"maximum\":3}},\"required\":[\"b\"]}],"
+                "\"additionalProperties\":false}");
+    if (G) {
+        ACCEPT(G, "{\"a\":3,\"b\":true}");
+        REJECT(G, "{\"a\":4,\"b\":true}");
+        REJECT(G, "{\"a\":3}");
+        q3_grammar_free(G);
+    }
+    G = compile(Q3_GRAMMAR_JSON_SCHEMA, "{\"type\":[\"array\",\"null\"],\"prefixItems\":[{\"type\":\"boolean\"},"
+                                        "{\"type\":\"string\"}],\"items\":false,\"minItems\":1}");
+    if (G) {
+        ACCEPT(G, "null");
+        ACCEPT(G, "[true]");
+        ACCEPT(G, "[false, \"x\"]");
+        REJECT(G, "[]");
+        REJECT(G, "[true, \"x\", 1]");
+        REJECT(G, "[\"x\"]");
+        q3_grammar_free(G);
+    }
+    G = compile(Q3_GRAMMAR_JSON_SCHEMA, "{\"const\":{\"k\":[1,\"two\",null]}}");
+    if (G) {
+        ACCEPT(G, "{\"k\":[1,\"two\",null]}");
+        ACCEPT(G, "{ \"k\" : [ 1 , \"two\" , null ] }");
+        REJECT(G, "{\"k\":[1,\"two\"]}");
+        q3_grammar_free(G);
+    }
+}
+
+static void test_refusals(void)
+{
+    struct {
+        const char *schema, *named;
+    } bad[] = {
+        {"{\"type\":\"integer\",\"multipleOf\":3}", "'multipleOf'"},
+        {"{\"type\":\"array\",\"uniqueItems\":true}", "'uniqueItems'"},
+        {"{\"type\":\"object\",\"patternProperties\":{\"^x\":{}}}", "'patternProperties'"},
+        {"{\"if\":{\"type\":\"string\"},\"then\":{\"minLength\":1}}", "'if'"},
+        {"{\"not\":{\"type\":\"string\"}}", "'not'"},
+        {"{\"type\":\"string\",\"format\":\"hostname\"}", "hostname"},
+        {"{\"type\":\"number\",\"minimum\":1.5}", "'minimum'"},
+        {"{\"$ref\":\"http://example.com/s.json\"}", "'$ref'"},
+        {"{\"type\":\"string\",\"pattern\":\"(a)\\\\1\"}", "backreferences"},
+        {"{\"type\":\"string\",\"pattern\":\"a(?=b)\"}", "lookaround"},
+        {"{\"properties\":{\"x\":{\"minProperties\":1}}}", "'minProperties'"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        q3_grammar *G = NULL;
+        q3_status st = q3_grammar_compile(tok, Q3_GRAMMAR_JSON_SCHEMA, bad[i].schema, strlen(bad[i].schema), &G);
+        CHECK(st == Q3_ERR_UNSUPPORTED && !G, "%s: status %d (%s)", bad[i].schema, st, q3_last_error());
+        CHECK_CONTAINS(q3_last_error(), bad[i].named);
+        q3_grammar_free(G);
+    }
+    q3_grammar *G = NULL;
+    CHECK(q3_grammar_compile(tok, Q3_GRAMMAR_JSON_SCHEMA, "{\"type\":", 8, &G) == Q3_ERR_INVALID, "malformed JSON");
+    CHECK(q3_grammar_compile(tok, Q3_GRAMMAR_JSON_SCHEMA, "{\"type\":\"strin\"}", 16, &G) == Q3_ERR_INVALID, "bad type");
+    CHECK_CONTAINS(q3_last_error(), "strin");
+}
+
+static void test_regex_choice_tool(void)
+{
+    q3_grammar *G = compile(Q3_GRAMMAR_REGEX, "(\\+1 )?\\(?[0-9]{3}\\)?[ -]?[0-9]{3}-[0-9]{4}");
+    if (G) {
+        ACCEPT(G, "+1 (555) 123-4567");
+        ACCEPT(G, "555 123-4567");
+        REJECT(G, "555-12-4567");
+        q3_grammar_free(G);
+    }
+    G = compile(Q3_GRAMMAR_REGEX, "^[^\\s@]+@(?:[a-z]+\\.)+[a-z]{2,}$");
+    if (G) {
+        ACCEPT(G, "me@x.example.com");
+        INCOMPLETE(G, "me@x");
+        REJECT(G, "me@@x");
+        q3_grammar_free(G);
+    }
+    G = compile(Q3_GRAMMAR_CHOICE, "[\"positive\", \"negative\", \"neutral\"]");
+    if (G) {
+        ACCEPT(G, "negative");
+        PREFIX(G, "neu");
+        REJECT(G, "negatives");
+        q3_grammar_free(G);
+    }
+    G = compile(Q3_GRAMMAR_TOOL_CALL,
+                "{\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"parameters\":"
+                "{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"}},\"required\":[\"city\"],"
+                "\"additionalProperties\":false}}},{\"type\":\"function\",\"function\":{\"name\":\"noop\"}}],"
+                "\"name\":\"get_weather\"}");
+    if (G) {
+        int32_t *ids = NULL;
+        size_t n = 0;
+        const char *text = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
+        q3_tokenizer_encode(tok, text, strlen(text), Q3_ENCODE_DEFAULT, &ids, &n);
+        q3_matcher *m;
+        q3_matcher_new(G, 0, &m);
+        int ok = n > 0;
+        for (size_t i = 0; i < n && ok; i++) ok = q3_matcher_accept(m, ids[i]) == Q3_OK;
+        CHECK(ok && q3_matcher_state(m) == Q3_MATCH_DONE, "the tool call's tokens are accepted to the end");
+        q3_matcher_free(m);
+        free(ids);
+        q3_grammar_free(G);
+    }
+}
+
+/* The oracle on schema-made grammars. */
+static int oracle_walk(q3_grammar *G, uint64_t seed, int steps)
+{
+    q3_matcher *m;
+    if (q3_matcher_new(G, 0, &m)) return 1;
+    const gvocab *v = G->v;
+    uint64_t *brute = malloc(gvocab_mask_words(v) * 8);
+    int32_t *allowed = malloc((size_t)v->n_ids * 4);
+    int bad = 0;
+    for (int s = 0; s < steps; s++) {
+        const uint64_t *mask;
+        if (matcher_rank_mask(m, &mask) || mask_brute(&m->r, v, m->state, brute)) {
+            bad++;
+            break;
+        }
+        for (int32_t r = 0; r < v->n_trie_ranks; r++)
+            if ((mask[r >> 6] ^ brute[r >> 6]) >> (r & 63) & 1) {
+                bad++;
+                break;
+            }
+        int n = 0;
+        for (int32_t id = 0; id < v->n_ids; id++)
+            if (mask[v->rank_of[id] >> 6] >> (v->rank_of[id] & 63) & 1 && id != v->eot && id != v->eos) allowed[n++] = id;
+        if (!n) break;
+        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+        if (q3_matcher_accept(m, allowed[(seed >> 33) % (uint64_t)n])) {
+            bad++;
+            break;
+        }
+    }
+    free(brute);
+    free(allowed);
+    q3_matcher_free(m);
+    return bad;
+}
+
+static void test_oracle(void)
+{
+    const char *schemas[] = {
+        "{\"$defs\":{\"n\":{\"type\":\"object\",\"properties\":{\"id\":{\"type\":\"integer\",\"minimum\":-5,\"maximum\":120},"
+        "\"kids\":{\"type\":\"array\",\"items\":{\"$ref\":\"#/$defs/n\"},\"maxItems\":3}},\"required\":[\"id\"]}},"
+        "\"$ref\":\"#/$defs/n\"}",
+        "{\"type\":\"object\",\"properties\":{\"when\":{\"type\":\"string\",\"format\":\"date-time\"},"
+        "\"mood\":{\"enum\":[\"happy\",\"sad\",3.5]},\"note\":{\"type\":\"string\",\"maxLength\":4}},"
+        "\"required\":[\"when\",\"mood\",\"note\"],\"additionalProperties\":false}",
+    };
+    for (size_t i = 0; i < sizeof schemas / sizeof schemas[0]; i++) {
+        q3_grammar *G = compile(Q3_GRAMMAR_JSON_SCHEMA, schemas[i]);
+        if (!G) continue;
+        for (int seed = 1; seed <= 2; seed++)
+            CHECK(oracle_walk(G, (uint64_t)seed * 7919 + i, 10) == 0, "schema %zu seed %d: mask differs from the oracle", i, seed);
+        q3_grammar_free(G);
+    }
+    q3_grammar *G = compile(Q3_GRAMMAR_REGEX, "[A-Z][a-z]{2,8}( [A-Z][a-z]+)*, [0-9]{5}");
+    if (G) {
+        CHECK(oracle_walk(G, 99, 10) == 0, "regex: mask differs from the oracle");
+        q3_grammar_free(G);
+    }
+}
+
+int main(void)
+{
+    if (q3_tokenizer_load(TOKENIZER_JSON, &tok)) {
+        CHECK(0, "tokenizer: %s", q3_last_error());
+        TEST_DONE();
+    }
+    test_objects();
+    test_numbers();
+    test_strings_and_formats();
+    test_combinators();
+    test_refusals();
+    test_regex_choice_tool();
+    test_oracle();
+    q3_tokenizer_free(tok);
+    TEST_DONE();
+}
