@@ -20,11 +20,17 @@ typedef struct srv_api {
     int vocab;
     int kv_tokens;          /* the KV pool in tokens (0: room for n_ctx); prompt + max_tokens must fit */
     size_t max_text_bytes;  /* text longer than this has more than n_ctx tokens (srv_api_limits) */
+    size_t max_json_values; /* a body with more JSON values is refused before it is parsed (0: no bound) */
 } srv_api;
 
 /* Sets a->max_text_bytes from the tokenizer: the longest token's bytes x 3
  * (NFC may shrink text threefold) x n_ctx. Text past it is refused without
- * tokenizing it: it cannot fit the context. */
+ * tokenizing it: it cannot fit the context. And a->max_json_values: 4 x n_ctx
+ * + SRV_MAX_LOGIT_BIAS + 4096 (a value the request uses becomes at least a
+ * token of the prompt, or is a logit_bias entry; the rest is room for the
+ * fields around them): a body past it is refused before cJSON makes a node
+ * (about 80 bytes) of each of its values, which for an 8 MB body of `1,1,1`
+ * was about 330 MB. */
 void srv_api_limits(srv_api *a);
 
 /* Fill j (kind, prompt, sampling, stop, stream, ...) from a request body.
