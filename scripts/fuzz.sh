@@ -5,7 +5,7 @@
 #   scripts/fuzz.sh [SECONDS] [TARGET...]      e.g. scripts/fuzz.sh 1800 gguf
 #
 # Targets: safetensors config shard_index gguf chat_template tokenizer_json tokenize
-# srv_chat srv_completion (fuzz/fuzz_<target>.c). Each run first replays fuzz/regressions/<target>/,
+# srv_chat srv_completion srv_tokenize (fuzz/fuzz_<target>.c). Each run first replays fuzz/regressions/<target>/,
 # then fuzzes with fuzz/corpus/<target>/ as seeds (read only) and
 # build-fuzz/corpus/<target>/ as the growing working corpus, kept between runs.
 # A crash, leak, timeout or broken invariant is saved under
@@ -17,7 +17,7 @@ cd "$(dirname "$0")/.."
 secs=${1:-60}
 [ $# -gt 0 ] && shift
 targets="$*"
-[ -n "$targets" ] || targets="safetensors config shard_index gguf chat_template tokenizer_json tokenize srv_chat srv_completion"
+[ -n "$targets" ] || targets="safetensors config shard_index gguf chat_template tokenizer_json tokenize srv_chat srv_completion srv_tokenize"
 
 make -s fuzz-build || exit 1
 
@@ -38,7 +38,7 @@ for t in $targets; do
     # targets hold the real 151k vocabulary, so they get more).
     case $t in
     tokenize) opts="-max_len=2048 -malloc_limit_mb=2048" ;;
-    srv_chat|srv_completion) opts="-max_len=8192 -malloc_limit_mb=2048" ;;
+    srv_chat|srv_completion|srv_tokenize) opts="-max_len=8192 -malloc_limit_mb=2048" ;;
     tokenizer_json) opts="-max_len=65536 -malloc_limit_mb=1024" ;;
     *) opts="-max_len=8192 -malloc_limit_mb=512" ;;
     esac

@@ -12,6 +12,7 @@
 #include "../fuzz/fuzz_shard_index.c"
 #include "../fuzz/fuzz_srv_chat.c"
 #include "../fuzz/fuzz_srv_completion.c"
+#include "../fuzz/fuzz_srv_tokenize.c"
 #include "../fuzz/fuzz_tokenize.c"
 #include "../fuzz/fuzz_tokenizer_json.c"
 
@@ -181,6 +182,7 @@ int main(void)
     run_target("tokenize", fuzz_tokenize, 0);
     run_target("srv_chat", fuzz_srv_chat, 2);
     run_target("srv_completion", fuzz_srv_completion, 2);
+    run_target("srv_tokenize", fuzz_srv_tokenize, 0);
     test_config_float_range();
     test_safetensors_offsets();
     test_tokenizer_no_added();

@@ -277,6 +277,7 @@ static void test_text(void)
     ts_request(port, "POST", "/v1/completions", KEY, big, &r);
     CHECK(r.status == 400 && strstr(r.body, "context_length_exceeded"), "completions of the same: %d", r.status);
     ts_resp_free(&r);
+    free(big);
     /* under the bound, completions stop tokenizing once a prefix holds more than the context */
     free(big);
     big = malloc(20000 + 32);
@@ -286,6 +287,27 @@ static void test_text(void)
     ts_request(port, "POST", "/v1/completions", KEY, big, &r);
     CHECK(r.status == 400 && strstr(r.body, "context_length_exceeded") && strstr(r.body, "more than"),
           "a 20000-byte prompt refused from a prefix: %d %.200s", r.status, r.body);
+    ts_resp_free(&r);
+    free(big);
+    /* /detokenize takes at most a context of tokens (8 MB of the longest token's id, 56940: 128 spaces, was 178 MB of text) */
+    big = malloc(129 * 8 + 32);
+    for (int k = 128; k <= 129; k++) {
+        strcpy(big, "{\"tokens\":[");
+        for (int i = 0; i < k; i++) strcat(big, i ? ",56940" : "56940");
+        strcat(big, "]}");
+        ts_request(port, "POST", "/detokenize", KEY, big, &r);
+        if (k == 128) CHECK(r.status == 200 && r.len > 128 * 64, "/detokenize of a context of tokens: %d, %zu bytes", r.status, r.len);
+        else CHECK(r.status == 400 && strstr(r.body, "context_length_exceeded"), "/detokenize of more: %d %.200s", r.status, r.body);
+        ts_resp_free(&r);
+    }
+    free(big);
+    /* a body of more JSON values than a request can use is refused before cJSON makes a node of each */
+    big = malloc(2 * 6000 + 64);
+    char *w = big + sprintf(big, "{\"prompt\":\"hi\",\"stop\":[1");
+    for (int i = 1; i < 6000; i++) w += sprintf(w, ",1");
+    strcpy(w, "]}");
+    ts_request(port, "POST", "/v1/completions", KEY, big, &r);
+    CHECK(r.status == 400 && strstr(r.body, "JSON values"), "6000 values in a body for a 128-token context: %d %.200s", r.status, r.body);
     ts_resp_free(&r);
     free(big);
     /* within the bound, /tokenize answers its tokens */

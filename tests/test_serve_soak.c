@@ -14,7 +14,7 @@
 
 #define MODEL TEST_DATA "/golden/e2e"
 #define SOAK_SECONDS 12.0
-#define N_SLOW_HEADERS 120
+#define N_SLOW_HEADERS 200
 #define N_SLOW_BODIES 20
 #define N_FLOOD 16
 #define N_HANGUP 4
@@ -181,7 +181,7 @@ int main(void)
 #endif
     test_server srv = {0};
     const char *args[] = {"-m", MODEL, "-t", "1", "--parallel", "2", "--ctx", "256", "--max-queue", "8", "--header-timeout", "3",
-                          "--body-timeout", "3", "--max-connections", "300", "--max-connections-per-ip", "250", "--admin-port", "0",
+                          "--body-timeout", "3", "--max-connections", "350", "--max-connections-per-ip", "320", "--admin-port", "0",
                           NULL};
     CHECK(ts_start(&srv, args) == 0 && ts_wait_line(&srv, "ready") == 0, "server started");
     if (!srv.port || !srv.admin_port) TEST_DONE();

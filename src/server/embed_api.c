@@ -39,18 +39,10 @@ static const char *task_words(q3_task t)
 }
 
 /* The body as a JSON object whose fields are all known; NULL with e set. */
-static cJSON *parse_body(const char *body, size_t len, const char *const *known, srv_err *e)
+static cJSON *parse_body(const srv_api *a, const char *body, size_t len, const char *const *known, srv_err *e)
 {
-    cJSON *root = cJSON_ParseWithLength(body, len);
-    if (!root) {
-        bad(e, NULL, "the body is not valid JSON");
-        return NULL;
-    }
-    if (!cJSON_IsObject(root)) {
-        cJSON_Delete(root);
-        bad(e, NULL, "the body must be a JSON object");
-        return NULL;
-    }
+    cJSON *root = srv_parse_body(a, body, len, e);
+    if (!root) return NULL;
     for (const cJSON *it = root->child; it; it = it->next) {
         int ok = 0;
         for (int i = 0; known[i] && !ok; i++) ok = !strcmp(it->string, known[i]);
@@ -132,7 +124,7 @@ int srv_parse_embeddings(const srv_api *a, const char *body, size_t len, srv_job
         return srv_err_set(e, 400, "invalid_request_error", "model_not_supported", NULL,
                            "this server runs %s: /v1/embeddings needs an embedding model (or q3 serve --embeddings)",
                            task_words(a->task));
-    cJSON *root = parse_body(body, len, known, e);
+    cJSON *root = parse_body(a, body, len, known, e);
     if (!root) return e->status;
     int rc = 0;
     long long dim = a->hidden, trunc = 0;
@@ -203,7 +195,7 @@ int srv_parse_rerank(const srv_api *a, const char *body, size_t len, srv_job *j,
     if (a->task != Q3_TASK_RERANK)
         return srv_err_set(e, 400, "invalid_request_error", "model_not_supported", NULL,
                            "this server runs %s: /v1/rerank needs a reranker (or q3 serve --rerank)", task_words(a->task));
-    cJSON *root = parse_body(body, len, known, e);
+    cJSON *root = parse_body(a, body, len, known, e);
     if (!root) return e->status;
     int rc = 0, n = 0, ret_docs = 0;
     long long top_n = 0;

@@ -266,6 +266,7 @@ void srv_api_limits(srv_api *a)
         if (!q3_tokenizer_piece(a->tok, id, &b, &len) && len > longest) longest = len;
     }
     a->max_text_bytes = longest * 3 * (size_t)(a->n_ctx > 0 ? a->n_ctx : 1);
+    a->max_json_values = 4 * (size_t)(a->n_ctx > 0 ? a->n_ctx : 1) + SRV_MAX_LOGIT_BIAS + 4096;
 }
 
 /* Text of `bytes` bytes that cannot fit the context whatever its tokens: refused
@@ -278,23 +279,30 @@ static int too_long(const srv_api *a, size_t bytes, const char *param, srv_err *
                        "make more tokens than that. Please reduce the length of the input.", a->n_ctx, bytes);
 }
 
-/* Whether a JSON string in body[0..len) holds \u0000: cJSON's strings end at a
- * NUL, so such a string would be cut short without a word ("abc\u0000def" read
- * as "abc"); q3 refuses text with NUL characters instead. */
-static int has_nul_escape(const char *body, size_t len)
+/* One pass over a body's bytes before it is parsed: whether a JSON string in
+ * it holds \u0000 (cJSON's strings end at a NUL, so such a string would be
+ * cut short without a word, "abc\u0000def" read as "abc"; q3 refuses text with
+ * NUL characters instead), and an upper bound on the number of JSON values
+ * cJSON would make a node of (commas and opening brackets outside strings,
+ * plus one). */
+static void scan_body(const char *body, size_t len, int *nul_escape, size_t *values)
 {
     int in_string = 0;
+    size_t n = 1;
+    *nul_escape = 0;
     for (size_t i = 0; i < len; i++) {
+        char ch = body[i];
         if (!in_string) {
-            in_string = body[i] == '"';
-        } else if (body[i] == '"') {
+            in_string = ch == '"';
+            n += ch == ',' || ch == '[' || ch == '{';
+        } else if (ch == '"') {
             in_string = 0;
-        } else if (body[i] == '\\' && i + 1 < len) {
-            if (body[i + 1] == 'u' && len - i >= 6 && !memcmp(body + i + 2, "0000", 4)) return 1;
+        } else if (ch == '\\' && i + 1 < len) {
+            if (body[i + 1] == 'u' && len - i >= 6 && !memcmp(body + i + 2, "0000", 4)) *nul_escape = 1;
             i++; /* the escaped character */
         }
     }
-    return 0;
+    *values = n;
 }
 
 static int cmp_keys(const void *x, const void *y) { return strcmp(*(const char *const *)x, *(const char *const *)y); }
@@ -321,10 +329,18 @@ static const char *dup_key(const cJSON *node)
     return found;
 }
 
-static cJSON *parse_body(const char *body, size_t len, srv_err *e)
+cJSON *srv_parse_body(const srv_api *a, const char *body, size_t len, srv_err *e)
 {
-    if (memchr(body, 0, len) || has_nul_escape(body, len)) {
+    int nul_escape;
+    size_t values;
+    scan_body(body, len, &nul_escape, &values);
+    if (memchr(body, 0, len) || nul_escape) {
         bad(e, NULL, "a string in the body holds \\u0000 (a NUL character): q3 takes text without NUL characters");
+        return NULL;
+    }
+    if (a->max_json_values && values > a->max_json_values) {
+        bad(e, NULL, "the body holds more than %zu JSON values (numbers, strings, lists, objects; a context of %d tokens "
+            "needs fewer)", a->max_json_values, a->n_ctx);
         return NULL;
     }
     cJSON *root = cJSON_ParseWithLength(body, len);
@@ -592,7 +608,7 @@ int srv_parse_chat(const srv_api *a, const char *body, size_t len, srv_job *j, s
         "chat_template_kwargs", "tools", "tool_choice", "parallel_tool_calls", "logprobs", "top_logprobs", "n",
         "user", "response_format", "logit_bias", "json_schema", "grammar", "structured_outputs", "guided_json",
         "guided_regex", "guided_choice", "guided_grammar", NULL};
-    cJSON *root = parse_body(body, len, e);
+    cJSON *root = srv_parse_body(a, body, len, e);
     if (!root) return e->status;
     int rc = check_body_fields(root, known, e);
     j->req.kind = SRV_CHAT;
@@ -653,7 +669,7 @@ int srv_parse_completion(const srv_api *a, const char *body, size_t len, srv_job
         "frequency_penalty", "repetition_penalty", "seed", "stop", "stream", "stream_options", "n", "user",
         "logprobs", "echo", "best_of", "suffix", "logit_bias", "response_format", "json_schema", "grammar",
         "structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar", NULL};
-    cJSON *root = parse_body(body, len, e);
+    cJSON *root = srv_parse_body(a, body, len, e);
     if (!root) return e->status;
     j->req.kind = SRV_COMPLETION;
     int rc = check_body_fields(root, known, e);
@@ -716,7 +732,7 @@ int srv_tokenize(const srv_api *a, const char *body, size_t len, srv_buf *out, s
 {
     static const char *const known[] = {"model", "prompt", "messages", "add_special_tokens", "add_generation_prompt",
                                         "chat_template_kwargs", "tools", "content", "add_special", NULL};
-    cJSON *root = parse_body(body, len, e);
+    cJSON *root = srv_parse_body(a, body, len, e);
     if (!root) return e->status;
     int rc = check_fields(root, known, e);
     srv_job *j = srv_job_new();
@@ -763,12 +779,15 @@ int srv_tokenize(const srv_api *a, const char *body, size_t len, srv_buf *out, s
 int srv_detokenize(const srv_api *a, const char *body, size_t len, srv_buf *out, srv_err *e)
 {
     static const char *const known[] = {"model", "tokens", NULL};
-    cJSON *root = parse_body(body, len, e);
+    cJSON *root = srv_parse_body(a, body, len, e);
     if (!root) return e->status;
     int rc = check_fields(root, known, e);
     const cJSON *t = cJSON_GetObjectItemCaseSensitive(root, "tokens");
     if (!rc && !cJSON_IsArray(t)) rc = bad(e, "tokens", "'tokens' must be a list of token ids");
     int n = rc ? 0 : cJSON_GetArraySize(t), k = 0;
+    if (!rc && n > a->n_ctx) /* more than a sequence of this server holds: its text is at most n_ctx times the longest token's bytes */
+        rc = srv_err_set(e, 400, "invalid_request_error", "context_length_exceeded", "tokens",
+                         "This model's maximum context length is %d tokens. However, 'tokens' holds %d tokens.", a->n_ctx, n);
     int32_t *ids = malloc((size_t)(n ? n : 1) * sizeof *ids);
     if (!rc && !ids) rc = srv_err_set(e, 500, "server_error", NULL, NULL, "out of memory");
     for (const cJSON *x = rc ? NULL : t->child; x && !rc; x = x->next, k++) {

@@ -22,16 +22,27 @@ typedef struct srv_api {
     size_t max_text_bytes;  /* text longer than this has more than n_ctx tokens (srv_api_limits) */
     q3_task task;    /* what the model serves: chat (GENERATE), embeddings (EMBED) or rerank (RERANK) */
     int hidden;      /* the model's hidden size: an embedding's length */
+    size_t max_json_values; /* a body with more JSON values is refused before it is parsed (0: no bound) */
 } srv_api;
 
 /* Sets a->max_text_bytes from the tokenizer: the longest token's bytes x 3
  * (NFC may shrink text threefold) x n_ctx. Text past it is refused without
- * tokenizing it: it cannot fit the context. */
+ * tokenizing it: it cannot fit the context. And a->max_json_values: 4 x n_ctx
+ * + SRV_MAX_LOGIT_BIAS + 4096 (a value the request uses becomes at least a
+ * token of the prompt, or is a logit_bias entry; the rest is room for the
+ * fields around them): a body past it is refused before cJSON makes a node
+ * (about 80 bytes) of each of its values, which for an 8 MB body of `1,1,1`
+ * was about 330 MB. */
 void srv_api_limits(srv_api *a);
 
 /* Fill j (kind, prompt, sampling, stop, stream, ...) from a request body.
  * Return 0, or the HTTP status with e set (j then holds nothing to free
  * beyond what srv_job_unref frees). */
+/* The body as one JSON object, refused (NULL, e set) when it is not valid JSON, not an
+ * object, holds a NUL character, more JSON values than a->max_json_values or a key twice
+ * in one object. Every endpoint's parser starts here. */
+struct cJSON *srv_parse_body(const srv_api *a, const char *body, size_t len, srv_err *e);
+
 int srv_parse_chat(const srv_api *a, const char *body, size_t len, srv_job *j, srv_err *e);
 int srv_parse_completion(const srv_api *a, const char *body, size_t len, srv_job *j, srv_err *e);
 /* llama-server's POST /completion: the same fields as /v1/completions, its own answer (SRV_LLAMA_COMPLETION). */
