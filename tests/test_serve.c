@@ -413,8 +413,38 @@ static void test_compat(void)
     char *rp1 = answer_text("{\"prompt\":\"the the the the\",\"max_tokens\":12,\"temperature\":0,\"repetition_penalty\":1.5}");
     char *rp2 = answer_text("{\"prompt\":\"the the the the\",\"max_tokens\":12,\"temperature\":0,\"repeat_penalty\":1.5}");
     CHECK(rp1 && rp2 && !strcmp(rp1, rp2), "repeat_penalty = repetition_penalty: '%s' '%s'", rp1, rp2);
+    /* repeat_last_n: the penalties' window; 0 sees nothing (the unpenalized answer), -1 the whole context */
+    char *rp0 = answer_text("{\"prompt\":\"the the the the\",\"max_tokens\":12,\"temperature\":0}");
+    char *rn0 = answer_text("{\"prompt\":\"the the the the\",\"max_tokens\":12,\"temperature\":0,\"repeat_penalty\":1.5,\"repeat_last_n\":0}");
+    char *rnall = answer_text("{\"prompt\":\"the the the the\",\"max_tokens\":12,\"temperature\":0,\"repeat_penalty\":1.5,\"repeat_last_n\":-1}");
+    CHECK(rp0 && rp1 && strcmp(rp0, rp1), "the penalty changes this answer: '%s' '%s'", rp0, rp1);
+    CHECK(rp0 && rn0 && !strcmp(rp0, rn0), "repeat_last_n 0: no penalty: '%s' '%s'", rn0, rp0);
+    CHECK(rp1 && rnall && !strcmp(rp1, rnall), "repeat_last_n -1: the whole context: '%s' '%s'", rnall, rp1);
+    free(rp0);
+    free(rn0);
+    free(rnall);
     free(rp1);
     free(rp2);
+    /* llama.cpp's samplers q3 lacks, as its web UI sends them (each off): the same answer; on: 400 naming the field */
+    snprintf(body, sizeof body, "%s,\"dynatemp_range\":0,\"dynatemp_exponent\":1,\"typical_p\":1,\"xtc_probability\":0,"
+             "\"xtc_threshold\":0.1,\"dry_multiplier\":0,\"dry_base\":1.75,\"dry_allowed_length\":2,\"dry_penalty_last_n\":-1,"
+             "\"dry_sequence_breakers\":[\"\\n\",\":\"],\"mirostat\":0,\"mirostat_tau\":5,\"mirostat_eta\":0.1,"
+             "\"timings_per_token\":false,\"return_progress\":false,\"cache_prompt\":true}", base);
+    char *webui = answer_text(body);
+    CHECK(plain && webui && !strcmp(plain, webui), "llama.cpp's samplers, off: '%s' vs '%s'", webui, plain);
+    free(webui);
+    static const char *const on[][2] = {{"typical_p", "0.9"}, {"dry_multiplier", "0.8"}, {"xtc_probability", "0.5"},
+                                        {"dynatemp_range", "0.5"}, {"mirostat", "2"}};
+    for (size_t i = 0; i < sizeof on / sizeof *on; i++) {
+        snprintf(body, sizeof body, "%s,\"%s\":%s}", base, on[i][0], on[i][1]);
+        j = post_json("/v1/chat/completions", body, &st);
+        CHECK(st == 400 && jstr(j, "error.param") && !strcmp(jstr(j, "error.param"), on[i][0]) && jstr(j, "error.message") &&
+                  strstr(jstr(j, "error.message"), "no "),
+              "%s %s: %d %s", on[i][0], on[i][1], st, jstr(j, "error.message") ? jstr(j, "error.message") : "");
+        cJSON_Delete(j);
+    }
+    check_error("repeat_last_n past the context", "/v1/completions", "{\"prompt\":\"x\",\"repeat_last_n\":100000}", 400);
+    check_error("dry_sequence_breakers not strings", "/v1/completions", "{\"prompt\":\"x\",\"dry_sequence_breakers\":[1]}", 400);
     /* logit_bias (OpenAI's object and llama.cpp's pairs) steer a greedy answer: +100 on a token makes it the answer */
     j = post_json("/tokenize", "{\"content\":\"zebra\"}", &st); /* llama.cpp's body */
     int zebra = (int)jnum(j, "tokens.0");

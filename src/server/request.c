@@ -41,20 +41,31 @@ static int check_fields(const cJSON *root, const char *const *known, srv_err *e)
 }
 
 /* Fields clients commonly send that do not change the answer: accepted and
- * ignored, as vLLM and llama-server do (docs/api.md lists them). OpenAI SDKs:
+ * ignored, as vLLM and llama-server do (the README's Serving section lists them). OpenAI SDKs:
  * metadata, store, service_tier, prediction (a latency hint), reasoning_effort
  * (Qwen3's thinking is chat_template_kwargs.enable_thinking); llama.cpp
  * clients: cache_prompt (checked as a bool: q3 reuses cached prefixes always)
  * and id_slot (q3 picks the sequence). */
 #define SRV_IGNORED_FIELDS "metadata", "store", "service_tier", "prediction", "reasoning_effort", "cache_prompt", "id_slot"
 /* Fields beyond OpenAI's that q3 implements: n_predict (max_tokens), ignore_eos,
- * repeat_penalty (repetition_penalty), modalities (["text"] only). */
-#define SRV_EXTRA_FIELDS "n_predict", "ignore_eos", "repeat_penalty", "modalities"
+ * repeat_penalty (repetition_penalty), repeat_last_n (the penalties' window),
+ * modalities (["text"] only). */
+#define SRV_EXTRA_FIELDS "n_predict", "ignore_eos", "repeat_penalty", "repeat_last_n", "modalities"
+/* llama.cpp's samplers q3 does not have, as llama.cpp clients (its web UI among
+ * them) send them at every request: each accepted at the value that switches it
+ * off (the answer is then the same), refused with 400 at any other. The
+ * parameters that only tune a switched-off sampler are accepted with it;
+ * timings_per_token and return_progress ask for extra response fields q3 does
+ * not send (the answer is the same). See check_llama_samplers. */
+#define SRV_LLAMA_SAMPLER_FIELDS                                                                                 \
+    "dynatemp_range", "dynatemp_exponent", "typical_p", "xtc_probability", "xtc_threshold", "dry_multiplier",  \
+        "dry_base", "dry_allowed_length", "dry_penalty_last_n", "dry_sequence_breakers", "mirostat",            \
+        "mirostat_tau", "mirostat_eta", "timings_per_token", "return_progress"
 
 /* A request body's top level: its endpoint's fields, plus the ones above. */
 static int check_body_fields(const cJSON *root, const char *const *known, srv_err *e)
 {
-    static const char *const compat[] = {SRV_IGNORED_FIELDS, SRV_EXTRA_FIELDS, NULL};
+    static const char *const compat[] = {SRV_IGNORED_FIELDS, SRV_EXTRA_FIELDS, SRV_LLAMA_SAMPLER_FIELDS, NULL};
     for (const cJSON *it = root->child; it; it = it->next)
         if (!is_known(it->string, known) && !is_known(it->string, compat))
             return bad(e, it->string, "unknown field '%s' (q3 serve refuses what it would otherwise ignore)", it->string);
@@ -91,6 +102,39 @@ static int get_bool(const cJSON *root, const char *name, int *out, srv_err *e)
     return 0;
 }
 
+/* A number field that must hold its switched-off value (see SRV_LLAMA_SAMPLER_FIELDS). */
+static int get_off(const cJSON *root, const char *name, double off, const char *what, srv_err *e)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, name);
+    if (!v || cJSON_IsNull(v)) return 0;
+    if (!cJSON_IsNumber(v)) return bad(e, name, "'%s' must be a number", name);
+    if (v->valuedouble != off)
+        return bad(e, name, "'%s' is %g: q3 has no %s sampler, so only %g (off) is accepted", name, v->valuedouble, what, off);
+    return 0;
+}
+
+/* llama.cpp's samplers q3 lacks: off, or a 400 naming the field; their tuning
+ * parameters typed but not used. */
+static int check_llama_samplers(const cJSON *root, srv_err *e)
+{
+    if (get_off(root, "dynatemp_range", 0, "dynamic temperature", e) || get_off(root, "typical_p", 1, "locally typical", e) ||
+        get_off(root, "xtc_probability", 0, "XTC", e) || get_off(root, "dry_multiplier", 0, "DRY", e) ||
+        get_off(root, "mirostat", 0, "Mirostat", e))
+        return e->status;
+    static const char *const tuning[] = {"dynatemp_exponent", "xtc_threshold", "dry_base", "dry_allowed_length",
+                                         "dry_penalty_last_n", "mirostat_tau", "mirostat_eta", NULL};
+    double x;
+    for (int i = 0; tuning[i]; i++)
+        if (get_num(root, tuning[i], -1e9, 1e9, &x, e)) return e->status;
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, "dry_sequence_breakers");
+    if (v && !cJSON_IsNull(v) && !cJSON_IsArray(v)) return bad(e, "dry_sequence_breakers", "'dry_sequence_breakers' must be a list of strings");
+    for (const cJSON *b = cJSON_IsArray(v) ? v->child : NULL; b; b = b->next)
+        if (!cJSON_IsString(b)) return bad(e, "dry_sequence_breakers", "'dry_sequence_breakers' must be a list of strings");
+    int flag;
+    if (get_bool(root, "timings_per_token", &flag, e) || get_bool(root, "return_progress", &flag, e)) return e->status;
+    return 0;
+}
+
 static uint64_t seed_counter;
 
 /* Sampling, limits, stop and stream options common to both endpoints. */
@@ -119,6 +163,11 @@ static int parse_common(const srv_api *a, const cJSON *root, srv_job *j, int thi
     /* the penalties see the whole answer; the prompt too only with repetition_penalty (as llama.cpp's
        does), so presence and frequency alone count the output, as OpenAI's do */
     if (sp.repeat_penalty != 1.0f || sp.presence_penalty != 0 || sp.frequency_penalty != 0) sp.penalty_last_n = a->n_ctx;
+    /* llama.cpp's repeat_last_n: the window the penalties see (0: none, -1: the whole context) */
+    n = -2;
+    if (get_int(root, "repeat_last_n", -1, a->n_ctx, &n, e)) return e->status;
+    if (n != -2 && sp.penalty_last_n) sp.penalty_last_n = n == -1 ? a->n_ctx : (int)n;
+    if (check_llama_samplers(root, e)) return e->status;
     j->req.no_prompt_penalty = sp.repeat_penalty == 1.0f;
     v = cJSON_GetObjectItemCaseSensitive(root, "seed");
     if (v && !cJSON_IsNull(v)) {
