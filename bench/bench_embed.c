@@ -1,7 +1,7 @@
 /* bench_embed: embeddings and reranking, q3 against llama.cpp on the same GGUFs.
  *
  *   build/bench/bench_embed --embed-gguf E.gguf [--rerank-gguf R.gguf] [--llama-server PATH]
- *                           [--llama-args "-np 8 -b 4096 -ub 4096"]... [-t 2] [--inputs 1000]
+ *                           [--llama-args "-np 8 -c 8192 -b 4096 -ub 4096"]... [-t 2] [--inputs 1000]
  *                           [--clients 4] [--per-request 32] [--docs 100] [--skip-library] [--skip-q3-serve]
  *
  * Workloads (deterministic, the same token ids for both engines):
@@ -190,7 +190,8 @@ static double run_rerank(int port, const char *path)
     return dt;
 }
 
-/* Starts a server (argv[0] its binary) logging to log; waits until GET /health answers 200. */
+/* Starts a server (argv[0] its binary) logging to log; waits (up to 10 minutes: llama-server reads
+ * a 1.2 GB GGUF slowly on a busy machine) until GET /health answers 200. */
 static pid_t start_server(char *const *argv, int port, const char *log)
 {
     pid_t pid = fork();
@@ -201,7 +202,7 @@ static pid_t start_server(char *const *argv, int port, const char *log)
         execv(argv[0], argv);
         _exit(127);
     }
-    for (int i = 0; i < 1200; i++) {
+    for (int i = 0; i < 6000; i++) {
         ts_resp r;
         if (!ts_request(port, "GET", "/health", NULL, NULL, &r) && r.status == 200) {
             ts_resp_free(&r);
@@ -299,7 +300,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "bench_embed: --embed-gguf is required (and counts must be positive)\n");
         return 2;
     }
-    if (!n_llama_args) llama_args[n_llama_args++] = "-np 8 -b 4096 -ub 4096";
+    if (!n_llama_args) llama_args[n_llama_args++] = "-np 8 -c 8192 -b 4096 -ub 4096";
     make_inputs();
     /* the rerank request: a query and documents of ~200 words */
     char *query = words(12);
