@@ -1,8 +1,8 @@
 /* bench_embed: embeddings and reranking, q3 against llama.cpp on the same GGUFs.
  *
  *   build/bench/bench_embed --embed-gguf E.gguf [--rerank-gguf R.gguf] [--llama-server PATH]
- *                           [--llama-args "-np 8 -b 4096 -ub 4096"]... [-t 2] [--inputs 1000]
- *                           [--clients 4] [--per-request 32] [--docs 100] [--skip-library]
+ *                           [--llama-args "-np 8 -c 8192 -b 4096 -ub 4096"]... [-t 2] [--inputs 1000]
+ *                           [--clients 4] [--per-request 32] [--docs 100] [--skip-library] [--skip-q3-serve]
  *
  * Workloads (deterministic, the same token ids for both engines):
  *  - embed: --inputs token-id lists of 16..512 tokens (log-normal, median 100; random ordinary
@@ -77,6 +77,23 @@ static char *words(int n)
 
 /* ---- HTTP -------------------------------------------------------------------------------------- */
 
+/* ts_request with a 10-minute wait for the answer (a big request to a slow engine). */
+static int request(int port, const char *method, const char *path, const char *body, ts_resp *r)
+{
+    int fd = ts_connect(port);
+    if (fd < 0) {
+        memset(r, 0, sizeof *r);
+        return -1;
+    }
+    struct timeval tv = {.tv_sec = 600};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    int rc = ts_send_request(fd, method, path, "", body);
+    if (!rc) rc = ts_read_response(fd, r);
+    else memset(r, 0, sizeof *r);
+    close(fd);
+    return rc;
+}
+
 typedef struct client_arg {
     int port, id;
     int failed;
@@ -121,7 +138,7 @@ static void *embed_client(void *arg)
         }
         snprintf(body + o, cap - o, "],\"encoding_format\":\"float\"}");
         ts_resp resp;
-        if (ts_request(c->port, "POST", "/v1/embeddings", NULL, body, &resp) || resp.status != 200) {
+        if (request(c->port, "POST", "/v1/embeddings", body, &resp) || resp.status != 200) {
             fprintf(stderr, "embeddings request %d failed: %d %.300s\n", r, resp.status, resp.body ? resp.body : "");
             c->failed++;
         } else if (i0 == 0) {
@@ -161,7 +178,7 @@ static double run_rerank(int port, const char *path)
 {
     ts_resp resp;
     double t0 = ts_now();
-    int rc = ts_request(port, "POST", path, NULL, rerank_body, &resp);
+    int rc = request(port, "POST", path, rerank_body, &resp);
     double dt = ts_now() - t0;
     int results = 0;
     for (const char *p = resp.body; p && (p = strstr(p, "\"relevance_score\"")); p++) results++;
@@ -173,7 +190,8 @@ static double run_rerank(int port, const char *path)
     return dt;
 }
 
-/* Starts a server (argv[0] its binary) logging to log; waits until GET /health answers 200. */
+/* Starts a server (argv[0] its binary) logging to log; waits (up to 10 minutes: llama-server reads
+ * a 1.2 GB GGUF slowly on a busy machine) until GET /health answers 200. */
 static pid_t start_server(char *const *argv, int port, const char *log)
 {
     pid_t pid = fork();
@@ -184,7 +202,7 @@ static pid_t start_server(char *const *argv, int port, const char *log)
         execv(argv[0], argv);
         _exit(127);
     }
-    for (int i = 0; i < 1200; i++) {
+    for (int i = 0; i < 6000; i++) {
         ts_resp r;
         if (!ts_request(port, "GET", "/health", NULL, NULL, &r) && r.status == 200) {
             ts_resp_free(&r);
@@ -257,7 +275,7 @@ static double cosine(const float *a, const float *b, int n)
 int main(int argc, char **argv)
 {
     const char *embed_gguf = NULL, *rerank_gguf = NULL, *llama_server = NULL;
-    int skip_library = 0;
+    int skip_library = 0, skip_q3_serve = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--embed-gguf") && v) embed_gguf = v, i++;
@@ -270,10 +288,11 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--per-request") && v) per_request = atoi(v), i++;
         else if (!strcmp(a, "--docs") && v) n_docs = atoi(v), i++;
         else if (!strcmp(a, "--skip-library")) skip_library = 1;
+        else if (!strcmp(a, "--skip-q3-serve")) skip_q3_serve = 1;
         else {
             fprintf(stderr, "usage: bench_embed --embed-gguf E.gguf [--rerank-gguf R.gguf] [--llama-server PATH]\n"
                             "       [--llama-args \"ARGS\"]... [-t N] [--inputs N] [--clients N] [--per-request N]\n"
-                            "       [--docs N] [--skip-library]\n");
+                            "       [--docs N] [--skip-library] [--skip-q3-serve]\n");
             return 2;
         }
     }
@@ -281,7 +300,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "bench_embed: --embed-gguf is required (and counts must be positive)\n");
         return 2;
     }
-    if (!n_llama_args) llama_args[n_llama_args++] = "-np 8 -b 4096 -ub 4096";
+    if (!n_llama_args) llama_args[n_llama_args++] = "-np 8 -c 8192 -b 4096 -ub 4096";
     make_inputs();
     /* the rerank request: a query and documents of ~200 words */
     char *query = words(12);
@@ -393,8 +412,9 @@ int main(int argc, char **argv)
         snprintf(pbuf, sizeof pbuf, "%d", port);
         char *qargv[] = {q3bin, "serve", "-m", (char *)gguf, "-t", tbuf, "--port", pbuf, "--ctx", "1024",
                          kind ? "--rerank" : "--embeddings", "--max-body", "67108864", NULL};
-        pid_t pid = start_server(qargv, port, kind ? "/tmp/bench_embed_q3_rerank.log" : "/tmp/bench_embed_q3.log");
-        if (pid < 0) {
+        pid_t pid = skip_q3_serve ? 0 : start_server(qargv, port, kind ? "/tmp/bench_embed_q3_rerank.log" : "/tmp/bench_embed_q3.log");
+        if (skip_q3_serve) {
+        } else if (pid < 0) {
             row("q3 serve", kind ? "rerank" : "embed", -1, 0, 0);
         } else {
             if (kind) {
