@@ -334,6 +334,10 @@ static void test_oracle(void)
         "{\"type\":\"object\",\"properties\":{\"when\":{\"type\":\"string\",\"format\":\"date-time\"},"
         "\"mood\":{\"enum\":[\"happy\",\"sad\",3.5]},\"note\":{\"type\":\"string\",\"maxLength\":4}},"
         "\"required\":[\"when\",\"mood\",\"note\"],\"additionalProperties\":false}",
+        /* bounded string text: mask.c allows a subtree whole only within the characters left */
+        "{\"type\":\"string\",\"maxLength\":9}",
+        "{\"type\":\"object\",\"properties\":{\"k\":{\"type\":\"string\",\"minLength\":2,\"maxLength\":30}},"
+        "\"required\":[\"k\"],\"additionalProperties\":false}",
     };
     for (size_t i = 0; i < sizeof schemas / sizeof schemas[0]; i++) {
         q3_grammar *G = compile(Q3_GRAMMAR_JSON_SCHEMA, schemas[i]);

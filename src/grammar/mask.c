@@ -29,18 +29,22 @@ static inline int subset(const gclass *a, const gclass *b)
 #define MAX_DEPTH 1024
 
 /* ---- JSON string text -----------------------------------------------------------
- * Whether every character of JSON string text leads from s back to
- * s: checked, not assumed, by walking the UTF-8 automaton beside the
- * recognizer: from s, each character (ASCII but controls, " and \; or a valid
- * multibyte sequence) must come back to s, and every byte on the way must keep
- * a stack alive. Then a subtree whose tokens go on with such text alone
- * (vocab.h's uok) is allowed whole, as one range of ranks. */
+ * Where the next characters may be any JSON string text (UTF-8 but controls,
+ * " and \\), the state after one such character is often the same whichever
+ * it is: the state itself inside a free string, the next count inside a string
+ * with a maxLength. text_next finds that state, checked, not assumed, by
+ * walking a UTF-8 automaton beside the recognizer (every byte of every such
+ * character must keep a stack alive and every character end on the same state);
+ * text_budget follows it to count how many characters may come. Then a subtree
+ * whose tokens go on with such text alone (vocab.h's uok), and with no more
+ * bytes than the budget, is allowed whole, as one range of ranks. */
 
-/* 1 if JSON string text loops at s, 0 if not, -1 on failure. */
-static int text_loops(rec *r, int s)
+/* The state after any one character of text from s, or REC_DEAD (none or not
+ * one state), or REC_ERROR. */
+static int text_next(rec *r, int s)
 {
-    if (r->st_text[s]) return r->st_text[s] == 2;
-    int xs[64], qs[64], n = 1, ok = 1;
+    if (r->st_text[s] != REC_UNKNOWN) return r->st_text[s];
+    int xs[64], qs[64], n = 1, ok = 1, after = -1;
     xs[0] = s;
     qs[0] = U_B;
     for (int k = 0; k < n && ok; k++) {
@@ -48,11 +52,12 @@ static int text_loops(rec *r, int s)
             int q = utf8_text_next(qs[k], b);
             if (q < 0) continue;
             int t = rec_next(r, xs[k], b);
-            if (t == REC_ERROR) return -1;
+            if (t == REC_ERROR) return REC_ERROR;
             if (t < 0) {
                 ok = 0;
             } else if (q == U_B) {
-                ok = t == s;
+                if (after < 0) after = t;
+                ok = t == after;
             } else {
                 int seen = 0;
                 for (int i = 0; i < n; i++) seen |= xs[i] == t && qs[i] == q;
@@ -66,8 +71,36 @@ static int text_loops(rec *r, int s)
             }
         }
     }
-    r->st_text[s] = ok ? 2 : 1;
-    return ok;
+    return r->st_text[s] = ok && after >= 0 ? after : REC_DEAD;
+}
+
+/* How many characters of text may follow s (INT32_MAX: any number), or
+ * REC_ERROR. The walk stops after `enough` characters (the longest token's
+ * bytes, so never more than that many states are made ahead of the output):
+ * then s gets `enough`, a lower bound that no token can exceed, and the states
+ * on the way are left to their own walk. */
+static int32_t text_budget(rec *r, int s, int enough)
+{
+    if (r->st_budget[s] != REC_UNKNOWN) return r->st_budget[s];
+    int chain[MAX_DEPTH + 1], n = 0, x = s;
+    if (enough > MAX_DEPTH) enough = MAX_DEPTH;
+    int32_t base = 0;
+    for (;;) {
+        if (r->st_budget[x] != REC_UNKNOWN) { base = r->st_budget[x]; break; }
+        int t = text_next(r, x);
+        if (t == REC_ERROR) return REC_ERROR;
+        if (t == x) { r->st_budget[x] = base = INT32_MAX; break; }
+        chain[n++] = x;
+        if (t < 0) { base = -1; break; } /* -1: x itself gets 0 below */
+        if (n == enough) return r->st_budget[s] = enough;
+        x = t;
+    }
+    /* chain[k] may take one character more than chain[k + 1] */
+    for (int k = n - 1; k >= 0; k--) {
+        base = base == INT32_MAX ? INT32_MAX : base + 1;
+        r->st_budget[chain[k]] = base;
+    }
+    return r->st_budget[s];
 }
 
 q3_status mask_trie(rec *r, const gvocab *v, int s, uint64_t *mask)
@@ -80,15 +113,16 @@ q3_status mask_trie(rec *r, const gvocab *v, int s, uint64_t *mask)
     fstate[0] = s;
     const uint8_t *lab = v->lab;
     const int32_t *end = v->end, *tok_rank = v->tok_rank;
-    int ftext[MAX_DEPTH]; /* the frame's state loops on JSON string text */
-    ftext[0] = text_loops(r, s);
-    if (ftext[0] < 0) return q3_fail(Q3_ERR_NOMEM, "out of memory");
+    int32_t ftext[MAX_DEPTH]; /* how many characters of JSON string text may follow the frame's state */
+    ftext[0] = text_budget(r, s, v->below[0] + 1);
+    if (ftext[0] == REC_ERROR) return q3_fail(Q3_ERR_NOMEM, "out of memory");
     int32_t i = 1;
     while (i < v->n_nodes) {
         while (i >= fend[depth]) depth--;
-        if (ftext[depth]) {
+        if (ftext[depth] > 0) {
             int q = utf8_text_next(U_B, lab[i]);
-            if (q >= 0 && (v->uok[i] >> q & 1)) { /* every token below goes on with text only */
+            if (q >= 0 && (v->uok[i] >> q & 1) && (int32_t)v->below[i] + 1 <= ftext[depth]) {
+                /* every token below goes on with text only, and no more of it than may come */
                 set_range(mask, v->rank_lo[i], v->rank_lo[end[i]]);
                 i = end[i];
                 continue;
@@ -116,8 +150,8 @@ q3_status mask_trie(rec *r, const gvocab *v, int s, uint64_t *mask)
             depth++;
             fend[depth] = end[i];
             fstate[depth] = T;
-            ftext[depth] = T == S ? ftext[depth - 1] : text_loops(r, T);
-            if (ftext[depth] < 0) return q3_fail(Q3_ERR_NOMEM, "out of memory");
+            ftext[depth] = T == S ? ftext[depth - 1] : text_budget(r, T, v->below[0] + 1);
+            if (ftext[depth] == REC_ERROR) return q3_fail(Q3_ERR_NOMEM, "out of memory");
         }
         i++;
     }

@@ -36,7 +36,10 @@ typedef struct rec {
     int32_t **st_trans;       /* [cap_states] NULL or [256]: REC_UNKNOWN, REC_DEAD or a state */
     gclass *st_loop;          /* [cap_states] bytes that lead back to the same state */
     uint8_t *st_loop_ok;      /* [cap_states] st_loop computed */
-    uint8_t *st_text;         /* [cap_states] mask.c's memo: 0 not known, 1 no, 2 JSON string text loops here */
+    int32_t *st_text;         /* [cap_states] mask.c's memo: the state after any one character of JSON
+                                 string text (REC_UNKNOWN: not computed; REC_DEAD: none, or not one) */
+    int32_t *st_budget;       /* [cap_states] mask.c's memo: how many such characters may follow
+                                 (REC_UNKNOWN: not computed; INT32_MAX: any number) */
     int n_states, cap_states;
     int32_t *shash;           /* state + 1, 0 empty; [shash_cap] */
     uint32_t shash_cap;

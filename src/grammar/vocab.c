@@ -47,6 +47,7 @@ static void vocab_free(gvocab *v)
     free(v->uni);
     free(v->unions);
     free(v->uok);
+    free(v->below);
     free(v);
 }
 
@@ -227,7 +228,8 @@ static q3_status build(const q3_tokenizer *tok, int32_t n_ids, int32_t eot, int3
     free(h);
     free(u);
     v->uok = malloc((size_t)n_nodes);
-    if (!v->uok) goto oom;
+    v->below = calloc((size_t)n_nodes, sizeof *v->below);
+    if (!v->uok || !v->below) goto oom;
     for (int32_t x = 0; x < n_nodes; x++) v->uok[x] = v->tok_rank[x] >= 0 ? (uint8_t)(1u << U_B) : 0xFF;
     for (int32_t x = n_nodes - 1; x > 0; x--) { /* children come after their parent: fold each into it */
         uint8_t keep = 0;
@@ -236,13 +238,15 @@ static q3_status build(const q3_tokenizer *tok, int32_t n_ids, int32_t eot, int3
             if (q2 >= 0 && (v->uok[x] >> q2 & 1)) keep |= (uint8_t)(1u << q);
         }
         v->uok[parent[x]] &= keep;
+        uint16_t b = (uint16_t)(v->below[x] + 1 > 65535 ? 65535 : v->below[x] + 1);
+        if (b > v->below[parent[x]]) v->below[parent[x]] = b;
     }
     gclass *shrunk = realloc(v->unions, (size_t)(v->n_unions ? v->n_unions : 1) * sizeof *v->unions);
     if (shrunk) v->unions = shrunk;
     free(order);
     free(parent);
     v->bytes_held = sizeof *v + total + (size_t)n_ids * (4 + 4 + 4 + 4 + 1) +
-                    (size_t)n_nodes * (1 + 4 + 4 + 4 + 4 + 1) + (size_t)v->n_unions * sizeof(gclass);
+                    (size_t)n_nodes * (1 + 4 + 4 + 4 + 4 + 1 + 2) + (size_t)v->n_unions * sizeof(gclass);
     v->build_s = seconds() - t0;
     *out = v;
     return Q3_OK;

@@ -45,6 +45,7 @@ typedef struct gvocab {
      * bit q of uok[v]: every token of v's subtree, its bytes below v read from state q
      * of the UTF-8 automaton (mask.c's U_*), is such text and ends on a character */
     uint8_t *uok;         /* [n_nodes] */
+    uint16_t *below;      /* [n_nodes] the most bytes a token of v's subtree has below v */
     int32_t eot, eos;     /* <|im_end|> and <|endoftext|> (or -1): the output may end with either */
     int shared_ranks;     /* some ids share a rank (equal bytes): id_of_rank does not list them all */
     double build_s;       /* time it took */
