@@ -261,6 +261,70 @@ static void test_matmul(const char *isa)
                 }
 }
 
+/* Matmuls over one input (a layer's Q, K, V) run by run_many as one pool job,
+ * each output bit for bit what run() gives op by op; weights of three types so
+ * the shared input is prepared again where the type changes; the op after them
+ * (another input) is left for the next call. */
+static void test_matmul_group(const char *isa)
+{
+    static const int ns[4] = {600, 520, 530, 520};
+    static const q3_dtype ts[4] = {Q3_BF16, Q3_F16, Q3_BF16, Q3_F32};
+    const int k = 515; /* each n * k >= the unit's threshold for running on the pool */
+    for (int m = 1; m <= 3; m += 2) {
+        q3_config cfg = {.n_layers = 1, .dim = k, .ffn_dim = k, .n_heads = 1, .n_kv_heads = 1, .head_dim = 8,
+                         .vocab_size = 300, .max_seq_len = 64, .rms_eps = 1e-6f, .rope_theta = 1e6f};
+        q3_value values[6];
+        q3_op ops[4];
+        q3_tensor w[4];
+        values[0] = (q3_value){.name = "x", .rows = m, .cols = k};
+        values[5] = (q3_value){.name = "x2", .rows = m, .cols = k};
+        for (int i = 0; i < 4; i++) {
+            w[i] = make_weight(ts[i], ns[i], k, -1, 1);
+            values[1 + i] = (q3_value){.rows = m, .cols = ns[i]};
+            snprintf(values[1 + i].name, sizeof values[1 + i].name, "y%d", i);
+            /* the last one reads another input: not part of the group */
+            ops[i] = (q3_op){.kind = Q3_OP_MATMUL, .out = 1 + i, .out2 = -1, .in = {i == 3 ? 5 : 0, -1, -1},
+                             .weight = &w[i]};
+        }
+        q3_graph g = {.kind = Q3_GRAPH_DECODE, .cfg = &cfg, .rows = m, .ops = ops, .n_ops = 4, .values = values,
+                      .n_values = 6};
+        float *buf[2][6];
+        for (int v = 0; v < 6; v++) {
+            size_t n = (size_t)values[v].rows * values[v].cols;
+            buf[0][v] = calloc(n, sizeof(float));
+            buf[1][v] = calloc(n, sizeof(float));
+            if (v == 0 || v == 5) {
+                fill(buf[0][v], n, -1, 1);
+                memcpy(buf[1][v], buf[0][v], n * sizeof(float));
+            }
+        }
+        int32_t pos[3] = {0, 0, 0}, tokens[3] = {0, 0, 0};
+        q3_exec e0 = {.g = &g, .buf = buf[0], .tokens = tokens, .n_real = m, .pos = pos};
+        q3_exec e1 = e0;
+        e1.buf = buf[1];
+        const q3_backend *b = units[1]->b;
+        for (int i = 0; i < 4; i++) CHECK(b->run(units[1]->impl, &e0, &ops[i]) == Q3_OK, "run: %s", q3_last_error());
+        uint64_t jobs0 = q3_cpu_unit_stats(units[1]).pool_jobs;
+        int ran = 0;
+        CHECK(b->run_many && b->run_many(units[1]->impl, &e1, ops, 4, &ran) == Q3_OK, "run_many: %s", q3_last_error());
+        uint64_t jobs = q3_cpu_unit_stats(units[1]).pool_jobs - jobs0;
+        /* one thread: each matmul runs inline, alone */
+        bool pool = units[1]->n_threads > 1;
+        CHECK(ran == (pool ? 3 : 1), "[%s] m=%d: run_many ran %d ops, want the 3 over one input", isa, m, ran);
+        CHECK(jobs == (pool ? 1u : 0u), "[%s] m=%d: %llu pool jobs for 3 matmuls", isa, m, (unsigned long long)jobs);
+        for (int i = 1; i < 3 && ran == 1; i++) /* the rest op by op */
+            CHECK(b->run(units[1]->impl, &e1, &ops[i]) == Q3_OK, "run: %s", q3_last_error());
+        for (int i = 0; i < 3; i++)
+            CHECK(!memcmp(buf[0][1 + i], buf[1][1 + i], (size_t)m * ns[i] * sizeof(float)),
+                  "[%s] m=%d: matmul %d (%s) run together differs from alone", isa, m, i, q3_dtype_name(ts[i]));
+        for (int v = 0; v < 6; v++) {
+            free(buf[0][v]);
+            free(buf[1][v]);
+        }
+        for (int i = 0; i < 4; i++) free((void *)w[i].data);
+    }
+}
+
 /* ---- attention ---------------------------------------------------------------------------- */
 
 static void test_attention(const char *isa)
@@ -684,6 +748,7 @@ int main(void)
             continue;
         }
         test_matmul(isas[i]);
+        test_matmul_group(isas[i]);
         test_attention(isas[i]);
         test_decode_batch(isas[i]);
         test_kv_append(isas[i]);

@@ -50,6 +50,12 @@ struct q3_backend {
     /* runs one op; every row < n_real of its output is written. Q3_ERR_NOMEM
        (with a message) when scratch cannot be had; outputs are then undefined */
     q3_status (*run)(void *impl, const q3_exec *e, const q3_op *op);
+    /* optional: runs ops[0] and as many of the ops after it as the unit can
+       run together (one synchronisation instead of several: e.g. the
+       matmuls that share an input), at most n, all placed on this unit and
+       in graph order; *ran = how many it ran (>= 1 on success). Results are
+       bit for bit those of run() op by op. NULL: the executor calls run() */
+    q3_status (*run_many)(void *impl, const q3_exec *e, const q3_op *ops, int n, int *ran);
     /* optional: the K/V hand-off after a prefill chunk, n_rows rows of n F32
        values (src[i]) rounded into the cache's dtype t at dst[i], bit for bit
        as q3_row_from_f32 does; NULL: the caller converts them itself */

@@ -7,6 +7,9 @@
 #include "q3.h" /* q3_now: public */
 #include "util/error.h"
 
+/* Ops offered to a unit's run_many at once. */
+#define RUN_MANY_MAX 8
+
 double q3_now(void)
 {
     struct timespec ts;
@@ -67,17 +70,18 @@ q3_status q3_runner_run(q3_runner *r, const int32_t *tokens, int n_real, const i
                         const int32_t *const *table)
 {
     q3_exec e = {.g = r->g, .buf = r->buf, .tokens = tokens, .n_real = n_real, .pos = pos, .kv = kv, .table = table};
-    for (int i = 0; i < r->g->n_ops; i++) {
+    for (int i = 0; i < r->g->n_ops;) {
         q3_unit *u = r->unit[r->plan.unit_of[i]];
-        q3_status st;
-        if (r->op_seconds) {
-            double t0 = q3_now();
-            st = u->b->run(u->impl, &e, &r->g->ops[i]);
-            r->op_seconds[i] += q3_now() - t0;
-        } else {
-            st = u->b->run(u->impl, &e, &r->g->ops[i]);
-        }
+        int n = 1, ran = 1;
+        if (u->b->run_many) /* the next few ops, up to one placed elsewhere */
+            while (n < RUN_MANY_MAX && i + n < r->g->n_ops && r->plan.unit_of[i + n] == r->plan.unit_of[i]) n++;
+        double t0 = r->op_seconds ? q3_now() : 0;
+        q3_status st = u->b->run_many ? u->b->run_many(u->impl, &e, &r->g->ops[i], n, &ran)
+                                      : u->b->run(u->impl, &e, &r->g->ops[i]);
+        /* ops run together: their time is the first one's */
+        if (r->op_seconds) r->op_seconds[i] += q3_now() - t0;
         if (st) return st;
+        i += ran;
     }
     return Q3_OK;
 }

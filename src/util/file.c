@@ -139,6 +139,10 @@ q3_status q3_map_file(const char *path, q3_mapping *out)
             out->size = 0;
             return q3_fail(Q3_ERR_IO, "%s: mmap failed: %s", path, strerror(errno));
         }
+        /* 2 MB pages where the page cache holds 2 MB folios of the file (it
+           does when it read them from disk): a decode step streams every
+           weight, and 4 KB pages cost it a TLB miss each */
+        q3_memory_prefer_huge_pages(p, out->size);
         out->data = p;
         out->slot = map_register(p, out->size, path);
     }

@@ -71,6 +71,7 @@ typedef struct cpu_unit {
     q3_pool *pool;
     int nth;
     grow_buf *scratch;      /* [nth] per-thread kernel scratch */
+    int *mm_prepared;       /* [nth] a matmul job's per-thread note of what its scratch holds */
     grow_buf kv_chunk;      /* prefill: the chunk's K and V rounded to the cache dtype */
     grow_buf attn_parts;    /* decode: super-block softmax states of every row */
     grow_buf attn_rows;     /* decode: per-row attention descriptors */
@@ -133,6 +134,7 @@ static void cpu_close(void *impl)
     if (u->scratch)
         for (int i = 0; i < u->nth; i++) free(u->scratch[i].p);
     free(u->scratch);
+    free(u->mm_prepared);
     free(u->kv_chunk.p);
     free(u->attn_parts.p);
     free(u->attn_rows.p);
@@ -152,7 +154,8 @@ static q3_status cpu_open(const q3_backend *b, const q3_unit_opts *o, void **imp
     u->pool = q3_pool_new(n);
     u->nth = u->pool ? q3_pool_size(u->pool) : 1;
     u->scratch = calloc((size_t)u->nth, sizeof *u->scratch);
-    if (!u->pool || !u->scratch) {
+    u->mm_prepared = calloc((size_t)u->nth, sizeof *u->mm_prepared);
+    if (!u->pool || !u->scratch || !u->mm_prepared) {
         cpu_close(u);
         return q3_fail(Q3_ERR_NOMEM, "cpu unit: cannot start a pool of %d threads", n);
     }
@@ -316,24 +319,42 @@ static void run_rows(cpu_unit *u, const q3_exec *e, const q3_op *op, const float
 
 /* ---- matmul ------------------------------------------------------------------------------- */
 
-typedef struct mm_job {
-    cpu_unit *u;
+/* One matmul of a pool job: its kernels and problem, cut into items of
+ * `item` outputs, the job's items [item0, item0 + n_items). */
+typedef struct mm_part {
     q3_cpu_matmul mm;
     const q3_cpu_mm_kernels *k; /* the weight type's kernels on this ISA (q3_cpu_isa_mm) */
-    int item;   /* outputs per work item */
+    int item, item0, n_items;
+} mm_part;
+
+/* Up to MM_GROUP_MAX matmuls over one input (a layer's Q, K and V; its gate
+ * and up) in one pool job: one synchronisation for all of them. */
+#define MM_GROUP_MAX 4
+
+typedef struct mm_job {
+    cpu_unit *u;
+    mm_part part[MM_GROUP_MAX];
+    int n_parts;
+    int *prepared; /* [nth] the part whose prepared activations a thread's scratch holds (-1: none) */
 } mm_job;
 
-static void mm_begin(void *ctx, int ith)
-{
-    mm_job *j = ctx;
-    j->k->prepare(&j->mm, j->u->scratch[ith].p);
-}
+static void mm_begin(void *ctx, int ith) { ((mm_job *)ctx)->prepared[ith] = -1; }
 
+/* Items are claimed in increasing order, so a thread meets each part at most
+ * once in a row; it prepares (rounds or quantizes the shared input) again
+ * only where the part's weight type or kernels differ from the last. */
 static void mm_item(void *ctx, int item, int ith)
 {
     mm_job *j = ctx;
-    int o0 = item * j->item, o1 = o0 + j->item < j->mm.n ? o0 + j->item : j->mm.n;
-    j->k->range(&j->mm, j->u->scratch[ith].p, o0, o1);
+    int p = 0;
+    while (p + 1 < j->n_parts && j->part[p + 1].item0 <= item) p++;
+    const mm_part *t = &j->part[p];
+    void *scratch = j->u->scratch[ith].p;
+    int q = j->prepared[ith];
+    if (q < 0 || (q != p && (j->part[q].k != t->k || j->part[q].mm.wtype != t->mm.wtype))) t->k->prepare(&t->mm, scratch);
+    j->prepared[ith] = p;
+    int o0 = (item - t->item0) * t->item, o1 = o0 + t->item < t->mm.n ? o0 + t->item : t->mm.n;
+    t->k->range(&t->mm, scratch, o0, o1);
 }
 
 /* Packing a weight: panels of outputs over the pool's threads; a stack
@@ -411,43 +432,77 @@ static q3_status packed_weight(cpu_unit *u, const q3_op *op, const q3_tensor *w,
     return Q3_OK;
 }
 
-static q3_status run_matmul(cpu_unit *u, const q3_exec *e, const q3_op *op)
+/* The part that runs op, its weight packed if its kernels read a packed
+ * copy, every thread's scratch big enough; *inline_run: small enough to run
+ * on this thread alone. */
+static q3_status mm_setup(cpu_unit *u, const q3_exec *e, const q3_op *op, mm_part *t, bool *inline_run)
 {
     const q3_tensor *w = op->weight;
-    mm_job j = {.u = u,
-                .mm = {
-                    .w = w->data,
-                    .wtype = w->dtype,
-                    .w_row_bytes = q3_dtype_row_bytes(w->dtype, (size_t)w->shape[1]),
-                    .x = e->buf[op->in[0]],
-                    .ldx = (size_t)e->g->values[op->in[0]].cols,
-                    .y = e->buf[op->out],
-                    .ldy = (size_t)e->g->values[op->out].cols,
-                    .m = live_rows(e, op->in[0]),
-                    .n = (int)w->shape[0],
-                    .k = (int)w->shape[1],
-                }};
+    *t = (mm_part){.mm = {
+                       .w = w->data,
+                       .wtype = w->dtype,
+                       .w_row_bytes = q3_dtype_row_bytes(w->dtype, (size_t)w->shape[1]),
+                       .x = e->buf[op->in[0]],
+                       .ldx = (size_t)e->g->values[op->in[0]].cols,
+                       .y = e->buf[op->out],
+                       .ldy = (size_t)e->g->values[op->out].cols,
+                       .m = live_rows(e, op->in[0]),
+                       .n = (int)w->shape[0],
+                       .k = (int)w->shape[1],
+                   }};
     /* the weight type's row (quantized weights: int8 dot products on activations
        quantized per 32-block, each thread quantizing all rows into its own
        scratch: no barrier) */
-    const q3_cpu_mm_kernels *k = q3_cpu_isa_mm(u->isa, w->dtype);
-    j.k = k;
+    t->k = q3_cpu_isa_mm(u->isa, w->dtype);
     const void *packed;
     size_t stride;
-    q3_status st = packed_weight(u, op, w, k, &packed, &stride);
+    q3_status st = packed_weight(u, op, w, t->k, &packed, &stride);
     if (st) return st;
-    if (packed) j.mm.w = packed;
-    st = ensure_scratch(u, op, k->scratch(&j.mm));
+    if (packed) t->mm.w = packed;
+    if ((st = ensure_scratch(u, op, t->k->scratch(&t->mm)))) return st;
+    int g = t->k->granule(&t->mm);
+    *inline_run = u->nth == 1 || (double)t->mm.m * t->mm.n * t->mm.k < PARALLEL_MIN_MACS;
+    int want = *inline_run ? 1 : u->nth * MM_ITEMS_PER_THREAD;
+    t->item = (t->mm.n + want - 1) / want;
+    t->item = (t->item + g - 1) / g * g;
+    t->n_items = (t->mm.n + t->item - 1) / t->item;
+    return Q3_OK;
+}
+
+/* Whether op b can join a's pool job: a matmul over the same input whose
+ * output neither is that input nor a's output. */
+static bool mm_joins(const q3_exec *e, const q3_op *a, const q3_op *b)
+{
+    return b->kind == Q3_OP_MATMUL && b->in[0] == a->in[0] && b->out != a->out && b->out != a->in[0] &&
+           live_rows(e, b->in[0]) == live_rows(e, a->in[0]);
+}
+
+/* ops[0], a MATMUL, and the matmuls right after it over the same input (at
+ * most n in all) as one pool job; *ran = how many. Each output is what the
+ * op alone gives: the same kernel over the same row. */
+static q3_status run_matmuls(cpu_unit *u, const q3_exec *e, const q3_op *ops, int n, int *ran)
+{
+    mm_job j = {.u = u, .prepared = u->mm_prepared};
+    bool small;
+    *ran = 1;
+    q3_status st = mm_setup(u, e, &ops[0], &j.part[0], &small);
     if (st) return st;
-    int g = k->granule(&j.mm);
-    bool inline_run = u->nth == 1 || (double)j.mm.m * j.mm.n * j.mm.k < PARALLEL_MIN_MACS;
-    int want = inline_run ? 1 : u->nth * MM_ITEMS_PER_THREAD;
-    j.item = (j.mm.n + want - 1) / want;
-    j.item = (j.item + g - 1) / g * g;
-    q3_pool_job job = {.begin = mm_begin, .item = mm_item, .ctx = &j, .n_items = (j.mm.n + j.item - 1) / j.item};
-    if (inline_run) {
+    j.n_parts = 1;
+    int items = j.part[0].n_items;
+    while (!small && j.n_parts < MM_GROUP_MAX && *ran < n && mm_joins(e, &ops[0], &ops[*ran])) {
+        mm_part *t = &j.part[j.n_parts];
+        bool small_b;
+        if ((st = mm_setup(u, e, &ops[*ran], t, &small_b))) return st;
+        if (small_b) break; /* runs on its own, inline, next */
+        t->item0 = items;
+        items += t->n_items;
+        j.n_parts++;
+        (*ran)++;
+    }
+    q3_pool_job job = {.begin = mm_begin, .item = mm_item, .ctx = &j, .n_items = items};
+    if (small) {
         mm_begin(&j, 0);
-        for (int i = 0; i < job.n_items; i++) mm_item(&j, i, 0);
+        for (int i = 0; i < items; i++) mm_item(&j, i, 0);
     } else {
         q3_pool_run(u->pool, &job);
     }
@@ -940,7 +995,10 @@ static q3_status cpu_run(void *impl, const q3_exec *e, const q3_op *op)
         run_rows(u, e, op, NULL);
         return Q3_OK;
     }
-    case Q3_OP_MATMUL: return run_matmul(u, e, op);
+    case Q3_OP_MATMUL: {
+        int ran;
+        return run_matmuls(u, e, op, 1, &ran);
+    }
     case Q3_OP_MATMUL_ID: return run_matmul_id(u, e, op);
     case Q3_OP_MOE_ROUTE: return q3_moe_route(e, op, live_rows(e, op->out));
     case Q3_OP_MOE_SUM: return q3_moe_sum(e, op, live_rows(e, op->out));
@@ -955,6 +1013,20 @@ static q3_status cpu_run(void *impl, const q3_exec *e, const q3_op *op)
     case Q3_OP_KIND_COUNT: break;
     }
     return q3_fail(Q3_ERR_UNSUPPORTED, "op %s: unknown kind", op->name);
+}
+
+/* A matmul runs together with the matmuls after it over the same input;
+ * every other op alone. */
+static q3_status cpu_run_many(void *impl, const q3_exec *e, const q3_op *ops, int n, int *ran)
+{
+    cpu_unit *u = impl;
+    if (ops[0].kind != Q3_OP_MATMUL) {
+        *ran = 1;
+        return cpu_run(impl, e, &ops[0]);
+    }
+    q3_status st = run_matmuls(u, e, ops, n, ran);
+    u->ops += (uint64_t)*ran;
+    return st;
 }
 
 /* ---- the K/V hand-off -------------------------------------------------------------------- */
@@ -1001,6 +1073,7 @@ q3_backend q3_backend_cpu = {
     .close = cpu_close,
     .threads = cpu_threads,
     .run = cpu_run,
+    .run_many = cpu_run_many,
     .store_rows = cpu_store_rows,
     .kv_default = Q3_F16,
 };

@@ -28,6 +28,10 @@
  * there: 50 us beats 200 us by ~5-10% of decode time). In time, not pause
  * counts: a pause is ~10 cycles on some x86 parts and ~140 on others. */
 #define SPIN_NS 50000
+/* How long the caller spins for the last items of a job before it sleeps:
+ * items are a few to a few tens of microseconds, so a longer wait means a
+ * thread holding one lost its core. */
+#define JOIN_SPIN_NS 20000
 /* Claim-word index meaning "this job is closed: no more claims". */
 #define CLOSED 0xffffffffu
 
@@ -46,13 +50,19 @@ struct q3_pool {
     _Alignas(64) _Atomic uint64_t claim;   /* generation << 32 | next item */
     _Alignas(64) _Atomic uint32_t generation; /* futex word, bumped once per job */
     _Alignas(64) _Atomic int sleepers;     /* workers in (or entering) futex_wait */
-    _Alignas(64) _Atomic int done;         /* items finished in the current job */
+    _Alignas(64) _Atomic uint32_t done;    /* items finished in the current job (futex word of the join) */
+    _Atomic int joiner_sleeps;             /* the caller is in (or entering) futex_wait on done */
     uint64_t jobs;
 };
 
 static void futex_wait(_Atomic uint32_t *addr, uint32_t expected)
 {
     syscall(SYS_futex, (uint32_t *)addr, FUTEX_WAIT_PRIVATE, expected, NULL, NULL, 0);
+}
+
+static void futex_wake_one(_Atomic uint32_t *addr)
+{
+    syscall(SYS_futex, (uint32_t *)addr, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
 }
 
 static void futex_wake_all(_Atomic uint32_t *addr)
@@ -76,8 +86,11 @@ static void work(q3_pool *p, uint32_t gen, int ith)
         /* item i is ours: the job (and its ctx) lives until done reaches n_items */
         if (!begun && p->job.begin) p->job.begin(p->job.ctx, ith);
         begun = true;
+        int n = p->job.n_items; /* read before the last done: then the caller may start the next job */
         p->job.item(p->job.ctx, (int)i, ith);
-        atomic_fetch_add_explicit(&p->done, 1, memory_order_release);
+        /* seq_cst: pairs with the joiner's flag-then-check (join) */
+        if (atomic_fetch_add(&p->done, 1) + 1 == (uint32_t)n && ith != 0 && atomic_load(&p->joiner_sleeps))
+            futex_wake_one(&p->done);
     }
 }
 
@@ -86,6 +99,30 @@ static uint64_t now_ns(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* The caller's wait for the items other threads claimed: a short spin (the
+ * usual gap is a fraction of one item), then a futex sleep. Sleeping matters
+ * on a busy machine: a worker descheduled while it holds an item waits in a
+ * run queue, and a caller that spins or yields keeps its own core busy, so
+ * the scheduler never moves the worker there; an idle core pulls it over. */
+static void join(q3_pool *p, uint32_t n)
+{
+    uint64_t deadline = 0;
+    for (unsigned i = 1; atomic_load_explicit(&p->done, memory_order_acquire) < n; i++) {
+        cpu_relax();
+        if (i % 64) continue;
+        uint64_t t = now_ns();
+        if (!deadline) deadline = t + JOIN_SPIN_NS;
+        else if (t > deadline) break;
+    }
+    for (;;) {
+        atomic_store(&p->joiner_sleeps, 1); /* seq_cst: then done is read */
+        uint32_t d = atomic_load(&p->done);
+        if (d < n) futex_wait(&p->done, d);
+        atomic_store_explicit(&p->joiner_sleeps, 0, memory_order_relaxed);
+        if (atomic_load_explicit(&p->done, memory_order_acquire) >= n) return;
+    }
 }
 
 /* Waits until generation differs from seen; returns the new value. */
@@ -177,9 +214,6 @@ void q3_pool_run(q3_pool *p, const q3_pool_job *job)
     atomic_store(&p->generation, gen); /* seq_cst: then sleepers is read */
     if (atomic_load(&p->sleepers) > 0) futex_wake_all(&p->generation);
     work(p, gen, 0);
-    for (unsigned spins = 0; atomic_load_explicit(&p->done, memory_order_acquire) < job->n_items; spins++) {
-        cpu_relax();
-        if (spins > 256) sched_yield(); /* the worker holding an item was descheduled */
-    }
+    join(p, (uint32_t)job->n_items);
     atomic_store_explicit(&p->claim, (uint64_t)gen << 32 | CLOSED, memory_order_release);
 }

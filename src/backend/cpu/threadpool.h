@@ -8,7 +8,9 @@
  * threads that are running do the work (a fork-join pool that waits for
  * every thread would stall for the slice at every op). Workers spin briefly
  * waiting for the next job (ops follow each other within microseconds),
- * then sleep on a futex so an idle pool costs nothing. */
+ * then sleep on a futex so an idle pool costs nothing; the caller, waiting
+ * for items other threads hold, spins briefly too and then sleeps, so its
+ * core goes idle and the scheduler can move a descheduled worker onto it. */
 #ifndef Q3_BACKEND_CPU_THREADPOOL_H
 #define Q3_BACKEND_CPU_THREADPOOL_H
 
