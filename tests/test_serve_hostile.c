@@ -279,7 +279,6 @@ static void test_text(void)
     ts_resp_free(&r);
     free(big);
     /* under the bound, completions stop tokenizing once a prefix holds more than the context */
-    free(big);
     big = malloc(20000 + 32);
     strcpy(big, "{\"prompt\":\"");
     for (size_t i = 0; i < 20000; i += 7) memcpy(big + 11 + i, "ab cd\\n", 7);
