@@ -153,22 +153,21 @@ static double step_weight_bytes(const q3_model *m, double experts)
  * experts of the step's live rows (its ids output). Nothing in src/ changes:
  * the runner calls whichever unit its table names. */
 typedef struct expert_tap {
-    q3_backend b;      /* the inner unit's descriptor with run() replaced */
+    q3_backend b;      /* the inner unit's descriptor with run() and run_many() replaced */
     q3_unit u;         /* what the runner calls */
     q3_unit *inner;
     double distinct;   /* sum over routed layers and steps */
     long routes;       /* MOE_ROUTE ops counted */
 } expert_tap;
 
-static q3_status tap_run(void *impl, const q3_exec *e, const q3_op *op)
+/* After op ran: a MOE_ROUTE's distinct experts over the live rows, counted. */
+static void tap_count(expert_tap *t, const q3_exec *e, const q3_op *op)
 {
-    expert_tap *t = impl;
-    q3_status st = t->inner->b->run(t->inner->impl, e, op);
-    if (st || op->kind != Q3_OP_MOE_ROUTE) return st;
+    if (op->kind != Q3_OP_MOE_ROUTE) return;
     const q3_value *ids = &e->g->values[op->out];
     int n_exp = e->g->values[op->in[0]].cols, rows = ids->rows == 1 ? 1 : e->n_real, seen = 0;
     unsigned char used[4096];
-    if (n_exp > (int)sizeof used) return st;
+    if (n_exp > (int)sizeof used) return;
     memset(used, 0, (size_t)n_exp);
     for (size_t i = 0; i < (size_t)rows * (size_t)ids->cols; i++) {
         int x = (int)e->buf[op->out][i];
@@ -176,6 +175,22 @@ static q3_status tap_run(void *impl, const q3_exec *e, const q3_op *op)
     }
     t->distinct += seen;
     t->routes++;
+}
+
+static q3_status tap_run(void *impl, const q3_exec *e, const q3_op *op)
+{
+    expert_tap *t = impl;
+    q3_status st = t->inner->b->run(t->inner->impl, e, op);
+    if (!st) tap_count(t, e, op);
+    return st;
+}
+
+/* The inner unit's run_many (set only where it has one), every op it ran counted. */
+static q3_status tap_run_many(void *impl, const q3_exec *e, const q3_op *ops, int n, int *ran)
+{
+    expert_tap *t = impl;
+    q3_status st = t->inner->b->run_many(t->inner->impl, e, ops, n, ran);
+    for (int i = 0; !st && i < *ran; i++) tap_count(t, e, &ops[i]);
     return st;
 }
 
@@ -233,6 +248,7 @@ q3_status q3_bench_batch(q3_model *m, const q3_bench_opts *o, const int *batches
         saved[u] = c->run_decode.unit[u];
         taps[u] = (expert_tap){.b = *saved[u]->b, .inner = saved[u]};
         taps[u].b.run = tap_run;
+        if (taps[u].b.run_many) taps[u].b.run_many = tap_run_many;
         taps[u].u = (q3_unit){.b = &taps[u].b, .impl = &taps[u], .n_threads = saved[u]->n_threads};
     }
     double kv_row = 2.0 * m->cfg.n_layers * (double)c->kv.row_bytes; /* K and V of one position */
