@@ -211,8 +211,8 @@ FUZZ_BUILD   := build-fuzz
 FUZZ_SECONDS ?= 60
 FUZZ_CFLAGS  := -std=c17 -g -O1 -MMD -MP -Iinclude -Isrc -I. -D_GNU_SOURCE -fno-math-errno \
                 -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
-FUZZ_LIB_SRC := $(sort $(wildcard src/util/*.c src/model/*.c src/text/*.c src/sample/*.c tools/*_write.c)) \
-                $(filter-out src/server/http.c src/server/engine.c,$(sort $(wildcard src/server/*.c)))
+FUZZ_LIB_SRC := $(sort $(wildcard src/util/*.c src/model/*.c src/text/*.c src/sample/*.c src/grammar/*.c tools/*_write.c)) \
+                $(filter-out src/server/http.c src/server/engine.c src/server/embed_api.c,$(sort $(wildcard src/server/*.c)))
 FUZZ_LIB_OBJ := $(FUZZ_LIB_SRC:%.c=$(FUZZ_BUILD)/%.o)
 FUZZ_BIN     := $(patsubst fuzz/%.c,$(FUZZ_BUILD)/%,$(sort $(wildcard fuzz/fuzz_*.c)))
 

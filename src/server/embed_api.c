@@ -8,17 +8,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-void srv_embed_free(srv_embed_req *r)
-{
-    if (!r) return;
-    for (int i = 0; r->ids && i < r->n; i++) free(r->ids[i]);
-    for (int i = 0; r->docs && i < r->n; i++) free(r->docs[i]);
-    free(r->ids);
-    free(r->lens);
-    free(r->docs);
-    free(r->out);
-    free(r);
-}
 
 static int bad(srv_err *e, const char *param, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static int bad(srv_err *e, const char *param, const char *fmt, ...)

@@ -22,6 +22,19 @@ void srv_job_ref(srv_job *j)
     pthread_mutex_unlock(&j->mu);
 }
 
+/* An embed or rerank request's inputs and results (embed_api.h), freed with its job. */
+void srv_embed_free(srv_embed_req *r)
+{
+    if (!r) return;
+    for (int i = 0; r->ids && i < r->n; i++) free(r->ids[i]);
+    for (int i = 0; r->docs && i < r->n; i++) free(r->docs[i]);
+    free(r->ids);
+    free(r->lens);
+    free(r->docs);
+    free(r->out);
+    free(r);
+}
+
 void srv_job_unref(srv_job *j)
 {
     if (!j) return;
