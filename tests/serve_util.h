@@ -1,5 +1,6 @@
 /* Helpers for the q3 serve tests: start `q3 serve` on a free loopback port,
- * raw HTTP/1.1 requests over a socket (chunked bodies decoded), SSE events. */
+ * raw HTTP/1.1 requests over a socket (chunked bodies decoded), SSE events,
+ * a /metrics value, a node --test file run against the server. */
 #ifndef Q3_TESTS_SERVE_UTIL_H
 #define Q3_TESTS_SERVE_UTIL_H
 
@@ -16,6 +17,8 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+
+#include "test.h"
 
 typedef struct test_server {
     pid_t pid;
@@ -222,6 +225,50 @@ static inline int ts_request(int port, const char *method, const char *path, con
     else memset(r, 0, sizeof *r);
     close(fd);
     return rc;
+}
+
+/* The value of metric `name` (a line "name value" or "name{labels} value")
+ * in a Prometheus text body; -1 if absent. */
+static inline double ts_metric(const char *text, const char *name)
+{
+    const char *p = text;
+    size_t n = strlen(name);
+    while (p && (p = strstr(p, name))) {
+        if ((p == text || p[-1] == '\n') && (p[n] == '{' || p[n] == ' ')) {
+            const char *sp = p[n] == '{' ? strchr(strchr(p, '}'), ' ') : strchr(p, ' ');
+            return sp ? atof(sp + 1) : -1;
+        }
+        p += n;
+    }
+    return -1;
+}
+
+/* Runs `node --test` on one file with the environment `env` (e.g.
+ * "Q3_BASE_URL=... Q3_API_KEY=..."), a 120 s limit, and counts its tests
+ * into this program's: every node test passed or failed is one CHECK. Its
+ * failing lines go to stderr. A missing openai client (make deps installs
+ * it) is a failure, never a skip. */
+static inline void ts_node_test(const char *env, const char *file)
+{
+    if (access("tests/openai/node_modules/openai/package.json", R_OK)) {
+        fprintf(stderr, "tests/openai/node_modules/openai is missing: run `make deps` (npm ci in tests/openai)\n");
+        CHECK(0, "the openai npm client is installed");
+        return;
+    }
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "%s timeout 120 node --test --test-reporter=tap %s 2>&1", env, file);
+    FILE *p = popen(cmd, "r");
+    int pass = -1, fail = -1;
+    char line[1024];
+    while (p && fgets(line, sizeof line, p)) {
+        if (!strncmp(line, "# pass ", 7)) pass = atoi(line + 7);
+        else if (!strncmp(line, "# fail ", 7)) fail = atoi(line + 7);
+        if (strstr(line, "not ok") || strstr(line, "Error") || strstr(line, "expected") || strstr(line, "actual")) fputs(line, stderr);
+    }
+    int rc = p ? pclose(p) : -1;
+    CHECK(pass > 0 && fail == 0 && rc == 0, "node --test %s: %d passed, %d failed, exit %d", file, pass, fail, rc);
+    if (pass > 0) test_passed += pass - 1; /* the CHECK above stands for the first */
+    if (fail > 0) test_failed += fail - 1;
 }
 
 #endif

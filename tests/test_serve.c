@@ -217,20 +217,6 @@ static void *health_main(void *arg)
     return NULL;
 }
 
-static double metric(const char *text, const char *name)
-{
-    const char *p = text;
-    size_t n = strlen(name);
-    while ((p = strstr(p, name))) {
-        if ((p == text || p[-1] == '\n') && (p[n] == '{' || p[n] == ' ')) {
-            const char *sp = strchr(p, ' ');
-            if (p[n] == '{') sp = strchr(strchr(p, '}'), ' ');
-            return sp ? atof(sp + 1) : -1;
-        }
-        p += n;
-    }
-    return -1;
-}
 
 /* ---- the output policy alone ------------------------------------------------------- */
 
@@ -881,19 +867,19 @@ int main(void)
     double running = -1, waiting = -1, kv = -1;
     for (int i = 0; i < 100; i++) {
         ts_request(port, "GET", "/metrics", NULL, NULL, &r);
-        running = metric(r.body, "vllm:num_requests_running");
-        waiting = metric(r.body, "vllm:num_requests_waiting");
-        kv = metric(r.body, "vllm:kv_cache_usage_perc");
+        running = ts_metric(r.body, "vllm:num_requests_running");
+        waiting = ts_metric(r.body, "vllm:num_requests_waiting");
+        kv = ts_metric(r.body, "vllm:kv_cache_usage_perc");
         if (running == 0 && waiting == 0 && kv == 0) break;
         ts_resp_free(&r);
         usleep(50000);
     }
     CHECK(running == 0 && waiting == 0 && kv == 0, "after hang-ups: running %g waiting %g kv %g", running, waiting, kv);
     CHECK(strstr(r.body, "vllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"") != NULL, "cache_config_info");
-    CHECK(metric(r.body, "vllm:generation_tokens_total") > 100 && metric(r.body, "vllm:prompt_tokens_total") > 100, "token counters");
-    CHECK(metric(r.body, "vllm:time_to_first_token_seconds_count") > 10 && strstr(r.body, "vllm:e2e_request_latency_seconds_bucket{") &&
+    CHECK(ts_metric(r.body, "vllm:generation_tokens_total") > 100 && ts_metric(r.body, "vllm:prompt_tokens_total") > 100, "token counters");
+    CHECK(ts_metric(r.body, "vllm:time_to_first_token_seconds_count") > 10 && strstr(r.body, "vllm:e2e_request_latency_seconds_bucket{") &&
           strstr(r.body, "vllm:time_per_output_token_seconds_sum"), "histograms");
-    CHECK(metric(r.body, "vllm:request_success_total") >= 0 && strstr(r.body, "finished_reason=\"abort\""), "success counter");
+    CHECK(ts_metric(r.body, "vllm:request_success_total") >= 0 && strstr(r.body, "finished_reason=\"abort\""), "success counter");
     ts_resp_free(&r);
 
     /* SIGTERM: a stream in flight finishes with [DONE], new requests get 503, exit 0 */
@@ -959,7 +945,7 @@ int main(void)
         double waiting = -1;
         for (int i = 0; i < 200 && waiting != 1; i++) { /* until the second waits in the queue */
             ts_request(port, "GET", "/metrics", NULL, NULL, &r);
-            waiting = metric(r.body, "vllm:num_requests_waiting");
+            waiting = ts_metric(r.body, "vllm:num_requests_waiting");
             ts_resp_free(&r);
             if (waiting != 1) usleep(20000);
         }
@@ -976,8 +962,8 @@ int main(void)
         for (int i = 0; i < 100; i++) {
             ts_request(port, "GET", "/metrics", NULL, NULL, &r);
             const char *a = strstr(r.body, "vllm:request_success_total{finished_reason=\"abort\"");
-            aborted = a ? metric(a, "vllm:request_success_total") : -1;
-            rejected = metric(r.body, "q3:requests_rejected_total");
+            aborted = a ? ts_metric(a, "vllm:request_success_total") : -1;
+            rejected = ts_metric(r.body, "q3:requests_rejected_total");
             ts_resp_free(&r);
             if (aborted == 2) break;
             usleep(50000);

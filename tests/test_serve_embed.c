@@ -41,28 +41,9 @@ static void bad(int port, const char *path, const char *body, const char *says)
 
 static void node_client(int port, int hidden)
 {
-    if (access("tests/openai/node_modules/openai/package.json", R_OK)) {
-        fprintf(stderr, "tests/openai/node_modules/openai is missing: run `make deps` (npm ci in tests/openai)\n");
-        CHECK(0, "the openai npm client is installed");
-        return;
-    }
-    char cmd[512];
-    snprintf(cmd, sizeof cmd,
-             "Q3_BASE_URL=http://127.0.0.1:%d/v1 Q3_API_KEY=none Q3_HIDDEN=%d timeout 120 node --test --test-reporter=tap "
-             "tests/openai/embed.test.mjs 2>&1",
-             port, hidden);
-    FILE *p = popen(cmd, "r");
-    int pass = -1, fail = -1;
-    char line[1024];
-    while (p && fgets(line, sizeof line, p)) {
-        if (!strncmp(line, "# pass ", 7)) pass = atoi(line + 7);
-        else if (!strncmp(line, "# fail ", 7)) fail = atoi(line + 7);
-        if (strstr(line, "not ok") || strstr(line, "Error") || strstr(line, "expected") || strstr(line, "actual")) fputs(line, stderr);
-    }
-    int rc = p ? pclose(p) : -1;
-    CHECK(pass > 0 && fail == 0 && rc == 0, "node --test embed: %d passed, %d failed, exit %d", pass, fail, rc);
-    if (pass > 0) test_passed += pass - 1;
-    if (fail > 0) test_failed += fail - 1;
+    char env[160];
+    snprintf(env, sizeof env, "Q3_BASE_URL=http://127.0.0.1:%d/v1 Q3_API_KEY=none Q3_HIDDEN=%d", port, hidden);
+    ts_node_test(env, "tests/openai/embed.test.mjs");
 }
 
 static void embeddings(q3_model *m, q3_tokenizer *tok)

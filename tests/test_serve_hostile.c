@@ -60,19 +60,6 @@ static double time_to_close(int fd, const char *drip, double limit)
     return 1e9;
 }
 
-static double metric(const char *text, const char *name)
-{
-    const char *p = text;
-    size_t n = strlen(name);
-    while (p && (p = strstr(p, name))) {
-        if ((p == text || p[-1] == '\n') && (p[n] == '{' || p[n] == ' ')) {
-            const char *sp = p[n] == '{' ? strchr(strchr(p, '}'), ' ') : strchr(p, ' ');
-            return sp ? atof(sp + 1) : -1;
-        }
-        p += n;
-    }
-    return -1;
-}
 
 static void test_deadlines(void)
 {
@@ -366,7 +353,7 @@ static void test_admin(int admin)
     CHECK(r.status == 200, "admin /health: %d", r.status);
     ts_resp_free(&r);
     ts_request(admin, "GET", "/metrics", NULL, NULL, &r);
-    CHECK(r.status == 200 && metric(r.body, "vllm:num_requests_running") == 0 && metric(r.body, "q3:http_connections") >= 0,
+    CHECK(r.status == 200 && ts_metric(r.body, "vllm:num_requests_running") == 0 && ts_metric(r.body, "q3:http_connections") >= 0,
           "admin /metrics: %d", r.status);
     ts_resp_free(&r);
     ts_request(admin, "POST", "/v1/completions", KEY, "{\"prompt\":\"hi\"}", &r);

@@ -26,19 +26,6 @@ static double worst_health, worst_admin_health;
 
 static int is_running(void) { return __atomic_load_n(&running, __ATOMIC_ACQUIRE); }
 
-static double metric(const char *text, const char *name)
-{
-    const char *p = text;
-    size_t n = strlen(name);
-    while (p && (p = strstr(p, name))) {
-        if ((p == text || p[-1] == '\n') && (p[n] == '{' || p[n] == ' ')) {
-            const char *sp = p[n] == '{' ? strchr(strchr(p, '}'), ' ') : strchr(p, ' ');
-            return sp ? atof(sp + 1) : -1;
-        }
-        p += n;
-    }
-    return -1;
-}
 
 static long rss_kb(pid_t pid)
 {
@@ -158,13 +145,13 @@ static void gauges(double *run, double *wait, double *kv, double *conns, double 
     ts_resp r;
     *run = *wait = *kv = *conns = *rejected = *aborts = -1;
     if (ts_request(admin_port, "GET", "/metrics", NULL, NULL, &r)) return;
-    *run = metric(r.body, "vllm:num_requests_running");
-    *wait = metric(r.body, "vllm:num_requests_waiting");
-    *kv = metric(r.body, "vllm:kv_cache_usage_perc");
-    *conns = metric(r.body, "q3:http_connections");
-    *rejected = metric(r.body, "q3:requests_rejected_total");
+    *run = ts_metric(r.body, "vllm:num_requests_running");
+    *wait = ts_metric(r.body, "vllm:num_requests_waiting");
+    *kv = ts_metric(r.body, "vllm:kv_cache_usage_perc");
+    *conns = ts_metric(r.body, "q3:http_connections");
+    *rejected = ts_metric(r.body, "q3:requests_rejected_total");
     const char *a = strstr(r.body, "vllm:request_success_total{finished_reason=\"abort\"");
-    *aborts = a ? metric(a, "vllm:request_success_total") : -1;
+    *aborts = a ? ts_metric(a, "vllm:request_success_total") : -1;
     ts_resp_free(&r);
 }
 
