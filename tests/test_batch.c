@@ -526,6 +526,204 @@ static void generators(void)
     q3_model_close(m);
 }
 
+/* ---- the scheduler's two tools: a token budget per step, preemption ---- */
+
+enum { E2E_MAX = 16 };
+typedef struct e2e {
+    q3_model *m;
+    q3_tokenizer *tok;
+    int n;
+    int32_t prompt[E2E_MAX][512], want[E2E_MAX][64];
+    int n_prompt[E2E_MAX], n_want[E2E_MAX];
+} e2e;
+
+/* The e2e model, its tokenizer and its cases' prompts and greedy ids. */
+static int e2e_load(e2e *x)
+{
+    memset(x, 0, sizeof *x);
+    if (q3_model_open(TEST_DATA "/golden/e2e", &x->m)) return -1;
+    if (q3_tokenizer_load(TEST_DATA "/golden/e2e/tokenizer.json", &x->tok)) return -1;
+    char *text = golden_slurp(TEST_DATA "/golden/e2e/cases.json", NULL);
+    cJSON *cases = text ? cJSON_Parse(text) : NULL;
+    free(text);
+    x->n = cJSON_GetArraySize(cases) < E2E_MAX ? cJSON_GetArraySize(cases) : E2E_MAX;
+    for (int i = 0; i < x->n; i++) {
+        cJSON *c = cJSON_GetArrayItem(cases, i), *p = cJSON_GetObjectItem(c, "prompt_ids"), *g = cJSON_GetObjectItem(c, "generated_ids");
+        x->n_prompt[i] = cJSON_GetArraySize(p) < 512 ? cJSON_GetArraySize(p) : 512;
+        x->n_want[i] = cJSON_GetArraySize(g) < 64 ? cJSON_GetArraySize(g) : 64;
+        for (int k = 0; k < x->n_prompt[i]; k++) x->prompt[i][k] = cJSON_GetArrayItem(p, k)->valueint;
+        for (int k = 0; k < x->n_want[i]; k++) x->want[i][k] = cJSON_GetArrayItem(g, k)->valueint;
+    }
+    cJSON_Delete(cases);
+    return x->n >= 6 ? 0 : -1;
+}
+
+static void e2e_free(e2e *x)
+{
+    q3_tokenizer_free(x->tok);
+    q3_model_close(x->m);
+}
+
+/* A greedy generator of case i on a new sequence of ctx. */
+static q3_gen *e2e_gen(const e2e *x, q3_ctx *ctx, int i, q3_sampler **smp, text_sink *text)
+{
+    int seq;
+    q3_gen *g = NULL;
+    q3_sampler_params greedy = q3_sampler_defaults(0);
+    greedy.temperature = 0;
+    q3_gen_opts o = {.max_tokens = x->n_want[i], .on_text = sink, .user = text};
+    if (q3_seq_new(ctx, &seq) || q3_sampler_new(&greedy, q3_model_vocab_size(x->m), smp) ||
+        q3_gen_new(ctx, seq, *smp, x->tok, &o, &g) || q3_gen_prompt(g, x->prompt[i], (size_t)x->n_prompt[i])) {
+        CHECK(0, "generator for case %d: %s", i, q3_last_error());
+        q3_gen_free(g);
+        return NULL;
+    }
+    return g;
+}
+
+static int e2e_same(const e2e *x, const q3_gen *g, int i)
+{
+    const q3_gen_result *r = q3_gen_result_get(g);
+    return r->n_ids == x->n_want[i] && !memcmp(r->ids, x->want[i], (size_t)x->n_want[i] * sizeof(int32_t));
+}
+
+/* A long prompt arriving while a sequence generates: with a budget of 16
+ * tokens a step, its prefill is spread over many steps, the running stream
+ * gets a token every step, and every sequence's ids are its reference's. */
+static void budget_steps(void)
+{
+    e2e x;
+    if (e2e_load(&x)) {
+        CHECK(0, "e2e: %s", q3_last_error());
+        e2e_free(&x);
+        return;
+    }
+    int longest = 0;
+    for (int i = 1; i < x.n; i++)
+        if (x.n_prompt[i] > x.n_prompt[longest]) longest = i;
+    int run = longest == 0 ? 1 : 0;
+    q3_ctx_opts co = {.n_ctx = 512, .chunk = 64, .max_seqs = 2, .backend = "cpu"};
+    q3_ctx *ctx;
+    CHECK(q3_ctx_new(x.m, &co, &ctx) == Q3_OK, "ctx: %s", q3_last_error());
+    q3_sampler *sa = NULL, *sb = NULL;
+    text_sink ta = {0}, tb = {0};
+    q3_gen *a = e2e_gen(&x, ctx, run, &sa, &ta), *b = NULL;
+    int steps_prefilling = 0, stalls = 0, budget = 16;
+    while (a && !q3_gen_done(a)) {
+        if (!b && q3_gen_result_get(a)->n_ids == 3) b = e2e_gen(&x, ctx, longest, &sb, &tb);
+        q3_gen *gens[2] = {a, b};
+        int before = q3_gen_result_get(a)->n_ids, pre = b && q3_gen_prefilling(b), generating = !q3_gen_prefilling(a);
+        if (q3_gen_step_budget(gens, b ? 2 : 1, budget) != Q3_OK) {
+            CHECK(0, "budgeted step: %s", q3_last_error());
+            break;
+        }
+        steps_prefilling += pre;
+        stalls += generating && !q3_gen_done(a) && q3_gen_result_get(a)->n_ids != before + 1;
+    }
+    while (b && !q3_gen_done(b))
+        if (q3_gen_step_budget(&b, 1, budget) != Q3_OK) {
+            CHECK(0, "budgeted step: %s", q3_last_error());
+            break;
+        }
+    int spread = (x.n_prompt[longest] + budget - 2) / (budget - 1);
+    CHECK(b && steps_prefilling >= spread, "a %d-token prompt prefilled in %d steps, want >= %d at a budget of %d",
+          x.n_prompt[longest], steps_prefilling, spread, budget);
+    CHECK(stalls == 0, "the running stream missed a token in %d steps", stalls);
+    CHECK(a && e2e_same(&x, a, run), "the running stream's ids changed when a long prompt arrived");
+    CHECK(b && e2e_same(&x, b, longest), "the long prompt's ids differ from its reference when prefilled in budgeted chunks");
+    CHECK(q3_gen_step_budget(&a, 1, -1) == Q3_ERR_INVALID, "a negative budget is refused");
+    q3_gen_free(a);
+    q3_gen_free(b);
+    q3_sampler_free(sa);
+    q3_sampler_free(sb);
+    q3_ctx_free(ctx);
+    e2e_free(&x);
+}
+
+/* Every case through 4 slots of a pool too small for all of them at once:
+ * a step the pool cannot hold preempts the youngest sequence (as the server
+ * does), which sits out two steps and comes back; on top, sequences are
+ * preempted at fixed steps (mid-prompt and mid-answer). Every case's ids
+ * are its reference's; preemption happened both ways. */
+static void preemption(void)
+{
+    e2e x;
+    if (e2e_load(&x)) {
+        CHECK(0, "e2e: %s", q3_last_error());
+        e2e_free(&x);
+        return;
+    }
+    enum { SLOTS = 4 };
+    q3_ctx_opts co = {.n_ctx = 512, .chunk = 32, .max_seqs = SLOTS, .kv_tokens = 480, .backend = "cpu"};
+    q3_ctx *ctx;
+    CHECK(q3_ctx_new(x.m, &co, &ctx) == Q3_OK, "ctx: %s", q3_last_error());
+    q3_gen *gens[SLOTS] = {0};
+    q3_sampler *smps[SLOTS] = {0};
+    text_sink text[E2E_MAX];
+    memset(text, 0, sizeof text);
+    int case_of[SLOTS], order[SLOTS], paused[SLOTS] = {0}, next = 0, live = 0, wrong = 0, full = 0, forced = 0, steps = 0;
+    while (ctx && steps < 5000) {
+        for (int k = 0; k < SLOTS; k++) {
+            if (gens[k] || next >= x.n) continue;
+            case_of[k] = next;
+            order[k] = next;
+            gens[k] = e2e_gen(&x, ctx, next++, &smps[k], &text[case_of[k]]);
+            live++;
+        }
+        if (!live) break;
+        if (steps % 7 == 3) /* the youngest live one (mid-prompt or mid-answer) */
+            for (int y = -1, k = 0; k <= SLOTS; k++) {
+                if (k < SLOTS) {
+                    if (gens[k] && !paused[k] && (y < 0 || order[k] > order[y])) y = k;
+                } else if (y >= 0 && q3_gen_preempt(gens[y]) == Q3_OK) {
+                    paused[y] = 2;
+                    forced++;
+                }
+            }
+        q3_gen *active[SLOTS];
+        int slot_of[SLOTS], na = 0;
+        for (int k = 0; k < SLOTS; k++)
+            if (gens[k] && !paused[k]) {
+                slot_of[na] = k;
+                active[na++] = gens[k];
+            }
+        q3_status st = q3_gen_step_budget(active, na, 24);
+        if (st == Q3_ERR_KV_FULL && na > 1) { /* the youngest steps aside */
+            int y = 0;
+            for (int i = 1; i < na; i++)
+                if (order[slot_of[i]] > order[slot_of[y]]) y = i;
+            CHECK(q3_gen_preempt(active[y]) == Q3_OK, "preempt: %s", q3_last_error());
+            paused[slot_of[y]] = 2;
+            full++;
+            continue;
+        }
+        if (st) {
+            CHECK(0, "step: %s", q3_last_error());
+            break;
+        }
+        steps++;
+        for (int k = 0; k < SLOTS; k++) {
+            if (paused[k]) paused[k]--;
+            if (!gens[k] || !q3_gen_done(gens[k])) continue;
+            wrong += !e2e_same(&x, gens[k], case_of[k]);
+            q3_seq_drop(ctx, q3_gen_seq(gens[k]));
+            q3_gen_free(gens[k]);
+            q3_sampler_free(smps[k]);
+            gens[k] = NULL;
+            live--;
+        }
+    }
+    CHECK(next == x.n && live == 0, "%d of %d cases finished in %d steps", next - live, x.n, steps);
+    CHECK(wrong == 0, "%d of %d cases generated other ids across preemption", wrong, x.n);
+    CHECK(full > 0 && forced > 0, "preempted %d times for a full pool and %d times on purpose", full, forced);
+    for (int k = 0; k < SLOTS; k++) {
+        q3_gen_free(gens[k]);
+        q3_sampler_free(smps[k]);
+    }
+    q3_ctx_free(ctx);
+    e2e_free(&x);
+}
+
 /* q3_convert_compare_kv: a cache of the reference's own type costs nothing; Q8_0
  * costs a little (the golden small model, its len64 case). */
 static void kv_compare(void)
@@ -576,6 +774,8 @@ int main(void)
     fork_truncate("ref");
     bad_steps();
     generators();
+    budget_steps();
+    preemption();
     kv_compare();
     TEST_DONE();
 }

@@ -344,6 +344,44 @@ static void test_kv_room(test_server *srv)
     (void)srv;
 }
 
+/* Two answers that do not fit the 64-token pool together (each alone does):
+ * both are served (the younger is preempted and resumed), each the same
+ * text as when it ran alone, and the preemption is counted. */
+static void test_preempt(int admin)
+{
+    const char *body[2] = {"{\"prompt\":\"Once upon a time\",\"max_tokens\":40,\"temperature\":0,\"ignore_eos\":true}",
+                           "{\"prompt\":\"The weather today\",\"max_tokens\":40,\"temperature\":0,\"ignore_eos\":true}"};
+    ts_resp alone[2], both[2];
+    for (int i = 0; i < 2; i++) ts_request(port, "POST", "/v1/completions", KEY, body[i], &alone[i]);
+    int fd[2];
+    for (int i = 0; i < 2; i++) {
+        fd[i] = ts_connect_timeout(port, 60);
+        ts_send_request(fd[i], "POST", "/v1/completions", KEY, body[i]);
+    }
+    for (int i = 0; i < 2; i++) {
+        ts_read_response(fd[i], &both[i]);
+        close(fd[i]);
+    }
+    for (int i = 0; i < 2; i++) {
+        cJSON *a = cJSON_Parse(alone[i].body), *b = cJSON_Parse(both[i].body);
+        const char *ta = cJSON_GetStringValue(cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(a, "choices"), 0), "text"));
+        const char *tb = cJSON_GetStringValue(cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(b, "choices"), 0), "text"));
+        CHECK(alone[i].status == 200 && both[i].status == 200 && ta && tb && !strcmp(ta, tb) &&
+              strstr(both[i].body, "\"completion_tokens\":40"),
+              "request %d beside another in a pool too small for both: %d %d, same text %d", i, alone[i].status,
+              both[i].status, ta && tb && !strcmp(ta, tb));
+        cJSON_Delete(a);
+        cJSON_Delete(b);
+        ts_resp_free(&alone[i]);
+        ts_resp_free(&both[i]);
+    }
+    ts_resp r;
+    ts_request(admin, "GET", "/metrics", NULL, NULL, &r);
+    CHECK(r.status == 200 && metric(r.body, "vllm:num_preemptions_total") >= 1, "preemptions counted: %g",
+          r.body ? metric(r.body, "vllm:num_preemptions_total") : -1);
+    ts_resp_free(&r);
+}
+
 static void test_admin(int admin)
 {
     ts_resp r;
@@ -379,6 +417,7 @@ int main(void)
     test_text();
     test_half_close();
     test_kv_room(&srv);
+    if (srv.admin_port > 0) test_preempt(srv.admin_port);
     test_deadlines();
     test_per_address();
     CHECK(ts_stop(&srv) == 0, "exit 0 on SIGTERM");

@@ -64,6 +64,13 @@ struct q3_gen {
     q3_gen_result r;
     int32_t pending;          /* the sampled token the next step decodes; -1: none */
     int done;
+    /* preemption (q3_gen_preempt): the sequence's K/V were freed; they come back
+       from the prefix cache, a prefill of the prompt's rest, then decode rows
+       replaying the generated ids, so each position is computed as before */
+    size_t base;              /* positions the sequence held before the prompt (earlier turns) */
+    int32_t *hist;            /* [n_hist] the sequence's tokens when it was preempted; NULL: not preempted */
+    size_t n_hist, hist_done; /* hist[0..hist_done) are back in the sequence */
+    int resume;               /* the next step first takes what the prefix cache has of hist */
     float *logits;            /* [vocab] */
     float *raw;               /* [vocab] the row before on_logits (logprobs with a processor only) */
     text_out text;
@@ -149,6 +156,7 @@ void q3_gen_free(q3_gen *g)
     q3_detokenizer_free(g->detok);
     free(g->text.buf);
     free(g->prompt);
+    free(g->hist);
     free(g->logits);
     free(g->raw);
     free(g->r.ids);
@@ -204,6 +212,11 @@ q3_status q3_gen_prompt_from(q3_gen *g, const int32_t *prompt, size_t n, size_t 
     g->r.stop = Q3_STOP_LENGTH;
     g->pending = -1;
     g->done = 0;
+    g->base = (size_t)pos - skip;
+    free(g->hist);
+    g->hist = NULL;
+    g->n_hist = g->hist_done = 0;
+    g->resume = 0;
     g->text.len = g->text.emitted = 0;
     g->chan = Q3_CHANNEL_CONTENT;
     g->content_any = g->thinking_any = g->thinking_nl = 0;
@@ -216,7 +229,7 @@ q3_status q3_gen_prompt_from(q3_gen *g, const int32_t *prompt, size_t n, size_t 
 q3_status q3_gen_prompt(q3_gen *g, const int32_t *prompt, size_t n) { return q3_gen_prompt_from(g, prompt, n, 0); }
 
 int q3_gen_done(const q3_gen *g) { return g ? g->done : 1; }
-int q3_gen_prefilling(const q3_gen *g) { return g && !g->done && g->prompt_done < g->n_prompt; }
+int q3_gen_prefilling(const q3_gen *g) { return g && !g->done && (g->resume || g->prompt_done < g->n_prompt); }
 const q3_gen_result *q3_gen_result_get(const q3_gen *g) { return g ? &g->r : NULL; }
 int q3_gen_seq(const q3_gen *g) { return g ? g->seq : -1; }
 const char *q3_gen_error(const q3_gen *g) { return g && g->r.stop == Q3_STOP_ERROR ? g->error : ""; }
@@ -506,41 +519,131 @@ oom:
     return q3_fail(Q3_ERR_NOMEM, "out of memory");
 }
 
-q3_status q3_gen_step(q3_gen *const *gens, int n)
+/* ---- preemption: the K/V given back, recomputed later ------------------------------------- */
+
+/* The position where the prompt ends (earlier turns, then the prompt). */
+static size_t prompt_end(const q3_gen *g) { return g->base + g->n_prompt; }
+/* Positions of hist still to compute again. */
+static int recovering(const q3_gen *g) { return g->hist && g->hist_done < g->n_hist; }
+
+q3_status q3_gen_preempt(q3_gen *g)
+{
+    q3_clear_error();
+    Q3_NOT_NULL(g);
+    if (g->done) return q3_fail(Q3_ERR_INVALID, "q3_gen_preempt: the generator has stopped");
+    q3_status st = check_seq(g);
+    if (st) return st;
+    if ((st = q3_ctx_enter(g->ctx, "q3_gen_preempt"))) return st;
+    const q3_kv_seq *kv = &g->ctx->kv.seqs[g->seq];
+    if (!g->hist) { /* preempted again before it came back: hist already holds what it held then */
+        g->n_hist = (size_t)kv->n_tokens;
+        g->hist = malloc((g->n_hist ? g->n_hist : 1) * sizeof *g->hist);
+        if (!g->hist) {
+            q3_ctx_leave(g->ctx);
+            return q3_fail(Q3_ERR_NOMEM, "out of memory");
+        }
+        memcpy(g->hist, kv->tokens, g->n_hist * sizeof *g->hist);
+    }
+    st = q3_kv_seq_truncate(&g->ctx->kv, g->seq, 0); /* cannot fail at 0: whole blocks, full ones cached */
+    q3_ctx_leave(g->ctx);
+    if (st) return st;
+    g->hist_done = 0;
+    g->resume = 1;
+    return Q3_OK;
+}
+
+/* A preempted generator's first step: the prefix cache gives back what it
+ * still has of hist (full blocks, prompt and generated alike). */
+static q3_status resume(q3_gen *g)
+{
+    q3_status st = q3_ctx_enter(g->ctx, "q3_gen_step");
+    if (st) return st;
+    int n = (int)g->n_hist;
+    g->hist_done = (size_t)q3_kv_seq_reuse_prefix(&g->ctx->kv, g->seq, g->hist, n, n);
+    q3_ctx_leave(g->ctx);
+    g->resume = 0;
+    if (g->hist_done == g->n_hist) {
+        free(g->hist);
+        g->hist = NULL;
+        g->n_hist = g->hist_done = 0;
+    }
+    return Q3_OK;
+}
+
+/* ---- the step ------------------------------------------------------------------------------ */
+
+/* The tokens g prefills next ([*n] at *tokens; 0: none) and whether its
+ * last one yields logits to sample. Positions first prefilled are prefilled
+ * again (any split gives the same K/V); generated ones are decode rows. */
+static size_t prefill_next(const q3_gen *g, const int32_t **tokens, int *sample)
+{
+    *sample = 0;
+    if (recovering(g)) {
+        size_t end = prompt_end(g) < g->n_hist ? prompt_end(g) : g->n_hist;
+        *tokens = g->hist + g->hist_done;
+        return g->hist_done < end ? end - g->hist_done : 0;
+    }
+    *tokens = g->prompt + g->prompt_done;
+    *sample = 1;
+    return g->n_prompt - g->prompt_done;
+}
+
+q3_status q3_gen_step(q3_gen *const *gens, int n) { return q3_gen_step_budget(gens, n, 0); }
+
+q3_status q3_gen_step_budget(q3_gen *const *gens, int n, int budget)
 {
     q3_clear_error();
     if (n <= 0) return Q3_OK;
     if (!gens) return q3_fail(Q3_ERR_INVALID, "q3_gen_step: gens is NULL");
+    if (budget < 0) return q3_fail(Q3_ERR_INVALID, "q3_gen_step_budget: budget is %d, must be >= 0 (0: one chunk)", budget);
     for (int i = 0; i < n; i++)
         if (!gens[i]) return q3_fail(Q3_ERR_INVALID, "q3_gen_step: gens[%d] is NULL", i);
     q3_ctx *c = gens[0]->ctx;
     int max = q3_ctx_max_seqs(c);
     q3_decode_row rows[256];
     q3_gen *row_gen[256];
+    int row_replay[256];
     q3_step s = {.decode = rows, .prefill_seq = -1};
     q3_gen *pg = NULL;
+    int pg_sample = 0;
+    size_t pg_left = 0;
     for (int i = 0; i < n; i++) {
         q3_gen *g = gens[i];
         if (g->ctx != c) return q3_fail(Q3_ERR_INVALID, "generators of different contexts in one step");
         if (g->done) continue;
         q3_status cst = check_seq(g);
         if (cst) return cst;
-        if (g->prompt_done < g->n_prompt) {
-            if (!pg) pg = g;
+        if (g->resume && (cst = resume(g))) return cst;
+        const int32_t *t;
+        int sample;
+        size_t left = prefill_next(g, &t, &sample);
+        if (left) {
+            if (!pg) {
+                pg = g;
+                pg_left = left;
+                pg_sample = sample;
+                s.prefill_tokens = t;
+            }
             continue;
         }
         if (s.n_decode == max || s.n_decode == 256) continue; /* the rest wait for the next step */
-        rows[s.n_decode] = (q3_decode_row){.seq = g->seq, .token = g->pending, .logits = g->logits};
+        int replay = recovering(g); /* a generated token's K/V again: the row it had, no sampling */
+        rows[s.n_decode] = (q3_decode_row){.seq = g->seq, .token = replay ? g->hist[g->hist_done] : g->pending,
+                                           .logits = replay ? NULL : g->logits};
+        row_replay[s.n_decode] = replay;
         row_gen[s.n_decode++] = g;
     }
     int n_pre = 0;
     if (pg) {
-        size_t left = pg->n_prompt - pg->prompt_done;
-        n_pre = left < (size_t)q3_ctx_chunk(c) ? (int)left : q3_ctx_chunk(c);
+        int cap = q3_ctx_chunk(c);
+        if (budget > 0) { /* the decode rows first, the prefill the rest (at least a token, so it moves) */
+            int rest = budget - s.n_decode;
+            if (rest < cap) cap = rest > 1 ? rest : 1;
+        }
+        n_pre = pg_left < (size_t)cap ? (int)pg_left : cap;
         s.prefill_seq = pg->seq;
-        s.prefill_tokens = pg->prompt + pg->prompt_done;
         s.n_prefill = n_pre;
-        if ((size_t)n_pre == left) s.prefill_logits = pg->logits;
+        if ((size_t)n_pre == pg_left && pg_sample) s.prefill_logits = pg->logits;
     }
     if (!s.n_decode && !pg) return Q3_OK;
     double t0 = q3_now();
@@ -548,14 +651,26 @@ q3_status q3_gen_step(q3_gen *const *gens, int n)
     if (st) return st;
     double dt = q3_now() - t0;
     if (pg) {
-        pg->prompt_done += (size_t)n_pre;
         pg->r.prefill_s += dt;
-        if (pg->prompt_done == pg->n_prompt && (st = after_logits(pg))) return st;
+        if (!pg_sample) {
+            pg->hist_done += (size_t)n_pre;
+        } else {
+            pg->prompt_done += (size_t)n_pre;
+            if (pg->prompt_done == pg->n_prompt && (st = after_logits(pg))) return st;
+        }
     }
     for (int r = 0; r < s.n_decode; r++) {
-        row_gen[r]->r.decode_s += dt;
-        if ((st = after_logits(row_gen[r]))) return st;
+        q3_gen *g = row_gen[r];
+        g->r.decode_s += dt;
+        if (row_replay[r]) g->hist_done++;
+        else if ((st = after_logits(g))) return st;
     }
+    for (int i = 0; i < n; i++) /* back where it was: hist no longer needed */
+        if (gens[i]->hist && !recovering(gens[i]) && !gens[i]->resume) {
+            free(gens[i]->hist);
+            gens[i]->hist = NULL;
+            gens[i]->n_hist = gens[i]->hist_done = 0;
+        }
     return Q3_OK;
 }
 

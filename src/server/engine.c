@@ -24,7 +24,7 @@ typedef struct slot {
     int busy;
     srv_job *job;
     int seq;
-    int need_blocks;       /* KV blocks reserved at admission (prompt + max_tokens) */
+    int paused;            /* preempted (its KV blocks given back): out of the steps until the pool has room */
     q3_sampler *smp;
     q3_gen *gen;
     q3_matcher *matcher;   /* the job's constraint followed, or NULL */
@@ -47,7 +47,8 @@ struct srv_engine {
     slot **active;         /* [n_active] busy slots in admission order: the oldest prefilling one gets the chunk */
     q3_gen **gens;         /* [n_active] their generators, the same order */
     int n_active;
-    int total_blocks, block_tokens, reserved_blocks;
+    int total_blocks, block_tokens;
+    int step_tokens;       /* the per-step token budget (q3_gen_step_budget) */
     int started;
 };
 
@@ -102,7 +103,6 @@ static void release_slot(srv_engine *e, slot *s)
     q3_seq_drop(e->ctx, s->seq);
     q3_sampler_free(s->smp);
     srv_out_free(&s->out);
-    e->reserved_blocks -= s->need_blocks;
     srv_job_unref(s->job);
     int k = 0;
     for (int i = 0; i < e->n_active; i++) /* out of the active list, keeping the order */
@@ -190,9 +190,25 @@ static void fail_job(srv_job *j, int status, const char *msg) { end_queued(j, SR
 
 /* ---- admission --------------------------------------------------------------- */
 
-static int blocks_for(const srv_engine *e, const srv_job *j)
+static int blocks_of(const srv_engine *e, int tokens) { return (tokens + e->block_tokens - 1) / e->block_tokens; }
+
+/* What the request needs at its longest: more than the pool is a 400. */
+static int blocks_for(const srv_engine *e, const srv_job *j) { return blocks_of(e, j->req.n_prompt + j->req.max_tokens); }
+
+/* What a running sequence holds after its next step (prompt, tokens so far, one more). */
+static int blocks_next(const srv_engine *e, const slot *s)
 {
-    return (j->req.n_prompt + j->req.max_tokens + e->block_tokens - 1) / e->block_tokens;
+    return blocks_of(e, s->job->req.n_prompt + q3_gen_result_get(s->gen)->n_ids + 1);
+}
+
+/* The blocks the sequences in the steps hold after the next one (shared
+ * prefix blocks counted for each: an upper bound). */
+static int blocks_running(const srv_engine *e)
+{
+    int n = 0;
+    for (int i = 0; i < e->n_active; i++)
+        if (!e->active[i]->paused) n += blocks_next(e, e->active[i]);
+    return n;
 }
 
 /* A sequence, a sampler and a generator for j; its prompt queued after the
@@ -232,8 +248,6 @@ static int admit(srv_engine *e, slot *s, srv_job *j)
         memset(s, 0, sizeof *s);
         return -1;
     }
-    s->need_blocks = blocks_for(e, j);
-    e->reserved_blocks += s->need_blocks;
     s->busy = 1;
     e->active[e->n_active] = s;
     e->gens[e->n_active++] = s->gen;
@@ -370,15 +384,21 @@ static void *engine_main(void *arg)
             }
             k++;
         }
-        int running = e->n_running;
-        while (e->q_len > 0 && running + n_adm < e->max_seqs) {
+        /* new prompts while the pool holds the running sequences' next step and
+           their prompts (the longest answers may still fill it: then the youngest
+           is preempted); none while a preempted sequence waits to come back */
+        int running = e->n_running, room = e->total_blocks - blocks_running(e);
+        for (int i = 0; i < e->n_active; i++)
+            if (e->active[i]->paused) room = -1;
+        while (e->q_len > 0 && running + n_adm < e->max_seqs && room >= 0) {
             srv_job *j = e->queue[e->q_head];
             if (j->req.kind >= SRV_EMBED) break; /* its turn comes next iteration */
-            if (e->reserved_blocks + blocks_for(e, j) > e->total_blocks) break; /* FCFS: wait for room */
+            int need = blocks_of(e, j->req.n_prompt + 1);
+            if (need > room) break; /* FCFS: wait for room */
+            room -= need;
             e->q_head = (e->q_head + 1) % e->q_cap;
             e->q_len--;
             admitted[n_adm++] = j;
-            e->reserved_blocks += blocks_for(e, j); /* undone by admit() recounting below */
         }
         for (int k = 0; k < e->q_len; k++) ping(e->queue[(e->q_head + k) % e->q_cap], now);
         e->n_running += n_adm;
@@ -387,7 +407,6 @@ static void *engine_main(void *arg)
 
         for (int k = 0; k < n_adm; k++) {
             srv_job *j = admitted[k];
-            e->reserved_blocks -= blocks_for(e, j);
             slot *s = free_slot(e);
             if (!s || admit(e, s, j)) {
                 pthread_mutex_lock(&e->mu);
@@ -408,8 +427,33 @@ static void *engine_main(void *arg)
             usleep(1000);
             continue;
         }
-        if (q3_gen_step(e->gens, e->n_active)) {
-            /* should not happen (admission reserved the blocks): end every running job with an error */
+        /* preempted sequences come back, oldest first, when the pool holds them again */
+        int held = blocks_running(e);
+        for (int i = 0; i < e->n_active; i++) {
+            slot *s = e->active[i];
+            if (!s->paused) continue;
+            if (held + blocks_next(e, s) > e->total_blocks) break;
+            held += blocks_next(e, s);
+            s->paused = 0;
+        }
+        int n_step = 0;
+        for (int i = 0; i < e->n_active; i++)
+            if (!e->active[i]->paused) e->gens[n_step++] = e->active[i]->gen;
+        q3_status st = n_step ? q3_gen_step_budget(e->gens, n_step, e->step_tokens) : Q3_OK;
+        if (st == Q3_ERR_KV_FULL && n_step > 1) { /* the youngest running sequence steps aside */
+            slot *y = NULL;
+            for (int i = 0; i < e->n_active; i++)
+                if (!e->active[i]->paused) y = e->active[i];
+            if (q3_gen_preempt(y->gen)) fail_running(e, y, 500, "the engine could not preempt this request");
+            else {
+                y->paused = 1;
+                srv_metrics_preempted(e->metrics);
+            }
+            publish(e, waiting);
+            continue;
+        }
+        if (st) {
+            /* should not happen (one sequence alone fits the pool: admission refuses the rest): end every running job with an error */
             char msg[256];
             snprintf(msg, sizeof msg, "the engine failed a step: %s", q3_last_error());
             while (e->n_active > 0) fail_running(e, e->active[e->n_active - 1], 500, msg);
@@ -420,7 +464,7 @@ static void *engine_main(void *arg)
         for (int i = e->n_active - 1; i >= 0; i--) {
             slot *s = e->active[i];
             if (q3_gen_done(s->gen)) generator_done(e, s);
-            else if (q3_gen_prefilling(s->gen)) ping(s->job, now);
+            else if (s->paused || q3_gen_prefilling(s->gen)) ping(s->job, now);
         }
         publish(e, waiting);
     }
@@ -450,6 +494,7 @@ q3_status srv_engine_start(const srv_engine_opts *o, srv_engine **out)
     e->vocab = o->vocab;
     e->hidden = o->hidden;
     e->max_seqs = q3_ctx_max_seqs(o->ctx);
+    e->step_tokens = o->step_tokens;
     int used, cached;
     q3_ctx_kv_usage(o->ctx, &used, &cached, &e->total_blocks, &e->block_tokens);
     e->q_cap = o->max_queue > 0 ? o->max_queue : 256;

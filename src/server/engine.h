@@ -2,10 +2,15 @@
  *
  * HTTP threads hand it jobs through a bounded FCFS queue (srv_engine_submit)
  * and never touch the context. Each step runs the decode rows of every
- * generating sequence and at most one prefill chunk of the oldest admitted
- * sequence still prefilling, so a long prompt holds the others back by one
- * chunk at most. A job's output goes into the job (under its mutex) and its
- * connection is resumed. */
+ * generating sequence, then a prefill chunk of the oldest admitted sequence
+ * still prefilling with what is left of the step's token budget
+ * (step_tokens), so a long prompt is spread over many steps and the running
+ * streams keep their pace. A prompt is admitted when the KV pool holds it
+ * beside the running sequences' next step; when a step finds the pool full
+ * the youngest running sequence is preempted (its blocks given back) and
+ * resumes, recomputed exactly, once the pool holds it again. Only a request
+ * whose prompt and max_tokens exceed the whole pool is refused (400). A job's
+ * output goes into the job (under its mutex) and its connection is resumed. */
 #ifndef Q3_SERVER_ENGINE_H
 #define Q3_SERVER_ENGINE_H
 
@@ -23,6 +28,7 @@ typedef struct srv_engine_opts {
     int hidden;                /* the model's hidden size (an embedding's length) */
     srv_metrics *metrics;
     int max_queue;             /* jobs waiting at most (0: 256) */
+    int step_tokens;           /* tokens a step runs at most: decode rows, then prefill (0: one chunk) */
 } srv_engine_opts;
 
 /* Starts the engine thread: Q3_OK, or Q3_ERR_NOMEM (out of memory or threads;

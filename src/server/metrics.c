@@ -88,6 +88,13 @@ void srv_metrics_abort_queued(srv_metrics *m)
     pthread_mutex_unlock(&m->mu);
 }
 
+void srv_metrics_preempted(srv_metrics *m)
+{
+    pthread_mutex_lock(&m->mu);
+    m->preemptions++;
+    pthread_mutex_unlock(&m->mu);
+}
+
 void srv_metrics_rejected(srv_metrics *m)
 {
     pthread_mutex_lock(&m->mu);
@@ -143,6 +150,9 @@ void srv_metrics_render(srv_metrics *m, const char *model_name, srv_buf *b)
                         "# TYPE vllm:cache_config_info gauge\n"
                         "vllm:cache_config_info{block_size=\"%d\",num_gpu_blocks=\"%d\",%s} 1\n",
                      m->block_size, m->num_blocks, labels);
+    srv_buf_printf(b, "# HELP vllm:num_preemptions_total Cumulative number of preemptions from the engine.\n"
+                        "# TYPE vllm:num_preemptions_total counter\nvllm:num_preemptions_total{%s} %llu\n", labels,
+                     (unsigned long long)m->preemptions);
     srv_buf_printf(b, "# HELP vllm:prompt_tokens_total Number of prefill tokens processed.\n"
                         "# TYPE vllm:prompt_tokens_total counter\nvllm:prompt_tokens_total{%s} %llu\n", labels,
                      (unsigned long long)m->prompt_tokens);

@@ -31,6 +31,7 @@ typedef struct srv_metrics {
     uint64_t prompt_tokens, generation_tokens, cached_prompt_tokens;
     uint64_t success[4];      /* by vLLM's finished_reason label: stop, length, tool_calls, abort */
     uint64_t rejected;        /* 429: the queue was full */
+    uint64_t preemptions;     /* sequences paused for a full KV pool (vLLM's num_preemptions_total) */
     int connections;          /* open on the main listener */
     srv_hist ttft, tpot, e2e, req_prompt, req_gen;
 } srv_metrics;
@@ -44,6 +45,8 @@ void srv_metrics_request(srv_metrics *m, srv_finish finish, int prompt_tokens, i
                          double tpot, double e2e);
 /* A request cancelled before it started (its client left while it waited): "abort". */
 void srv_metrics_abort_queued(srv_metrics *m);
+/* A running sequence preempted (its KV blocks given back for a while). */
+void srv_metrics_preempted(srv_metrics *m);
 /* A request refused with 429 (the queue was full). */
 void srv_metrics_rejected(srv_metrics *m);
 /* Connections open now on the main listener. */
