@@ -512,6 +512,7 @@ static void generators(void)
             q3_gen_free(gens[k]);
             q3_sampler_free(smps[k]);
             gens[k] = NULL;
+            smps[k] = NULL;
             live--;
         }
     }
@@ -671,7 +672,9 @@ static void preemption(void)
             live++;
         }
         if (!live) break;
-        if (steps % 7 == 3) /* the youngest live one (mid-prompt or mid-answer) */
+        /* the youngest live one (mid-prompt or mid-answer), while another runs: a
+           sequence preempted every 7 steps alone might never get its K/V back */
+        if (steps % 7 == 3 && live > 1)
             for (int y = -1, k = 0; k <= SLOTS; k++) {
                 if (k < SLOTS) {
                     if (gens[k] && !paused[k] && (y < 0 || order[k] > order[y])) y = k;
@@ -710,6 +713,7 @@ static void preemption(void)
             q3_gen_free(gens[k]);
             q3_sampler_free(smps[k]);
             gens[k] = NULL;
+            smps[k] = NULL;
             live--;
         }
     }

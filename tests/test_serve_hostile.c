@@ -377,8 +377,8 @@ static void test_preempt(int admin)
     }
     ts_resp r;
     ts_request(admin, "GET", "/metrics", NULL, NULL, &r);
-    CHECK(r.status == 200 && metric(r.body, "vllm:num_preemptions_total") >= 1, "preemptions counted: %g",
-          r.body ? metric(r.body, "vllm:num_preemptions_total") : -1);
+    CHECK(r.status == 200 && ts_metric(r.body, "vllm:num_preemptions_total") >= 1, "preemptions counted: %g",
+          r.body ? ts_metric(r.body, "vllm:num_preemptions_total") : -1);
     ts_resp_free(&r);
 }
 
