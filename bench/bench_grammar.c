@@ -139,7 +139,16 @@ static void walk(q3_grammar *G, const char *text, float *logits, int n_vocab)
         double t1 = now();
         push(&masks, t1 - t0);
         if (getenv("BENCH_GRAMMAR_SLOW") && t1 - t0 > 1e-3)
-            fprintf(stderr, "slow mask %.2f ms at token %zu of %s\n", 1e3 * (t1 - t0), i, text);
+        {
+            size_t off = 0;
+            for (size_t k = 0; k < i; k++) {
+                const char *b;
+                size_t l = 0;
+                if (!q3_tokenizer_piece(tok, ids[k], &b, &l)) off += l;
+            }
+            fprintf(stderr, "slow mask %.2f ms at token %zu (after '%.*s') of %s\n", 1e3 * (t1 - t0), i, (int)off, text,
+                    text);
+        }
         double t2 = now();
         q3_matcher_apply(m, logits, n_vocab);
         push(&applies, now() - t2);

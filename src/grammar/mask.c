@@ -82,6 +82,42 @@ static int text_next(rec *r, int s)
     return r->st_text[s] = ok && after >= 0 ? after : REC_DEAD;
 }
 
+/* Whether any text at all may follow s: the states that characters of text
+ * lead to from s (at most CLOSED_MAX of them, each byte of each character
+ * followed through the UTF-8 automaton) all take every such byte. The case of
+ * an unanchored `pattern` ("a+" is .*a+.*) or of a GBNF string rule with
+ * several parses, where the state after a character depends on which one it
+ * is. 1: yes (each of those states gets an unbounded budget), 0: not known to,
+ * or REC_ERROR. */
+#define CLOSED_MAX 32
+static int text_closed(rec *r, int s)
+{
+    int set[CLOSED_MAX], n_set = 1;
+    set[0] = s;
+    for (int j = 0; j < n_set; j++) {
+        int xs[64], qs[64], n = 1;
+        xs[0] = set[j];
+        qs[0] = U_B;
+        for (int k = 0; k < n; k++)
+            for (unsigned b = 0; b < 256; b++) {
+                int q = utf8_text_next(qs[k], b);
+                if (q < 0) continue;
+                int t = rec_next(r, xs[k], b);
+                if (t == REC_ERROR) return REC_ERROR;
+                if (t < 0) return 0;
+                int *ys = q == U_B ? set : xs, *n_ys = q == U_B ? &n_set : &n, cap = q == U_B ? CLOSED_MAX : 64;
+                int seen = 0;
+                for (int i = 0; i < *n_ys && !seen; i++) seen = ys[i] == t && (q == U_B || qs[i] == q);
+                if (seen) continue;
+                if (*n_ys == cap) return 0;
+                if (q != U_B) qs[n] = q;
+                ys[(*n_ys)++] = t;
+            }
+    }
+    for (int j = 0; j < n_set; j++) r->st_budget[set[j]] = INT32_MAX;
+    return 1;
+}
+
 /* How many characters of text may follow s (INT32_MAX: any number), or
  * REC_ERROR. The walk stops after `enough` characters (TEXT_LOOKAHEAD, so
  * never more than that many states are made ahead of the output): then s gets
@@ -98,6 +134,11 @@ static int32_t text_budget(rec *r, int s, int enough)
         int t = text_next(r, x);
         if (t == REC_ERROR) return REC_ERROR;
         if (t == x) { r->st_budget[x] = base = INT32_MAX; break; }
+        if (t == REC_DEAD) { /* not one state: perhaps a set of them that takes any text */
+            int c = text_closed(r, x);
+            if (c == REC_ERROR) return REC_ERROR;
+            if (c) { base = INT32_MAX; break; }
+        }
         chain[n++] = x;
         if (t < 0) { base = -1; break; } /* -1: x itself gets 0 below */
         if (n == enough) return r->st_budget[s] = enough;
