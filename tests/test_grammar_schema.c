@@ -441,6 +441,8 @@ static void test_oracle_strings(void)
         {"{\"type\":\"string\",\"maxLength\":4}",
          {"\"", "\"ab", "\"abc", "\"abcd", "\"a\xe4", "\"abc\xe4\xb8", "\"\\n\\u00e9b", NULL}},
         {"{\"type\":\"string\",\"minLength\":2,\"maxLength\":5}", {"\"", "\"\xc3", "\"\xc3\xa9", "\"\xc3\xa9x\xe2\x82", NULL}},
+        /* an unanchored pattern: no one state after a character, but a set that takes any text */
+        {"{\"type\":\"string\",\"pattern\":\"a+\"}", {"\"", "\"xx", "\"xxa", "\"xxa\xe4", "\"b\\", NULL}},
         {"{\"type\":\"object\",\"properties\":{\"k\":{\"type\":\"string\",\"maxLength\":40}},\"required\":[\"k\"],"
          "\"additionalProperties\":false}",
          {"{\"k\": \"", "{\"k\": \"\xe6\x97\xa5\xe6", "{\"k\": \"0123456789012345678901234567890123456", NULL}},
