@@ -2,6 +2,7 @@
  * Qwen3 vocabulary, one thread.
  *
  *   build/bench/bench_grammar [TOKENIZER_JSON] [--suite DIR] [--repeats N]
+ *                             [--model M [--threads T] [--decode-repeats N]]
  *
  * Schemas: a set of realistic API schemas (nested objects, arrays of objects,
  * enums, numbers with ranges, free strings, formats) each with an instance, and
@@ -19,7 +20,9 @@
  * throughput constrained (a JSON Schema with a free string, so the answers run
  * to max_tokens) against unconstrained, at B = 1 and B = 8 sequences, as
  * process CPU time per generated token (the machine is shared: wall time would
- * count other processes), --threads T (default 2). */
+ * count other processes), --threads T (default 2); unconstrained and
+ * constrained runs alternate, --decode-repeats N times (default 3), and the
+ * medians are compared. */
 #include <cjson/cJSON.h>
 #include <dirent.h>
 #include <math.h>
@@ -136,7 +139,16 @@ static void walk(q3_grammar *G, const char *text, float *logits, int n_vocab)
         double t1 = now();
         push(&masks, t1 - t0);
         if (getenv("BENCH_GRAMMAR_SLOW") && t1 - t0 > 1e-3)
-            fprintf(stderr, "slow mask %.2f ms at token %zu of %s\n", 1e3 * (t1 - t0), i, text);
+        {
+            size_t off = 0;
+            for (size_t k = 0; k < i; k++) {
+                const char *b;
+                size_t l = 0;
+                if (!q3_tokenizer_piece(tok, ids[k], &b, &l)) off += l;
+            }
+            fprintf(stderr, "slow mask %.2f ms at token %zu (after '%.*s') of %s\n", 1e3 * (t1 - t0), i, (int)off, text,
+                    text);
+        }
         double t2 = now();
         q3_matcher_apply(m, logits, n_vocab);
         push(&applies, now() - t2);
@@ -283,14 +295,27 @@ static double decode_cost(q3_model *model, int B, q3_grammar *G, int threads, in
 int main(int argc, char **argv)
 {
     const char *tok_path = "tests/data/golden/e2e/tokenizer.json", *suite_dir = "tests/data/json-schema-test-suite/draft4";
-    int repeats = 3, threads = 2;
+    int repeats = 3, threads = 2, decode_repeats = 3;
     const char *model_path = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--suite") && i + 1 < argc) suite_dir = argv[++i];
         else if (!strcmp(argv[i], "--model") && i + 1 < argc) model_path = argv[++i];
         else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--repeats") && i + 1 < argc) repeats = atoi(argv[++i]);
-        else tok_path = argv[i];
+        else if (!strcmp(argv[i], "--decode-repeats") && i + 1 < argc) decode_repeats = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            printf("usage: bench_grammar [TOKENIZER_JSON] [--suite DIR] [--repeats N]\n"
+                   "                     [--model M [--threads T] [--decode-repeats N]]\n"
+                   "Token-mask p50/p99/max over the realistic schemas (walked N times, default 3) and the\n"
+                   "JSON Schema Test Suite's draft 4 schemas (DIR, default %s), compile time, memory;\n"
+                   "with --model, decode CPU time constrained vs not at B = 1 and 8 (T threads, default 2),\n"
+                   "the runs alternating N times (default 3), medians compared.\n",
+                   suite_dir);
+            return 0;
+        } else if (argv[i][0] == '-') {
+            fprintf(stderr, "bench_grammar: unknown option %s (--help)\n", argv[i]);
+            return 2;
+        } else tok_path = argv[i];
     }
     if (q3_tokenizer_load(tok_path, &tok)) {
         fprintf(stderr, "bench_grammar: %s\n", q3_last_error());
@@ -347,11 +372,21 @@ int main(int argc, char **argv)
         printf("decode, %s, %d threads: CPU ms per generated token (wall ms), constrained vs not\n", model_path, threads);
         int bs[2] = {1, 8};
         for (int k = 0; k < 2; k++) {
-            double wu, wc;
-            double u = decode_cost(model, bs[k], NULL, threads, 32, &wu);
-            double cst = decode_cost(model, bs[k], G, threads, 32, &wc);
-            printf("  B=%d: unconstrained %.2f ms (%.2f), constrained %.2f ms (%.2f): throughput ratio %.3f\n", bs[k],
-                   1e3 * u, 1e3 * wu, 1e3 * cst, 1e3 * wc, u / cst);
+            /* unconstrained and constrained runs in turn, the median of each: the load moves */
+            vec u = {0}, cst = {0}, wu = {0}, wc = {0};
+            for (int r = 0; r < decode_repeats; r++) {
+                double w;
+                push(&u, decode_cost(model, bs[k], NULL, threads, 32, &w));
+                push(&wu, w);
+                push(&cst, decode_cost(model, bs[k], G, threads, 32, &w));
+                push(&wc, w);
+            }
+            double mu = pct(&u, 0.5), mc = pct(&cst, 0.5);
+            printf("  B=%d: unconstrained %.2f ms (%.2f), constrained %.2f ms (%.2f): throughput ratio %.3f "
+                   "(medians of %d runs each; wall ratio %.3f)\n",
+                   bs[k], 1e3 * mu, 1e3 * pct(&wu, 0.5), 1e3 * mc, 1e3 * pct(&wc, 0.5), mu / mc, decode_repeats,
+                   pct(&wu, 0.5) / pct(&wc, 0.5));
+            free(u.v), free(cst.v), free(wu.v), free(wc.v);
         }
         q3_grammar_free(G);
         q3_model_close(model);

@@ -428,6 +428,15 @@ Q3_API void q3_grammar_free(q3_grammar *g);
 /* Bytes the compiled grammar holds (not the shared per-tokenizer tables). */
 Q3_API size_t q3_grammar_bytes(const q3_grammar *g);
 
+typedef enum q3_schema_list {
+    Q3_SCHEMA_SUPPORTED = 0, /* the JSON Schema keywords the compiler follows */
+    Q3_SCHEMA_REFUSED,       /* JSON Schema's keywords it refuses by name (any other word is an annotation) */
+    Q3_SCHEMA_FORMATS,       /* the values of "format" it follows */
+} q3_schema_list;
+/* One of the JSON Schema compiler's lists: static strings, NULL-terminated
+ * (NULL for an unknown list). Any thread. */
+Q3_API const char *const *q3_json_schema_keywords(q3_schema_list which);
+
 typedef struct q3_matcher q3_matcher;
 
 enum {

@@ -239,6 +239,31 @@ static void test_refusals(void)
         CHECK_CONTAINS(q3_last_error(), bad[i].named);
         q3_grammar_free(G);
     }
+    /* the published lists (q3_json_schema_keywords, /props) say what compiling does */
+    const char *const *refused = q3_json_schema_keywords(Q3_SCHEMA_REFUSED);
+    int n_refused = 0;
+    for (int i = 0; refused && refused[i]; i++, n_refused++) {
+        char schema[128];
+        snprintf(schema, sizeof schema, "{\"type\":\"object\",\"%s\":{}}", refused[i]);
+        q3_grammar *G = NULL;
+        q3_status st = q3_grammar_compile(tok, Q3_GRAMMAR_JSON_SCHEMA, schema, strlen(schema), &G);
+        char named[80];
+        snprintf(named, sizeof named, "'%s'", refused[i]);
+        CHECK(st == Q3_ERR_UNSUPPORTED && strstr(q3_last_error(), named), "%s: status %d (%s)", schema, st, q3_last_error());
+        q3_grammar_free(G);
+    }
+    const char *const *formats = q3_json_schema_keywords(Q3_SCHEMA_FORMATS);
+    int n_formats = 0;
+    for (int i = 0; formats && formats[i]; i++, n_formats++) {
+        char schema[128];
+        snprintf(schema, sizeof schema, "{\"type\":\"string\",\"format\":\"%s\"}", formats[i]);
+        q3_grammar *G = compile(Q3_GRAMMAR_JSON_SCHEMA, schema);
+        q3_grammar_free(G);
+    }
+    int has_max = 0;
+    for (const char *const *k = q3_json_schema_keywords(Q3_SCHEMA_SUPPORTED); k && *k; k++) has_max |= !strcmp(*k, "maxLength");
+    CHECK(n_refused >= 20 && n_formats == 6 && has_max && !q3_json_schema_keywords((q3_schema_list)99),
+          "keyword lists: %d refused, %d formats, maxLength %d", n_refused, n_formats, has_max);
     q3_grammar *G = NULL;
     CHECK(q3_grammar_compile(tok, Q3_GRAMMAR_JSON_SCHEMA, "{\"type\":", 8, &G) == Q3_ERR_INVALID, "malformed JSON");
     CHECK(q3_grammar_compile(tok, Q3_GRAMMAR_JSON_SCHEMA, "{\"type\":\"strin\"}", 16, &G) == Q3_ERR_INVALID, "bad type");
@@ -325,6 +350,122 @@ static int oracle_walk(q3_grammar *G, uint64_t seed, int steps)
     return bad;
 }
 
+/* The mask after the bytes of prefix against the oracle, and the masks of the
+ * states met on the way back to a state seen before (from the matcher's cache). */
+static int oracle_at(q3_grammar *G, const char *prefix)
+{
+    q3_matcher *m;
+    if (q3_matcher_new(G, 0, &m)) return 1;
+    const gvocab *v = G->v;
+    uint64_t *brute = malloc(gvocab_mask_words(v) * 8);
+    int bad = 0;
+    const uint64_t *mask;
+    size_t ok;
+    if (q3_matcher_accept_bytes(m, prefix, strlen(prefix), &ok) || matcher_rank_mask(m, &mask) ||
+        mask_brute(&m->r, v, m->state, brute))
+        bad = 1;
+    for (int32_t r = 0; !bad && r < v->n_trie_ranks; r++)
+        if ((mask[r >> 6] ^ brute[r >> 6]) >> (r & 63) & 1) {
+            fprintf(stderr, "after '%s': token %d: mask %d, oracle %d\n", prefix, v->id_of_rank[r],
+                    (int)(mask[r >> 6] >> (r & 63) & 1), (int)(brute[r >> 6] >> (r & 63) & 1));
+            bad = 1;
+        }
+    free(brute);
+    q3_matcher_free(m);
+    return bad;
+}
+
+/* Walks `steps` random allowed tokens; at each step the matcher's mask (often
+ * remembered from an earlier visit of the state) must equal one computed
+ * afresh, and every 16th step the oracle's. Returns the steps that differ. */
+static int cache_walk(q3_grammar *G, uint64_t seed, int steps)
+{
+    q3_matcher *m;
+    if (q3_matcher_new(G, 0, &m)) return 1;
+    const gvocab *v = G->v;
+    size_t words = gvocab_mask_words(v);
+    uint64_t *fresh = malloc(words * 8), *brute = malloc(words * 8);
+    int32_t *allowed = malloc((size_t)v->n_ids * 4);
+    int bad = 0, hits = 0;
+    for (int s = 0; s < steps; s++) {
+        const uint64_t *mask;
+        int before = m->mask_state;
+        int cached = 0;
+        for (int i = 0; i < MATCHER_CACHE; i++) cached |= m->cache[i].state == m->state;
+        hits += cached && before != m->state;
+        if (matcher_rank_mask(m, &mask) || mask_trie(&m->r, v, m->state, fresh)) {
+            bad++;
+            break;
+        }
+        for (int32_t r = 0; r < v->n_trie_ranks; r++)
+            if ((mask[r >> 6] ^ fresh[r >> 6]) >> (r & 63) & 1) {
+                bad++;
+                break;
+            }
+        if (s % 16 == 15) {
+            if (mask_brute(&m->r, v, m->state, brute)) bad++;
+            for (int32_t r = 0; r < v->n_trie_ranks; r++)
+                if ((mask[r >> 6] ^ brute[r >> 6]) >> (r & 63) & 1) {
+                    bad++;
+                    break;
+                }
+        }
+        int n = 0;
+        for (int32_t id = 0; id < v->n_ids; id++)
+            if (mask[v->rank_of[id] >> 6] >> (v->rank_of[id] & 63) & 1 && id != v->eot && id != v->eos) allowed[n++] = id;
+        if (!n) break;
+        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+        if (q3_matcher_accept(m, allowed[(seed >> 33) % (uint64_t)n])) {
+            bad++;
+            break;
+        }
+    }
+    CHECK(hits > 0, "the long walk came back to no remembered state (%d steps)", steps);
+    free(fresh);
+    free(brute);
+    free(allowed);
+    q3_matcher_free(m);
+    return bad;
+}
+
+/* Strings: tokens may end inside a UTF-8 character (byte-level BPE), which the
+ * mask allows in whole subtrees where text may go on; within a maxLength the
+ * character a token begins counts. */
+static void test_oracle_strings(void)
+{
+    static const struct {
+        const char *schema;
+        const char *prefixes[8];
+    } cases[] = {
+        {"{\"type\":\"string\"}", {"\"", "\"\xe4", "\"\xe4\xb8", "\"ab\\", "\"ab\\u00", "\"\xf0\x9f", NULL}},
+        {"{\"type\":\"string\",\"maxLength\":4}",
+         {"\"", "\"ab", "\"abc", "\"abcd", "\"a\xe4", "\"abc\xe4\xb8", "\"\\n\\u00e9b", NULL}},
+        {"{\"type\":\"string\",\"minLength\":2,\"maxLength\":5}", {"\"", "\"\xc3", "\"\xc3\xa9", "\"\xc3\xa9x\xe2\x82", NULL}},
+        /* an unanchored pattern: no one state after a character, but a set that takes any text */
+        {"{\"type\":\"string\",\"pattern\":\"a+\"}", {"\"", "\"xx", "\"xxa", "\"xxa\xe4", "\"b\\", NULL}},
+        {"{\"type\":\"object\",\"properties\":{\"k\":{\"type\":\"string\",\"maxLength\":40}},\"required\":[\"k\"],"
+         "\"additionalProperties\":false}",
+         {"{\"k\": \"", "{\"k\": \"\xe6\x97\xa5\xe6", "{\"k\": \"0123456789012345678901234567890123456", NULL}},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        q3_grammar *G = compile(Q3_GRAMMAR_JSON_SCHEMA, cases[i].schema);
+        if (!G) continue;
+        for (int k = 0; cases[i].prefixes[k]; k++)
+            CHECK(oracle_at(G, cases[i].prefixes[k]) == 0, "%s after '%s': mask differs from the oracle", cases[i].schema,
+                  cases[i].prefixes[k]);
+        q3_grammar_free(G);
+    }
+    /* a long walk through two free strings: more states than the matcher's
+       cache holds come back (characters begun, escapes), each mask checked */
+    q3_grammar *G = compile(Q3_GRAMMAR_JSON_SCHEMA,
+                            "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\"},\"b\":{\"type\":\"string\","
+                            "\"maxLength\":12}},\"required\":[\"a\",\"b\"],\"additionalProperties\":false}");
+    if (G) {
+        CHECK(cache_walk(G, 4242, 64) == 0, "long walk: a remembered mask differs from a fresh one or the oracle");
+        q3_grammar_free(G);
+    }
+}
+
 static void test_oracle(void)
 {
     const char *schemas[] = {
@@ -366,6 +507,7 @@ int main(void)
     test_refusals();
     test_regex_choice_tool();
     test_oracle();
+    test_oracle_strings();
     q3_tokenizer_free(tok);
     TEST_DONE();
 }

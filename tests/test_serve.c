@@ -506,6 +506,20 @@ static void test_compat(void)
     j = cJSON_Parse(r.body);
     CHECK(r.status == 200 && (int)jnum(j, "default_generation_settings.n_ctx") == 256 && (int)jnum(j, "total_slots") == 4 &&
           jstr(j, "model") && !strcmp(jstr(j, "model"), "e2e") && strstr(r.body, "POST /completion"), "/props: %s", r.body);
+    {   /* structured output: the request fields that carry a constraint, the schema keywords */
+        const cJSON *so = cJSON_GetObjectItem(j, "structured_output");
+        const cJSON *f = cJSON_GetObjectItem(so, "request_fields"), *js = cJSON_GetObjectItem(so, "json_schema");
+        const cJSON *rx = cJSON_GetObjectItem(f, "structured_outputs.regex"), *rf = cJSON_GetObjectItem(f, "response_format.type=json_schema");
+        int has_max = 0, has_not = 0, has_uuid = 0;
+        const cJSON *k;
+        cJSON_ArrayForEach(k, cJSON_GetObjectItem(js, "keywords")) has_max |= !strcmp(k->valuestring, "maxLength");
+        cJSON_ArrayForEach(k, cJSON_GetObjectItem(js, "refused")) has_not |= !strcmp(k->valuestring, "not");
+        cJSON_ArrayForEach(k, cJSON_GetObjectItem(js, "formats")) has_uuid |= !strcmp(k->valuestring, "uuid");
+        CHECK(cJSON_IsString(rx) && !strcmp(rx->valuestring, "regex") && cJSON_IsString(rf) &&
+              !strcmp(rf->valuestring, "json_schema") && cJSON_GetObjectItem(f, "guided_grammar") &&
+              cJSON_GetObjectItem(f, "tool_choice=required") && has_max && has_not && has_uuid,
+              "/props structured_output: %s", r.body);
+    }
     cJSON_Delete(j);
     ts_resp_free(&r);
     ts_request(port, "GET", "/v1/models/e2e", NULL, NULL, &r);

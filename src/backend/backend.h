@@ -60,6 +60,11 @@ struct q3_backend {
        values (src[i]) rounded into the cache's dtype t at dst[i], bit for bit
        as q3_row_from_f32 does; NULL: the caller converts them itself */
     void (*store_rows)(void *impl, q3_dtype t, const float *const *src, void *const *dst, size_t n_rows, size_t n);
+    /* optional: host work between runs, spread over the instance's threads:
+       fn(ctx, i) for every i in [0, n), each once, any order, returning when
+       all are done (the generation loop's per-row token masks); never while
+       an op runs. NULL: the caller loops itself */
+    void (*parallel_for)(void *impl, void (*fn)(void *ctx, int i), void *ctx, int n);
     q3_dtype kv_default;    /* the KV cache dtype it prefers */
 };
 

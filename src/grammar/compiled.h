@@ -19,8 +19,10 @@ struct q3_grammar {
     int kind;           /* q3_grammar_kind */
 };
 
-/* Masks remembered per matcher, by recognizer state. */
-#define MATCHER_CACHE 8
+/* Masks remembered per matcher, by recognizer state (each allocated on first
+ * use, 19 KB for Qwen3's vocabulary): enough for the states a string's text
+ * cycles through (between characters, inside a multi-byte one, escapes). */
+#define MATCHER_CACHE 32
 
 struct q3_matcher {
     const struct q3_grammar *G;
@@ -28,8 +30,10 @@ struct q3_matcher {
     int phase;       /* 0: thinking (before </think>), 1: constrained, 2: ended by an end-of-turn token */
     rec r;
     int state;       /* the recognizer's state in phase 1 */
-    uint64_t *mask;  /* [gvocab_mask_words] by rank: the last mask computed */
-    int mask_state;  /* the state mask is for (-1: none) */
+    uint64_t *mask;  /* [gvocab_mask_words] by rank: the thinking and ended phases' masks, and a
+                        state's when no cache slot could be had */
+    const uint64_t *cur; /* the current state's mask: mask or a cache slot's bits */
+    int mask_state;  /* the state cur is for (-1: none) */
     struct {
         int state;   /* -1: empty */
         uint64_t *bits;

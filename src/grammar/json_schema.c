@@ -30,6 +30,7 @@
 #include <string.h>
 
 #include "grammar/frontends.h"
+#include "q3.h"
 #include "util/error.h"
 
 #define WS_MAX 32
@@ -524,28 +525,26 @@ static q3_status resolve(js *j, const char *ref, const cJSON **out)
 /* JSON Schema's own keywords (draft 3 to 2020-12) that q3 does not compile:
  * refused by name. Other unknown keywords are not JSON Schema's and, as the
  * specification says, annotations: read past. */
-static int is_refused(const char *k)
-{
-    static const char *a[] = {"not", "if", "then", "else", "dependencies", "dependentRequired", "dependentSchemas",
+static const char *const refused_words[] = {"not", "if", "then", "else", "dependencies", "dependentRequired", "dependentSchemas",
                               "patternProperties", "propertyNames", "minProperties", "maxProperties", "multipleOf",
                               "contains", "minContains", "maxContains", "unevaluatedProperties", "unevaluatedItems",
                               "$dynamicRef", "$recursiveRef", "$dynamicAnchor", "$recursiveAnchor", "extends",
                               "disallow", "divisibleBy", "contentSchema", NULL};
+
+static const char *const supported_words[] = {"type", "properties", "required", "additionalProperties", "items", "prefixItems",
+                              "additionalItems", "minItems", "maxItems", "enum", "const", "anyOf", "oneOf", "allOf",
+                              "$ref", "minLength", "maxLength", "pattern", "format", "minimum", "maximum",
+                              "exclusiveMinimum", "exclusiveMaximum", "nullable", "uniqueItems", NULL};
+
+static int listed(const char *const *a, const char *k)
+{
     for (int i = 0; a[i]; i++)
         if (!strcmp(k, a[i])) return 1;
     return 0;
 }
 
-static int is_supported(const char *k)
-{
-    static const char *a[] = {"type", "properties", "required", "additionalProperties", "items", "prefixItems",
-                              "additionalItems", "minItems", "maxItems", "enum", "const", "anyOf", "oneOf", "allOf",
-                              "$ref", "minLength", "maxLength", "pattern", "format", "minimum", "maximum",
-                              "exclusiveMinimum", "exclusiveMaximum", "nullable", "uniqueItems", NULL};
-    for (int i = 0; a[i]; i++)
-        if (!strcmp(k, a[i])) return 1;
-    return 0;
-}
+static int is_refused(const char *k) { return listed(refused_words, k); }
+static int is_supported(const char *k) { return listed(supported_words, k); }
 
 enum { T_NULL = 1, T_BOOL = 2, T_OBJECT = 4, T_ARRAY = 8, T_STRING = 16, T_NUMBER = 32, T_INTEGER = 64, T_ALL = 127 };
 
@@ -614,18 +613,20 @@ static int get_count(const cJSON *s, const char *k, int dflt, q3_status *st)
 
 /* ---- strings ------------------------------------------------------------------------- */
 
-static const struct {
-    const char *name, *re;
-} formats[] = {
-    {"date", "^[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])$"},
-    {"time", "^([01][0-9]|2[0-3]):[0-5][0-9]:([0-5][0-9]|60)(\\.[0-9]+)?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])$"},
-    {"date-time", "^[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])[Tt ]([01][0-9]|2[0-3]):[0-5][0-9]:([0-5][0-9]|60)"
-                  "(\\.[0-9]+)?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])$"},
-    {"uuid", "^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"},
-    {"email", "^[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+(\\.[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+)*@[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
-              "(\\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$"},
-    {"ipv4", "^(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])(\\.(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])){3}$"},
+/* The formats q3 follows: format_names[i] is matched by format_re[i]. */
+static const char *const format_names[] = {"date", "time", "date-time", "uuid", "email", "ipv4", NULL};
+static const char *const format_re[] = {
+    "^[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])$",
+    "^([01][0-9]|2[0-3]):[0-5][0-9]:([0-5][0-9]|60)(\\.[0-9]+)?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])$",
+    "^[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])[Tt ]([01][0-9]|2[0-3]):[0-5][0-9]:([0-5][0-9]|60)"
+    "(\\.[0-9]+)?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])$",
+    "^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$",
+    "^[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+(\\.[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+)*@[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+    "(\\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$",
+    "^(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])(\\.(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])){3}$",
 };
+_Static_assert(sizeof format_names / sizeof *format_names == sizeof format_re / sizeof *format_re + 1,
+               "a regex for each format");
 
 static q3_status string_rule(js *j, const cJSON *s, int *out)
 {
@@ -637,9 +638,9 @@ static q3_status string_rule(js *j, const cJSON *s, int *out)
     const char *re = NULL;
     if (fmt) {
         if (!cJSON_IsString(fmt)) return q3_fail(Q3_ERR_INVALID, "'format' must be a string");
-        for (size_t i = 0; i < sizeof formats / sizeof formats[0]; i++)
-            if (!strcmp(formats[i].name, fmt->valuestring)) re = formats[i].re;
-        if (!re) return q3_fail(Q3_ERR_UNSUPPORTED, "unsupported keyword 'format': '%s' (supported: date-time, date, time, uuid, email, ipv4)", fmt->valuestring);
+        for (size_t i = 0; format_names[i]; i++)
+            if (!strcmp(format_names[i], fmt->valuestring)) re = format_re[i];
+        if (!re) return q3_fail(Q3_ERR_UNSUPPORTED, "unsupported keyword 'format': '%s' (supported: date, time, date-time, uuid, email, ipv4)", fmt->valuestring);
     }
     if (pat) {
         if (!cJSON_IsString(pat)) return q3_fail(Q3_ERR_INVALID, "'pattern' must be a string");
@@ -1476,4 +1477,14 @@ q3_status tool_call_compile(gb *b, const char *text, size_t len, int *root)
         return q3_fail(Q3_ERR_INVALID, name ? "no tool named '%s'" : "no tools%s", name ? name->valuestring : "");
     *root = r;
     return gb_error(b) ? q3_fail(gb_error(b), "out of memory") : Q3_OK;
+}
+
+const char *const *q3_json_schema_keywords(q3_schema_list which)
+{
+    switch (which) {
+    case Q3_SCHEMA_SUPPORTED: return supported_words;
+    case Q3_SCHEMA_REFUSED: return refused_words;
+    case Q3_SCHEMA_FORMATS: return format_names;
+    }
+    return NULL;
 }

@@ -27,6 +27,11 @@ static inline int subset(const gclass *a, const gclass *b)
 }
 
 #define MAX_DEPTH 1024
+/* How many characters ahead text_budget looks: a subtree whose tokens are
+ * longer (240 of Qwen3's tokens are) is walked instead, down to where what is
+ * left fits. Looking as far as the longest token (128 bytes) made the first
+ * mask inside a maxLength string make that many counted states at once. */
+#define TEXT_LOOKAHEAD 32
 
 /* ---- JSON string text -----------------------------------------------------------
  * Where the next characters may be any JSON string text (UTF-8 but controls,
@@ -37,7 +42,10 @@ static inline int subset(const gclass *a, const gclass *b)
  * character must keep a stack alive and every character end on the same state);
  * text_budget follows it to count how many characters may come. Then a subtree
  * whose tokens go on with such text alone (vocab.h's uok), and with no more
- * bytes than the budget, is allowed whole, as one range of ranks. */
+ * bytes than the budget, is allowed whole, as one range of ranks. A token may
+ * end inside a character: the character it began is alive (every byte of every
+ * character keeps a stack alive) and counted (a token's bytes are at least the
+ * characters it begins). */
 
 /* The state after any one character of text from s, or REC_DEAD (none or not
  * one state), or REC_ERROR. */
@@ -74,11 +82,47 @@ static int text_next(rec *r, int s)
     return r->st_text[s] = ok && after >= 0 ? after : REC_DEAD;
 }
 
+/* Whether any text at all may follow s: the states that characters of text
+ * lead to from s (at most CLOSED_MAX of them, each byte of each character
+ * followed through the UTF-8 automaton) all take every such byte. The case of
+ * an unanchored `pattern` ("a+" is .*a+.*) or of a GBNF string rule with
+ * several parses, where the state after a character depends on which one it
+ * is. 1: yes (each of those states gets an unbounded budget), 0: not known to,
+ * or REC_ERROR. */
+#define CLOSED_MAX 32
+static int text_closed(rec *r, int s)
+{
+    int set[CLOSED_MAX], n_set = 1;
+    set[0] = s;
+    for (int j = 0; j < n_set; j++) {
+        int xs[64], qs[64], n = 1;
+        xs[0] = set[j];
+        qs[0] = U_B;
+        for (int k = 0; k < n; k++)
+            for (unsigned b = 0; b < 256; b++) {
+                int q = utf8_text_next(qs[k], b);
+                if (q < 0) continue;
+                int t = rec_next(r, xs[k], b);
+                if (t == REC_ERROR) return REC_ERROR;
+                if (t < 0) return 0;
+                int *ys = q == U_B ? set : xs, *n_ys = q == U_B ? &n_set : &n, cap = q == U_B ? CLOSED_MAX : 64;
+                int seen = 0;
+                for (int i = 0; i < *n_ys && !seen; i++) seen = ys[i] == t && (q == U_B || qs[i] == q);
+                if (seen) continue;
+                if (*n_ys == cap) return 0;
+                if (q != U_B) qs[n] = q;
+                ys[(*n_ys)++] = t;
+            }
+    }
+    for (int j = 0; j < n_set; j++) r->st_budget[set[j]] = INT32_MAX;
+    return 1;
+}
+
 /* How many characters of text may follow s (INT32_MAX: any number), or
- * REC_ERROR. The walk stops after `enough` characters (the longest token's
- * bytes, so never more than that many states are made ahead of the output):
- * then s gets `enough`, a lower bound that no token can exceed, and the states
- * on the way are left to their own walk. */
+ * REC_ERROR. The walk stops after `enough` characters (TEXT_LOOKAHEAD, so
+ * never more than that many states are made ahead of the output): then s gets
+ * `enough`, a lower bound, and the states on the way are left to their own
+ * walk. A lower bound is safe: a subtree it does not cover is walked. */
 static int32_t text_budget(rec *r, int s, int enough)
 {
     if (r->st_budget[s] != REC_UNKNOWN) return r->st_budget[s];
@@ -90,6 +134,11 @@ static int32_t text_budget(rec *r, int s, int enough)
         int t = text_next(r, x);
         if (t == REC_ERROR) return REC_ERROR;
         if (t == x) { r->st_budget[x] = base = INT32_MAX; break; }
+        if (t == REC_DEAD) { /* not one state: perhaps a set of them that takes any text */
+            int c = text_closed(r, x);
+            if (c == REC_ERROR) return REC_ERROR;
+            if (c) { base = INT32_MAX; break; }
+        }
         chain[n++] = x;
         if (t < 0) { base = -1; break; } /* -1: x itself gets 0 below */
         if (n == enough) return r->st_budget[s] = enough;
@@ -106,54 +155,63 @@ static int32_t text_budget(rec *r, int s, int enough)
 q3_status mask_trie(rec *r, const gvocab *v, int s, uint64_t *mask)
 {
     memset(mask, 0, gvocab_mask_words(v) * sizeof *mask);
-    int32_t fend[MAX_DEPTH];
-    int fstate[MAX_DEPTH];
+    /* a frame: a node whose children are being tried (kids k .. kend), the
+       state after its bytes, and how many characters of JSON string text may
+       follow that state */
+    struct {
+        int32_t k, kend, text;
+        int state;
+    } f[MAX_DEPTH];
+    const int32_t *kid = v->kid, *kid_off = v->kid_off, *tok_rank = v->tok_rank, *rank_lo = v->rank_lo, *end = v->end;
+    const uint8_t *kid_lab = v->kid_lab;
     int depth = 0;
-    fend[0] = v->n_nodes;
-    fstate[0] = s;
-    const uint8_t *lab = v->lab;
-    const int32_t *end = v->end, *tok_rank = v->tok_rank;
-    int32_t ftext[MAX_DEPTH]; /* how many characters of JSON string text may follow the frame's state */
-    ftext[0] = text_budget(r, s, v->below[0] + 1);
-    if (ftext[0] == REC_ERROR) return q3_fail(Q3_ERR_NOMEM, "out of memory");
-    int32_t i = 1;
-    while (i < v->n_nodes) {
-        while (i >= fend[depth]) depth--;
-        if (ftext[depth] > 0) {
-            int q = utf8_text_next(U_B, lab[i]);
-            if (q >= 0 && (v->uok[i] >> q & 1) && (int32_t)v->below[i] + 1 <= ftext[depth]) {
+    f[0].k = kid_off[0];
+    f[0].kend = kid_off[1];
+    f[0].state = s;
+    f[0].text = text_budget(r, s, TEXT_LOOKAHEAD);
+    if (f[0].text == REC_ERROR) return q3_fail(Q3_ERR_NOMEM, "out of memory");
+    for (;;) {
+        if (f[depth].k == f[depth].kend) {
+            if (depth == 0) break;
+            depth--;
+            continue;
+        }
+        int32_t k = f[depth].k++;
+        int32_t i = kid[k];
+        unsigned c = kid_lab[k];
+        int S = f[depth].state;
+        if (f[depth].text > 0) {
+            int q = utf8_text_next(U_B, c);
+            if (q >= 0 && (v->uok[i] >> q & 1) && (int32_t)v->below[i] + 1 <= f[depth].text) {
                 /* every token below goes on with text only, and no more of it than may come */
-                set_range(mask, v->rank_lo[i], v->rank_lo[end[i]]);
-                i = end[i];
+                set_range(mask, rank_lo[i], rank_lo[end[i]]);
                 continue;
             }
         }
-        int S = fstate[depth];
-        int T = rec_next(r, S, lab[i]);
+        int T = rec_next(r, S, c);
         if (T < 0) {
             if (T == REC_ERROR) return q3_fail(Q3_ERR_NOMEM, "token mask: %s", "the recognizer failed");
-            i = end[i];
-            continue;
+            continue; /* the child's subtree is never touched */
         }
         if (T == S) {
             const gclass *loop = rec_loop(r, S);
             if (!loop) return Q3_ERR_NOMEM;
             if (subset(&v->unions[v->uni[i]], loop)) {
-                set_range(mask, v->rank_lo[i], v->rank_lo[end[i]]);
-                i = end[i];
+                set_range(mask, rank_lo[i], rank_lo[end[i]]);
                 continue;
             }
         }
         if (tok_rank[i] >= 0) set_bit(mask, tok_rank[i]);
-        if (end[i] > i + 1) {
+        if (kid_off[i + 1] > kid_off[i]) {
             if (depth + 1 >= MAX_DEPTH) return q3_fail(Q3_ERR_UNSUPPORTED, "token longer than %d bytes", MAX_DEPTH);
+            int32_t text = T == S ? f[depth].text : text_budget(r, T, TEXT_LOOKAHEAD);
+            if (text == REC_ERROR) return q3_fail(Q3_ERR_NOMEM, "out of memory");
             depth++;
-            fend[depth] = end[i];
-            fstate[depth] = T;
-            ftext[depth] = T == S ? ftext[depth - 1] : text_budget(r, T, v->below[0] + 1);
-            if (ftext[depth] == REC_ERROR) return q3_fail(Q3_ERR_NOMEM, "out of memory");
+            f[depth].k = kid_off[i];
+            f[depth].kend = kid_off[i + 1];
+            f[depth].state = T;
+            f[depth].text = text;
         }
-        i++;
     }
     return Q3_OK;
 }

@@ -44,10 +44,8 @@ q3_status q3_matcher_new(const q3_grammar *G, unsigned flags, q3_matcher **out)
         return st;
     }
     m->mask = malloc(words * sizeof *m->mask);
-    int ok = m->mask != NULL;
-    for (int i = 0; i < MATCHER_CACHE; i++) ok &= (m->cache[i].bits = malloc(words * sizeof(uint64_t))) != NULL;
     cache_clear(m);
-    if (!ok) {
+    if (!m->mask) {
         q3_matcher_free(m);
         return q3_fail(Q3_ERR_NOMEM, "out of memory");
     }
@@ -101,31 +99,40 @@ q3_status matcher_rank_mask(q3_matcher *m, const uint64_t **out)
         *out = m->mask;
         return Q3_OK;
     }
-    *out = m->mask;
-    if (m->mask_state == m->state) return Q3_OK;
+    if (m->mask_state == m->state) {
+        *out = m->cur;
+        return Q3_OK;
+    }
     for (int i = 0; i < MATCHER_CACHE; i++)
         if (m->cache[i].state == m->state) {
-            memcpy(m->mask, m->cache[i].bits, words * sizeof *m->mask);
+            *out = m->cur = m->cache[i].bits;
             m->mask_state = m->state;
             return Q3_OK;
         }
-    q3_status st = mask_trie(&m->r, v, m->state, m->mask);
+    /* computed into the next cache slot (round robin), or into m->mask when
+       there is no memory for one */
+    int c = m->cache_next;
+    if (!m->cache[c].bits) m->cache[c].bits = malloc(words * sizeof(uint64_t));
+    uint64_t *dst = m->cache[c].bits ? m->cache[c].bits : m->mask;
+    m->cache[c].state = m->mask_state = -1; /* cur may be this slot: forgotten until the mask is whole */
+    q3_status st = mask_trie(&m->r, v, m->state, dst);
     if (st) return st;
     const q3g *g = m->G->g;
     if (rec_wants_token(&m->r, m->state))
         for (int i = 0; i < g->n_token_names; i++) {
             int t = rec_next_token(&m->r, m->state, i);
             if (t == REC_ERROR) return Q3_ERR_NOMEM;
-            if (t >= 0) set_rank(m->mask, v->rank_of[m->G->token_ids[i]]);
+            if (t >= 0) set_rank(dst, v->rank_of[m->G->token_ids[i]]);
         }
     if (rec_accepting(&m->r, m->state)) {
-        if (v->eot >= 0) set_rank(m->mask, v->rank_of[v->eot]);
-        if (v->eos >= 0) set_rank(m->mask, v->rank_of[v->eos]);
+        if (v->eot >= 0) set_rank(dst, v->rank_of[v->eot]);
+        if (v->eos >= 0) set_rank(dst, v->rank_of[v->eos]);
     }
-    int c = m->cache_next;
-    m->cache_next = (c + 1) % MATCHER_CACHE;
-    memcpy(m->cache[c].bits, m->mask, words * sizeof *m->mask);
-    m->cache[c].state = m->state;
+    if (dst != m->mask) {
+        m->cache[c].state = m->state;
+        m->cache_next = (c + 1) % MATCHER_CACHE;
+    }
+    *out = m->cur = dst;
     m->mask_state = m->state;
     return Q3_OK;
 }

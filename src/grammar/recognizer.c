@@ -265,7 +265,30 @@ int rec_next_uncached(rec *r, int s, unsigned c)
     return intern(r);
 }
 
-int rec_next(rec *r, int s, unsigned c)
+/* The stacks of s whose top is a byte class, as bits of a signature per
+ * byte: sig[b] bit k says that the k-th such stack takes byte b. The state
+ * after b depends only on sig[b] (rec_next_uncached advances exactly the
+ * stacks that take b), so bytes of one signature share their next state.
+ * Returns 0, or -1 when s has more than 64 such stacks (no signatures). */
+static int signatures(const rec *r, int s, uint64_t sig[256])
+{
+    memset(sig, 0, 256 * sizeof *sig);
+    int k = 0;
+    for (int i = 0; i < r->st_len[s]; i++) {
+        int x = r->pool[r->st_off[s] + i];
+        if (!x) continue;
+        gsym sym = r->g->syms[r->npos[x]];
+        if (sym.kind != GS_BYTES) continue;
+        if (k == 64) return -1;
+        const gclass *cl = &r->g->classes[sym.arg];
+        for (int w = 0; w < 4; w++)
+            for (uint64_t m = cl->w[w]; m; m &= m - 1) sig[w * 64 + __builtin_ctzll(m)] |= 1ull << k;
+        k++;
+    }
+    return 0;
+}
+
+int rec_next_fill(rec *r, int s, unsigned c)
 {
     int32_t *t = r->st_trans[s];
     if (!t) {
@@ -276,9 +299,20 @@ int rec_next(rec *r, int s, unsigned c)
         r->bytes += 256 * sizeof *t;
     }
     if (t[c] != REC_UNKNOWN) return t[c];
+    uint64_t sig[256];
+    int grouped = signatures(r, s, sig) == 0;
+    if (grouped && !sig[c]) { /* no stack takes c: dead, and so is every byte no stack takes */
+        for (int b = 0; b < 256; b++)
+            if (!sig[b]) t[b] = REC_DEAD;
+        return REC_DEAD;
+    }
     int n = rec_next_uncached(r, s, c);
     if (n == REC_ERROR) return n;
-    r->st_trans[s][c] = n;
+    t = r->st_trans[s];
+    if (!grouped) t[c] = n;
+    else
+        for (int b = 0; b < 256; b++)
+            if (sig[b] == sig[c]) t[b] = n;
     return n;
 }
 

@@ -62,8 +62,15 @@ void rec_free(rec *r);
 /* The start state (>= 0), or REC_ERROR (message set). */
 int rec_start(rec *r);
 
-/* The state after byte c from state s: a state, REC_DEAD, or REC_ERROR. Memoized. */
-int rec_next(rec *r, int s, unsigned c);
+/* The state after byte c from state s: a state, REC_DEAD, or REC_ERROR.
+ * Memoized: rec_next reads the table, rec_next_fill fills it (for every byte
+ * that takes the same stacks as c at once). */
+int rec_next_fill(rec *r, int s, unsigned c);
+static inline int rec_next(rec *r, int s, unsigned c)
+{
+    const int32_t *t = r->st_trans[s];
+    return t && t[c] != REC_UNKNOWN ? t[c] : rec_next_fill(r, s, c);
+}
 /* The same computed afresh (no memo): the oracle the tests compare against. */
 int rec_next_uncached(rec *r, int s, unsigned c);
 /* The state after the named token tok (an index into g->token_names). */

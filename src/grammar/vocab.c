@@ -44,6 +44,9 @@ static void vocab_free(gvocab *v)
     free(v->end);
     free(v->rank_lo);
     free(v->tok_rank);
+    free(v->kid_off);
+    free(v->kid);
+    free(v->kid_lab);
     free(v->uni);
     free(v->unions);
     free(v->uok);
@@ -190,6 +193,24 @@ static q3_status build(const q3_tokenizer *tok, int32_t n_ids, int32_t eot, int3
             rank++;
         }
     for (int32_t r = rank; r < n_ids; r++) v->id_of_rank[r] = -1; /* ranks shared by equal tokens */
+    /* children lists: preorder visits a node's children in byte order */
+    v->kid_off = calloc((size_t)n_nodes + 1, sizeof *v->kid_off);
+    v->kid = malloc((size_t)(n_nodes > 1 ? n_nodes - 1 : 1) * sizeof *v->kid);
+    v->kid_lab = malloc((size_t)(n_nodes > 1 ? n_nodes - 1 : 1));
+    if (!v->kid_off || !v->kid || !v->kid_lab) goto oom;
+    for (int32_t x = 1; x < n_nodes; x++) v->kid_off[parent[x] + 1]++;
+    for (int32_t x = 0; x < n_nodes; x++) v->kid_off[x + 1] += v->kid_off[x];
+    {
+        int32_t *fill = malloc((size_t)n_nodes * sizeof *fill);
+        if (!fill) goto oom;
+        memcpy(fill, v->kid_off, (size_t)n_nodes * sizeof *fill);
+        for (int32_t x = 1; x < n_nodes; x++) {
+            int32_t k = fill[parent[x]]++;
+            v->kid[k] = x;
+            v->kid_lab[k] = v->lab[x];
+        }
+        free(fill);
+    }
     /* byte unions, bottom-up, then deduplicated */
     gclass *u = calloc((size_t)n_nodes, sizeof *u);
     v->uni = malloc((size_t)n_nodes * sizeof *v->uni);
@@ -230,7 +251,7 @@ static q3_status build(const q3_tokenizer *tok, int32_t n_ids, int32_t eot, int3
     v->uok = malloc((size_t)n_nodes);
     v->below = calloc((size_t)n_nodes, sizeof *v->below);
     if (!v->uok || !v->below) goto oom;
-    for (int32_t x = 0; x < n_nodes; x++) v->uok[x] = v->tok_rank[x] >= 0 ? (uint8_t)(1u << U_B) : 0xFF;
+    memset(v->uok, 0xFF, (size_t)n_nodes); /* a token may end inside a character: the text goes on */
     for (int32_t x = n_nodes - 1; x > 0; x--) { /* children come after their parent: fold each into it */
         uint8_t keep = 0;
         for (int q = 0; q < U_N; q++) {
@@ -246,7 +267,7 @@ static q3_status build(const q3_tokenizer *tok, int32_t n_ids, int32_t eot, int3
     free(order);
     free(parent);
     v->bytes_held = sizeof *v + total + (size_t)n_ids * (4 + 4 + 4 + 4 + 1) +
-                    (size_t)n_nodes * (1 + 4 + 4 + 4 + 4 + 1 + 2) + (size_t)v->n_unions * sizeof(gclass);
+                    (size_t)n_nodes * (1 + 4 + 4 + 4 + 4 + 1 + 2 + 4 + 4 + 1) + (size_t)v->n_unions * sizeof(gclass);
     v->build_s = seconds() - t0;
     *out = v;
     return Q3_OK;

@@ -38,12 +38,19 @@ typedef struct gvocab {
     int32_t *end;         /* [n_nodes] first index after the subtree */
     int32_t *rank_lo;     /* [n_nodes + 1] ranks before the node's subtree; [n_nodes] = n_trie_ranks */
     int32_t *tok_rank;    /* [n_nodes] the token ending here, or -1 */
+    /* each node's children (by byte, ascending), side by side so that the mask walk
+     * tries a child's byte without touching the child: node v's are kid[kid_off[v]
+     * .. kid_off[v + 1]) with bytes kid_lab[...] */
+    int32_t *kid_off;     /* [n_nodes + 1] */
+    int32_t *kid;         /* [n_nodes - 1] */
+    uint8_t *kid_lab;     /* [n_nodes - 1] */
     uint32_t *uni;        /* [n_nodes] index into unions: every byte of the subtree, its own label too */
     gclass *unions;
     int32_t n_unions;
-    /* JSON string text (whole UTF-8 characters, none a control character, " or \):
+    /* JSON string text (UTF-8 characters, none a control character, " or \):
      * bit q of uok[v]: every token of v's subtree, its bytes below v read from state q
-     * of the UTF-8 automaton (mask.c's U_*), is such text and ends on a character */
+     * of the UTF-8 automaton (mask.c's U_*), is a prefix of such text (it may end
+     * inside a character, as byte-level BPE tokens do) */
     uint8_t *uok;         /* [n_nodes] */
     uint16_t *below;      /* [n_nodes] the most bytes a token of v's subtree has below v */
     int32_t eot, eos;     /* <|im_end|> and <|endoftext|> (or -1): the output may end with either */

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "grammar/compiled.h"
 #include "run/context.h"
 #include "run/executor.h"
 #include "run/session.h"
@@ -570,6 +571,30 @@ static q3_status resume(q3_gen *g)
     return Q3_OK;
 }
 
+/* ---- token masks of a step's rows, in parallel ----------------------------------------- */
+
+static void mask_row(void *ctx, int i)
+{
+    q3_gen *const *rows = ctx;
+    const uint64_t *mask;
+    (void)matcher_rank_mask(rows[i]->o.grammar, &mask); /* a failure is met again, and reported, in after_logits */
+}
+
+/* Computes the masks of the constrained rows among rows[0..n) on the decode
+ * unit's threads, so that after_logits finds each ready (a matcher keeps its
+ * current mask). Each row has its own matcher; an unconstrained row is not
+ * visited. Nothing to do for fewer than two constrained rows or one thread. */
+static void masks_in_parallel(q3_ctx *c, q3_gen *const *rows, int n)
+{
+    q3_unit *u = c->decode_unit;
+    if (!u->b->parallel_for || u->n_threads < 2) return;
+    q3_gen *con[256];
+    int k = 0;
+    for (int i = 0; i < n; i++)
+        if (rows[i]->o.grammar) con[k++] = rows[i];
+    if (k >= 2) u->b->parallel_for(u->impl, mask_row, con, k);
+}
+
 /* ---- the step ------------------------------------------------------------------------------ */
 
 /* The tokens g prefills next ([*n] at *tokens; 0: none) and whether its
@@ -659,6 +684,7 @@ q3_status q3_gen_step_budget(q3_gen *const *gens, int n, int budget)
             if (pg->prompt_done == pg->n_prompt && (st = after_logits(pg))) return st;
         }
     }
+    masks_in_parallel(c, row_gen, s.n_decode);
     for (int r = 0; r < s.n_decode; r++) {
         q3_gen *g = row_gen[r];
         g->r.decode_s += dt;

@@ -430,7 +430,7 @@ static int path_matches(const char *url, const char *path)
 
 /* GET /props: llama-server's fields (default_generation_settings.n_ctx,
  * total_slots, chat_template, modalities, build_info) and what this server
- * answers: its routes. */
+ * answers: its routes, and the structured output it follows. */
 static enum MHD_Result h_props(srv_server *s, struct MHD_Connection *c, conn_ctx *cc)
 {
     cJSON *r = cJSON_CreateObject();
@@ -446,6 +446,7 @@ static enum MHD_Result h_props(srv_server *s, struct MHD_Connection *c, conn_ctx
     char build[64];
     snprintf(build, sizeof build, "q3 %s", q3_version());
     cJSON_AddStringToObject(r, "build_info", build);
+    if (s->api.task == Q3_TASK_GENERATE) cJSON_AddItemToObject(r, "structured_output", srv_structured_output_json());
     cJSON *routes = cJSON_AddArrayToObject(r, "endpoints");
     for (size_t i = 0; i < sizeof ROUTES / sizeof *ROUTES; i++) {
         char line[96];

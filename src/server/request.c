@@ -532,6 +532,66 @@ done:
 
 /* ---- structured output ------------------------------------------------------ */
 
+/* The constraint fields of the request's top level (llama-server's, vLLM's
+ * older ones) and of vLLM's structured_outputs object, with what each holds. */
+static const struct {
+    const char *name;
+    q3_grammar_kind kind;
+} direct[] = {
+    {"json_schema", Q3_GRAMMAR_JSON_SCHEMA}, {"grammar", Q3_GRAMMAR_GBNF},
+    {"guided_json", Q3_GRAMMAR_JSON_SCHEMA}, {"guided_regex", Q3_GRAMMAR_REGEX},
+    {"guided_choice", Q3_GRAMMAR_CHOICE},    {"guided_grammar", Q3_GRAMMAR_GBNF},
+};
+static const struct {
+    const char *name;
+    q3_grammar_kind kind;
+} so_keys[] = {{"json", Q3_GRAMMAR_JSON_SCHEMA}, {"regex", Q3_GRAMMAR_REGEX}, {"choice", Q3_GRAMMAR_CHOICE},
+               {"grammar", Q3_GRAMMAR_GBNF}, {"json_object", Q3_GRAMMAR_JSON}};
+
+static const char *kind_name(q3_grammar_kind k)
+{
+    switch (k) {
+    case Q3_GRAMMAR_JSON_SCHEMA: return "json_schema";
+    case Q3_GRAMMAR_JSON: return "json_object";
+    case Q3_GRAMMAR_GBNF: return "gbnf";
+    case Q3_GRAMMAR_REGEX: return "regex";
+    case Q3_GRAMMAR_CHOICE: return "choice";
+    case Q3_GRAMMAR_TOOL_CALL: return "tool_call";
+    }
+    return "?";
+}
+
+static cJSON *string_list(const char *const *a)
+{
+    cJSON *l = cJSON_CreateArray();
+    for (int i = 0; a && a[i]; i++) cJSON_AddItemToArray(l, cJSON_CreateString(a[i]));
+    return l;
+}
+
+cJSON *srv_structured_output_json(void)
+{
+    cJSON *r = cJSON_CreateObject();
+    cJSON *f = cJSON_AddObjectToObject(r, "request_fields");
+    cJSON_AddStringToObject(f, "response_format.type=json_object", kind_name(Q3_GRAMMAR_JSON));
+    cJSON_AddStringToObject(f, "response_format.type=json_schema", kind_name(Q3_GRAMMAR_JSON_SCHEMA));
+    cJSON_AddStringToObject(f, "tool_choice=required", kind_name(Q3_GRAMMAR_TOOL_CALL));
+    cJSON_AddStringToObject(f, "tool_choice.function.name", kind_name(Q3_GRAMMAR_TOOL_CALL));
+    for (size_t i = 0; i < sizeof direct / sizeof *direct; i++)
+        cJSON_AddStringToObject(f, direct[i].name, kind_name(direct[i].kind));
+    for (size_t i = 0; i < sizeof so_keys / sizeof *so_keys; i++) {
+        char k[64];
+        snprintf(k, sizeof k, "structured_outputs.%s", so_keys[i].name);
+        cJSON_AddStringToObject(f, k, kind_name(so_keys[i].kind));
+    }
+    cJSON_AddNumberToObject(r, "constraints_per_request", 1);
+    cJSON *js = cJSON_AddObjectToObject(r, "json_schema");
+    cJSON_AddItemToObject(js, "keywords", string_list(q3_json_schema_keywords(Q3_SCHEMA_SUPPORTED)));
+    cJSON_AddItemToObject(js, "formats", string_list(q3_json_schema_keywords(Q3_SCHEMA_FORMATS)));
+    cJSON_AddItemToObject(js, "refused", string_list(q3_json_schema_keywords(Q3_SCHEMA_REFUSED)));
+    cJSON_AddStringToObject(r, "docs", "docs/structured-output.md");
+    return r;
+}
+
 /* The constraint fields every dialect spells its own way, one at most a request:
  * OpenAI's response_format (json_object, json_schema) and forced tool_choice,
  * llama-server's json_schema and grammar, vLLM's structured_outputs {json,
@@ -589,24 +649,11 @@ static int parse_constraint(const srv_api *a, const cJSON *root, const cJSON *to
         field = "tool_choice";
         n++;
     }
-    static const struct {
-        const char *name;
-        q3_grammar_kind kind;
-    } direct[] = {
-        {"json_schema", Q3_GRAMMAR_JSON_SCHEMA}, {"grammar", Q3_GRAMMAR_GBNF},
-        {"guided_json", Q3_GRAMMAR_JSON_SCHEMA}, {"guided_regex", Q3_GRAMMAR_REGEX},
-        {"guided_choice", Q3_GRAMMAR_CHOICE},    {"guided_grammar", Q3_GRAMMAR_GBNF},
-    };
     const cJSON *so = cJSON_GetObjectItemCaseSensitive(root, "structured_outputs");
     if (so && !cJSON_IsNull(so) && !cJSON_IsObject(so)) {
         free(text);
         return bad(e, "structured_outputs", "structured_outputs must be an object: {json | regex | choice | grammar}");
     }
-    static const struct {
-        const char *name;
-        q3_grammar_kind kind;
-    } so_keys[] = {{"json", Q3_GRAMMAR_JSON_SCHEMA}, {"regex", Q3_GRAMMAR_REGEX}, {"choice", Q3_GRAMMAR_CHOICE},
-                   {"grammar", Q3_GRAMMAR_GBNF}, {"json_object", Q3_GRAMMAR_JSON}};
     for (int pass = 0; pass < 2; pass++) {
         int count = pass ? (int)(sizeof so_keys / sizeof so_keys[0]) : (int)(sizeof direct / sizeof direct[0]);
         for (int i = 0; i < count; i++) {

@@ -52,6 +52,11 @@ int srv_parse_llama_completion(const srv_api *a, const char *body, size_t len, s
 int srv_tokenize(const srv_api *a, const char *body, size_t len, srv_buf *out, srv_err *e);
 int srv_detokenize(const srv_api *a, const char *body, size_t len, srv_buf *out, srv_err *e);
 
+/* What /props says of structured output: each request field that carries a
+ * constraint and the kind it holds, the JSON Schema keywords and formats
+ * followed and those refused (the caller owns the object). */
+struct cJSON *srv_structured_output_json(void);
+
 /* GET /v1/models */
 void srv_models_json(const srv_api *a, long long created, srv_buf *out);
 /* GET /v1/models/{id}: the one model object */

@@ -165,6 +165,26 @@ static q3_status cpu_open(const q3_backend *b, const q3_unit_opts *o, void **imp
 
 static int cpu_threads(void *impl) { return ((cpu_unit *)impl)->nth; }
 
+typedef struct for_job {
+    void (*fn)(void *ctx, int i);
+    void *ctx;
+} for_job;
+
+static void for_item(void *ctx, int item, int ith)
+{
+    (void)ith;
+    for_job *j = ctx;
+    j->fn(j->ctx, item);
+}
+
+static void cpu_parallel_for(void *impl, void (*fn)(void *ctx, int i), void *ctx, int n)
+{
+    cpu_unit *u = impl;
+    for_job j = {fn, ctx};
+    q3_pool_job job = {.item = for_item, .ctx = &j, .n_items = n};
+    q3_pool_run(u->pool, &job);
+}
+
 /* Every thread's scratch is at least size bytes. */
 static q3_status ensure_scratch(cpu_unit *u, const q3_op *op, size_t size)
 {
@@ -1075,5 +1095,6 @@ q3_backend q3_backend_cpu = {
     .run = cpu_run,
     .run_many = cpu_run_many,
     .store_rows = cpu_store_rows,
+    .parallel_for = cpu_parallel_for,
     .kv_default = Q3_F16,
 };
