@@ -203,62 +203,75 @@ static void round_to(q3_dtype t, float *p, size_t n)
 
 /* ---- matmul ----------------------------------------------------------------------------- */
 
+/* One matmul of m x k by n x k weights of type wt against the reference,
+ * and each of its rows alone (the GEMV) against its row of the GEMM, bit for bit. */
+static void check_matmul(const char *isa, q3_dtype wt, int m, int n, int k)
+{
+    bool bf16_act = q3_cpu_unit_isa(units[1])->bf16_activations;
+    rig R;
+    rig_config(&R, 4, 2, 8);
+    q3_tensor w = make_weight(wt, n, k, -1, 1);
+    int x = rig_value(&R, m, k, -1, 1), y = rig_value(&R, m, n, 0, 0);
+    R.op = (q3_op){.kind = Q3_OP_MATMUL, .out = y, .in = {x, -1, -1}, .weight = &w};
+    R.n_real = m;
+    rig_run(&R, 0);
+    rig_run(&R, 1);
+    /* BF16 weights on the BF16 path: each activation rounded to BF16 (2^-9
+       relative), so |error| <= 2^-9 sum |x||w| <= 2^-9 k (|x|, |w| <= 1) */
+    double tol = wt == Q3_BF16 && bf16_act ? 0x1p-9 * k + 1e-5 : 2e-6 * k + 1e-6;
+    double worst = rig_worst(&R, tol, 0);
+    CHECK(worst <= 1, "[%s] matmul %s m=%d n=%d k=%d: error %.3g of tolerance", isa,
+          q3_dtype_name(wt), m, n, k, worst);
+    if (wt == Q3_BF16 && bf16_act) {
+        /* activations already BF16: only the F32 summation order differs */
+        round_to(Q3_BF16, R.init[x], (size_t)m * k);
+        rig_run(&R, 0);
+        rig_run(&R, 1);
+        worst = rig_worst(&R, 2e-6 * k + 1e-6, 0);
+        CHECK(worst <= 1, "[%s] matmul bf16 (BF16 inputs) m=%d n=%d k=%d: error %.3g of tolerance", isa,
+              m, n, k, worst);
+    }
+    /* each row alone (GEMV) must equal its row of the GEMM bit for bit */
+    if (m > 1) {
+        float *gemm = R.out[1];
+        R.out[1] = NULL;
+        int diff_rows = 0;
+        for (int r = 0; r < m; r++) {
+            memcpy(R.init[x], R.init[x] + (size_t)r * k, (size_t)k * sizeof(float));
+            R.values[x].rows = R.values[y].rows = 1;
+            R.n_real = 1;
+            rig_run(&R, 1);
+            diff_rows += memcmp(R.out[1], gemm + (size_t)r * n, (size_t)n * sizeof(float)) != 0;
+            /* back to m rows (row 0 of init now holds row r: no longer needed) */
+            R.values[x].rows = R.values[y].rows = m;
+        }
+        CHECK(diff_rows == 0, "[%s] matmul %s m=%d n=%d k=%d: %d GEMV rows differ from the GEMM", isa,
+              q3_dtype_name(wt), m, n, k, diff_rows);
+        free(gemm);
+    }
+    rig_free(&R);
+    free((void *)w.data);
+}
+
 static void test_matmul(const char *isa)
 {
     static const int ms[] = {1, 2, 3, 5, 8, 13, 17, 40};
     static const int ns[] = {1, 3, 8, 16, 17, 61, 130};
     static const int ks[] = {1, 7, 16, 33, 64, 100, 515, 1056};
-    bool bf16_act = q3_cpu_unit_isa(units[1])->bf16_activations;
     for (size_t ti = 0; ti < 3; ti++)
         for (size_t a = 0; a < sizeof ms / sizeof *ms; a++)
             for (size_t b = 0; b < sizeof ns / sizeof *ns; b++)
                 for (size_t c = 0; c < sizeof ks / sizeof *ks; c++) {
-                    int m = ms[a], n = ns[b], k = ks[c];
-                    if ((a + b + c) % 3 && k > 100) continue; /* keep the run short */
-                    rig R;
-                    rig_config(&R, 4, 2, 8);
-                    q3_tensor w = make_weight(wtypes[ti], n, k, -1, 1);
-                    int x = rig_value(&R, m, k, -1, 1), y = rig_value(&R, m, n, 0, 0);
-                    R.op = (q3_op){.kind = Q3_OP_MATMUL, .out = y, .in = {x, -1, -1}, .weight = &w};
-                    R.n_real = m;
-                    rig_run(&R, 0);
-                    rig_run(&R, 1);
-                    /* BF16 weights on the BF16 path: each activation rounded to BF16 (2^-9
-                       relative), so |error| <= 2^-9 sum |x||w| <= 2^-9 k (|x|, |w| <= 1) */
-                    double tol = wtypes[ti] == Q3_BF16 && bf16_act ? 0x1p-9 * k + 1e-5 : 2e-6 * k + 1e-6;
-                    double worst = rig_worst(&R, tol, 0);
-                    CHECK(worst <= 1, "[%s] matmul %s m=%d n=%d k=%d: error %.3g of tolerance", isa,
-                          q3_dtype_name(wtypes[ti]), m, n, k, worst);
-                    if (wtypes[ti] == Q3_BF16 && bf16_act) {
-                        /* activations already BF16: only the F32 summation order differs */
-                        round_to(Q3_BF16, R.init[x], (size_t)m * k);
-                        rig_run(&R, 0);
-                        rig_run(&R, 1);
-                        worst = rig_worst(&R, 2e-6 * k + 1e-6, 0);
-                        CHECK(worst <= 1, "[%s] matmul bf16 (BF16 inputs) m=%d n=%d k=%d: error %.3g of tolerance", isa,
-                              m, n, k, worst);
-                    }
-                    /* each row alone (GEMV) must equal its row of the GEMM bit for bit */
-                    if (m > 1) {
-                        float *gemm = R.out[1];
-                        R.out[1] = NULL;
-                        int diff_rows = 0;
-                        for (int r = 0; r < m; r++) {
-                            memcpy(R.init[x], R.init[x] + (size_t)r * k, (size_t)k * sizeof(float));
-                            R.values[x].rows = R.values[y].rows = 1;
-                            R.n_real = 1;
-                            rig_run(&R, 1);
-                            diff_rows += memcmp(R.out[1], gemm + (size_t)r * n, (size_t)n * sizeof(float)) != 0;
-                            /* back to m rows (row 0 of init now holds row r: no longer needed) */
-                            R.values[x].rows = R.values[y].rows = m;
-                        }
-                        CHECK(diff_rows == 0, "[%s] matmul %s m=%d n=%d k=%d: %d GEMV rows differ from the GEMM", isa,
-                              q3_dtype_name(wtypes[ti]), m, n, k, diff_rows);
-                        free(gemm);
-                    }
-                    rig_free(&R);
-                    free((void *)w.data);
+                    if ((a + b + c) % 3 && ks[c] > 100) continue; /* keep the run short */
+                    check_matmul(isa, wtypes[ti], ms[a], ns[b], ks[c]);
                 }
+    /* rows so long (64 KB of F32) that the AVX-512 GEMM takes the rows in
+       slabs of a few (its activations per pass stay in L2), a short last slab
+       and a short last row tile included, over many K blocks and a tail */
+    for (size_t ti = 0; ti < 3; ti++) {
+        check_matmul(isa, wtypes[ti], 13, 17, 16391);
+        check_matmul(isa, wtypes[ti], 21, 7, 16391);
+    }
 }
 
 /* Matmuls over one input (a layer's Q, K, V) run by run_many as one pool job,
