@@ -491,6 +491,7 @@ static void bench_e2e(const char *dir, int gen, int depth, const char *only_isa)
     /* prefill: one chunk of 128 at position 0, best of reps */
     q3_runner_profile(&c->run_prefill, 1);
     double best = 1e30, sum = 0, handoff0 = c->handoff_seconds;
+    q3_cpu_stats p0 = q3_cpu_unit_stats(c->prefill_unit);
     for (int rep = 0; rep < g_reps; rep++) {
         q3_session_reset(s);
         double t0 = now();
@@ -499,12 +500,15 @@ static void bench_e2e(const char *dir, int gen, int depth, const char *only_isa)
         sum += t;
         if (t < best) best = t;
     }
+    q3_cpu_stats p1 = q3_cpu_unit_stats(c->prefill_unit);
     double flop = q3_graph_flops(&c->prefill, 128, 0);
     printf("  prefill chunk 128: best %.1f ms, mean %.1f ms; %.1f GFLOP/s = %.0f%% of the vdpbf16ps peak (%.1f), "
            "%.0f%% of the AMX peak (%.1f), both measured just before; K/V hand-off (session) %.2f ms\n",
            best * 1e3, sum / g_reps * 1e3, flop / best * 1e-9, 100 * flop / best * 1e-9 / peak_dot, peak_dot,
            peak_amx > 0 ? 100 * flop / best * 1e-9 / peak_amx : 0, peak_amx,
            (c->handoff_seconds - handoff0) / g_reps * 1e3);
+    printf("  prefill: %.1f pool jobs (barriers) per chunk, the K/V hand-off's included\n",
+           (double)(p1.pool_jobs - p0.pool_jobs) / g_reps);
     print_profile(&c->run_prefill, g_reps, sum / g_reps);
 
     /* decode: gen tokens after a prompt of n_prompt */
