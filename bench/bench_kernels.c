@@ -1,5 +1,5 @@
 /* Kernel development harness for the cpu unit: the matmul at Qwen3-0.6B's
- * shapes (BF16 weights), as a GEMM over a prefill chunk and as the decode
+ * shapes (BF16 weights, or F16 with --wtype f16), as a GEMM over a prefill chunk and as the decode
  * GEMV, run through the unit's op interface on every kernel table the CPU
  * has, side by side: each version is first validated against a scalar
  * double-precision reference on sampled outputs, then timed (best of reps).
@@ -16,7 +16,7 @@
  * (streamed from memory, as at depth in a real token); --depth N: only that
  * depth.
  *
- *   build/bench/bench_kernels [--reps N] [--bw GBS] [--peak GFLOPS] [--isa amx|avx512|avx2]
+ *   build/bench/bench_kernels [--reps N] [--bw GBS] [--peak GFLOPS] [--isa amx|avx512|avx2] [--wtype bf16|f16]
  *                             [--only gemm|gemv|token|prefill|attn|attn-stream|e2e] [--model DIR] [--gen N] [--depth N] [--layers N]
  */
 #include <math.h>
@@ -78,19 +78,28 @@ typedef struct mm_rig {
     q3_exec e;
 } mm_rig;
 
+/* The matmuls' weight type (--wtype): BF16 (default) or F16. */
+static q3_dtype g_wtype = Q3_BF16;
+
 static void *bf16_matrix(int n, int k)
 {
     size_t count = (size_t)n * k;
     uint16_t *w = aligned_alloc(64, (count * 2 + 63) & ~(size_t)63);
-    for (size_t i = 0; i < count; i++) w[i] = q3_f32_to_bf16(frand() * 0.05f);
+    for (size_t i = 0; i < count; i++)
+        w[i] = g_wtype == Q3_F16 ? q3_f32_to_f16(frand() * 0.05f) : q3_f32_to_bf16(frand() * 0.05f);
     return w;
+}
+
+static double weight_value(const uint16_t *w, size_t i)
+{
+    return g_wtype == Q3_F16 ? q3_f16_to_f32(w[i]) : q3_bf16_to_f32(w[i]);
 }
 
 static void rig_init(mm_rig *R, int m, int n, int k, const void *w)
 {
     memset(R, 0, sizeof *R);
     R->cfg = (q3_config){.n_layers = 1, .dim = k, .n_heads = 1, .n_kv_heads = 1, .head_dim = 64, .vocab_size = n};
-    R->w = (q3_tensor){.dtype = Q3_BF16, .ndim = 2, .shape = {n, k}, .data = w, .nbytes = (size_t)n * k * 2};
+    R->w = (q3_tensor){.dtype = g_wtype, .ndim = 2, .shape = {n, k}, .data = w, .nbytes = (size_t)n * k * 2};
     R->values[0] = (q3_value){.rows = m, .cols = k};
     R->values[1] = (q3_value){.rows = m, .cols = n};
     R->g = (q3_graph){.cfg = &R->cfg, .rows = m, .ops = &R->op, .n_ops = 1, .values = R->values, .n_values = 2};
@@ -123,7 +132,7 @@ static double validate(mm_rig *R)
         int r = (int)((unsigned)(s * 7919) % (unsigned)m), o = (int)((unsigned)(s * 104729 + 13) % (unsigned)n);
         double ref = 0, mag = 0;
         for (int i = 0; i < k; i++) {
-            double x = R->buf[0][(size_t)r * k + i], wv = q3_bf16_to_f32(w[(size_t)o * k + i]);
+            double x = R->buf[0][(size_t)r * k + i], wv = weight_value(w, (size_t)o * k + i);
             ref += x * wv;
             mag += fabs(x * wv);
         }
@@ -482,6 +491,7 @@ static void bench_e2e(const char *dir, int gen, int depth, const char *only_isa)
     /* prefill: one chunk of 128 at position 0, best of reps */
     q3_runner_profile(&c->run_prefill, 1);
     double best = 1e30, sum = 0, handoff0 = c->handoff_seconds;
+    q3_cpu_stats p0 = q3_cpu_unit_stats(c->prefill_unit);
     for (int rep = 0; rep < g_reps; rep++) {
         q3_session_reset(s);
         double t0 = now();
@@ -490,12 +500,15 @@ static void bench_e2e(const char *dir, int gen, int depth, const char *only_isa)
         sum += t;
         if (t < best) best = t;
     }
+    q3_cpu_stats p1 = q3_cpu_unit_stats(c->prefill_unit);
     double flop = q3_graph_flops(&c->prefill, 128, 0);
     printf("  prefill chunk 128: best %.1f ms, mean %.1f ms; %.1f GFLOP/s = %.0f%% of the vdpbf16ps peak (%.1f), "
            "%.0f%% of the AMX peak (%.1f), both measured just before; K/V hand-off (session) %.2f ms\n",
            best * 1e3, sum / g_reps * 1e3, flop / best * 1e-9, 100 * flop / best * 1e-9 / peak_dot, peak_dot,
            peak_amx > 0 ? 100 * flop / best * 1e-9 / peak_amx : 0, peak_amx,
            (c->handoff_seconds - handoff0) / g_reps * 1e3);
+    printf("  prefill: %.1f pool jobs (barriers) per chunk, the K/V hand-off's included\n",
+           (double)(p1.pool_jobs - p0.pool_jobs) / g_reps);
     print_profile(&c->run_prefill, g_reps, sum / g_reps);
 
     /* decode: gen tokens after a prompt of n_prompt */
@@ -540,13 +553,16 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--peak") && i + 1 < argc) g_peak = atof(argv[++i]);
         else if (!strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
         else if (!strcmp(argv[i], "--isa") && i + 1 < argc) only_isa = argv[++i];
+        else if (!strcmp(argv[i], "--wtype") && i + 1 < argc && (!strcmp(argv[i + 1], "f16") || !strcmp(argv[i + 1], "bf16")))
+            g_wtype = !strcmp(argv[++i], "f16") ? Q3_F16 : Q3_BF16;
         else if (!strcmp(argv[i], "--model") && i + 1 < argc) model = argv[++i];
         else if (!strcmp(argv[i], "--gen") && i + 1 < argc) gen = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--depth") && i + 1 < argc) depth = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--layers") && i + 1 < argc) g_layers = atoi(argv[++i]);
         else {
             fprintf(stderr, "usage: %s [--reps N] [--bw GBS] [--peak GFLOPS] [--isa amx|avx512|avx2] "
-                            "[--only gemm|gemv|token|prefill|attn|attn-stream|e2e] [--model DIR] [--gen N] [--depth N] [--layers N]\n", argv[0]);
+                            "[--wtype bf16|f16] [--only gemm|gemv|token|prefill|attn|attn-stream|e2e] [--model DIR] [--gen N] [--depth N] "
+                            "[--layers N]\n", argv[0]);
             return 2;
         }
     }
@@ -556,8 +572,10 @@ int main(int argc, char **argv)
     }
     int nth = g_cpu->n_threads;
     if (g_bw <= 0) g_bw = q3_limit_read_gbs(nth, (size_t)1 << 30, 3);
-    if (g_peak <= 0) g_peak = q3_limit_peak(Q3_LIMIT_DOT_BF16, nth, 0.2, NULL);
-    printf("cpu unit: %d threads; limits: read %.1f GB/s, BF16 dot peak %.1f GFLOP/s (vdpbf16ps)\n", nth, g_bw, g_peak);
+    /* the matmuls' peak: vdpbf16ps for BF16 weights, F32 FMA for F16 (widened exactly to F32) */
+    if (g_peak <= 0) g_peak = q3_limit_peak(g_wtype == Q3_F16 ? Q3_LIMIT_FMA_F32 : Q3_LIMIT_DOT_BF16, nth, 0.2, NULL);
+    printf("cpu unit: %d threads; %s weights; limits: read %.1f GB/s, %s peak %.1f GFLOP/s\n", nth,
+           q3_dtype_name(g_wtype), g_bw, g_wtype == Q3_F16 ? "F32 FMA" : "BF16 dot (vdpbf16ps)", g_peak);
     if (!only || !strcmp(only, "gemm")) {
         printf("GEMM (prefill chunk of 128 rows):\n");
         for (size_t i = 0; i < 7; i++) bench_shape(&shapes[i], 128, only_isa);

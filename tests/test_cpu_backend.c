@@ -203,68 +203,140 @@ static void round_to(q3_dtype t, float *p, size_t n)
 
 /* ---- matmul ----------------------------------------------------------------------------- */
 
+/* One matmul of m x k by n x k weights of type wt against the reference,
+ * and each of its rows alone (the GEMV) against its row of the GEMM, bit for bit. */
+static void check_matmul(const char *isa, q3_dtype wt, int m, int n, int k)
+{
+    bool bf16_act = q3_cpu_unit_isa(units[1])->bf16_activations;
+    rig R;
+    rig_config(&R, 4, 2, 8);
+    q3_tensor w = make_weight(wt, n, k, -1, 1);
+    int x = rig_value(&R, m, k, -1, 1), y = rig_value(&R, m, n, 0, 0);
+    R.op = (q3_op){.kind = Q3_OP_MATMUL, .out = y, .in = {x, -1, -1}, .weight = &w};
+    R.n_real = m;
+    rig_run(&R, 0);
+    rig_run(&R, 1);
+    /* BF16 weights on the BF16 path: each activation rounded to BF16 (2^-9
+       relative), so |error| <= 2^-9 sum |x||w| <= 2^-9 k (|x|, |w| <= 1) */
+    double tol = wt == Q3_BF16 && bf16_act ? 0x1p-9 * k + 1e-5 : 2e-6 * k + 1e-6;
+    double worst = rig_worst(&R, tol, 0);
+    CHECK(worst <= 1, "[%s] matmul %s m=%d n=%d k=%d: error %.3g of tolerance", isa,
+          q3_dtype_name(wt), m, n, k, worst);
+    if (wt == Q3_BF16 && bf16_act) {
+        /* activations already BF16: only the F32 summation order differs */
+        round_to(Q3_BF16, R.init[x], (size_t)m * k);
+        rig_run(&R, 0);
+        rig_run(&R, 1);
+        worst = rig_worst(&R, 2e-6 * k + 1e-6, 0);
+        CHECK(worst <= 1, "[%s] matmul bf16 (BF16 inputs) m=%d n=%d k=%d: error %.3g of tolerance", isa,
+              m, n, k, worst);
+    }
+    /* each row alone (GEMV) must equal its row of the GEMM bit for bit */
+    if (m > 1) {
+        float *gemm = R.out[1];
+        R.out[1] = NULL;
+        int diff_rows = 0;
+        for (int r = 0; r < m; r++) {
+            memcpy(R.init[x], R.init[x] + (size_t)r * k, (size_t)k * sizeof(float));
+            R.values[x].rows = R.values[y].rows = 1;
+            R.n_real = 1;
+            rig_run(&R, 1);
+            diff_rows += memcmp(R.out[1], gemm + (size_t)r * n, (size_t)n * sizeof(float)) != 0;
+            /* back to m rows (row 0 of init now holds row r: no longer needed) */
+            R.values[x].rows = R.values[y].rows = m;
+        }
+        CHECK(diff_rows == 0, "[%s] matmul %s m=%d n=%d k=%d: %d GEMV rows differ from the GEMM", isa,
+              q3_dtype_name(wt), m, n, k, diff_rows);
+        free(gemm);
+    }
+    rig_free(&R);
+    free((void *)w.data);
+}
+
 static void test_matmul(const char *isa)
 {
     static const int ms[] = {1, 2, 3, 5, 8, 13, 17, 40};
     static const int ns[] = {1, 3, 8, 16, 17, 61, 130};
     static const int ks[] = {1, 7, 16, 33, 64, 100, 515, 1056};
-    bool bf16_act = q3_cpu_unit_isa(units[1])->bf16_activations;
     for (size_t ti = 0; ti < 3; ti++)
         for (size_t a = 0; a < sizeof ms / sizeof *ms; a++)
             for (size_t b = 0; b < sizeof ns / sizeof *ns; b++)
                 for (size_t c = 0; c < sizeof ks / sizeof *ks; c++) {
-                    int m = ms[a], n = ns[b], k = ks[c];
-                    if ((a + b + c) % 3 && k > 100) continue; /* keep the run short */
-                    rig R;
-                    rig_config(&R, 4, 2, 8);
-                    q3_tensor w = make_weight(wtypes[ti], n, k, -1, 1);
-                    int x = rig_value(&R, m, k, -1, 1), y = rig_value(&R, m, n, 0, 0);
-                    R.op = (q3_op){.kind = Q3_OP_MATMUL, .out = y, .in = {x, -1, -1}, .weight = &w};
-                    R.n_real = m;
-                    rig_run(&R, 0);
-                    rig_run(&R, 1);
-                    /* BF16 weights on the BF16 path: each activation rounded to BF16 (2^-9
-                       relative), so |error| <= 2^-9 sum |x||w| <= 2^-9 k (|x|, |w| <= 1) */
-                    double tol = wtypes[ti] == Q3_BF16 && bf16_act ? 0x1p-9 * k + 1e-5 : 2e-6 * k + 1e-6;
-                    double worst = rig_worst(&R, tol, 0);
-                    CHECK(worst <= 1, "[%s] matmul %s m=%d n=%d k=%d: error %.3g of tolerance", isa,
-                          q3_dtype_name(wtypes[ti]), m, n, k, worst);
-                    if (wtypes[ti] == Q3_BF16 && bf16_act) {
-                        /* activations already BF16: only the F32 summation order differs */
-                        round_to(Q3_BF16, R.init[x], (size_t)m * k);
-                        rig_run(&R, 0);
-                        rig_run(&R, 1);
-                        worst = rig_worst(&R, 2e-6 * k + 1e-6, 0);
-                        CHECK(worst <= 1, "[%s] matmul bf16 (BF16 inputs) m=%d n=%d k=%d: error %.3g of tolerance", isa,
-                              m, n, k, worst);
-                    }
-                    /* each row alone (GEMV) must equal its row of the GEMM bit for bit */
-                    if (m > 1) {
-                        float *gemm = R.out[1];
-                        R.out[1] = NULL;
-                        int diff_rows = 0;
-                        for (int r = 0; r < m; r++) {
-                            memcpy(R.init[x], R.init[x] + (size_t)r * k, (size_t)k * sizeof(float));
-                            R.values[x].rows = R.values[y].rows = 1;
-                            R.n_real = 1;
-                            rig_run(&R, 1);
-                            diff_rows += memcmp(R.out[1], gemm + (size_t)r * n, (size_t)n * sizeof(float)) != 0;
-                            /* back to m rows (row 0 of init now holds row r: no longer needed) */
-                            R.values[x].rows = R.values[y].rows = m;
-                        }
-                        CHECK(diff_rows == 0, "[%s] matmul %s m=%d n=%d k=%d: %d GEMV rows differ from the GEMM", isa,
-                              q3_dtype_name(wtypes[ti]), m, n, k, diff_rows);
-                        free(gemm);
-                    }
-                    rig_free(&R);
-                    free((void *)w.data);
+                    if ((a + b + c) % 3 && ks[c] > 100) continue; /* keep the run short */
+                    check_matmul(isa, wtypes[ti], ms[a], ns[b], ks[c]);
                 }
+    /* rows so long (64 KB of F32) that the AVX-512 GEMM takes the rows in
+       slabs of a few (its activations per pass stay in L2), a short last slab
+       and a short last row tile included, over many K blocks and a tail */
+    for (size_t ti = 0; ti < 3; ti++) {
+        check_matmul(isa, wtypes[ti], 13, 17, 16391);
+        check_matmul(isa, wtypes[ti], 21, 7, 16391);
+    }
 }
 
 /* Matmuls over one input (a layer's Q, K, V) run by run_many as one pool job,
  * each output bit for bit what run() gives op by op; weights of three types so
  * the shared input is prepared again where the type changes; the op after them
  * (another input) is left for the next call. */
+/* A layer's gate and up matmuls and their SwiGLU (into the gate's output),
+ * run by run_many as one pool job: the gate's values bit for bit what run()
+ * gives op by op, decode-sized and prefill-sized, for each plain weight type. */
+static void test_swiglu_fused(const char *isa)
+{
+    static const q3_dtype ts[3] = {Q3_BF16, Q3_F16, Q3_F32};
+    static const int ms[3] = {1, 3, 40};
+    const int k = 515, n = 520; /* n * k >= the pool threshold; n not a multiple of any granule */
+    for (int ti = 0; ti < 3; ti++)
+        for (int mi = 0; mi < 3; mi++) {
+            int m = ms[mi];
+            q3_config cfg = {.n_layers = 1, .dim = k, .ffn_dim = n, .n_heads = 1, .n_kv_heads = 1, .head_dim = 8,
+                             .vocab_size = 300, .max_seq_len = 64, .rms_eps = 1e-6f, .rope_theta = 1e6f};
+            q3_value values[3] = {{.name = "h", .rows = m, .cols = k}, {.name = "gate", .rows = m, .cols = n},
+                                  {.name = "up", .rows = m, .cols = n}};
+            q3_tensor w[2] = {make_weight(ts[ti], n, k, -1, 1), make_weight(ts[ti], n, k, -1, 1)};
+            q3_op ops[3] = {
+                {.kind = Q3_OP_MATMUL, .name = "ffn_gate", .out = 1, .out2 = -1, .in = {0, -1, -1}, .weight = &w[0]},
+                {.kind = Q3_OP_MATMUL, .name = "ffn_up", .out = 2, .out2 = -1, .in = {0, -1, -1}, .weight = &w[1]},
+                {.kind = Q3_OP_SWIGLU, .name = "ffn_swiglu", .out = 1, .out2 = -1, .in = {1, 2, -1}},
+            };
+            q3_graph g = {.kind = Q3_GRAPH_PREFILL, .cfg = &cfg, .rows = m, .ops = ops, .n_ops = 3, .values = values,
+                          .n_values = 3};
+            float *buf[2][3];
+            for (int v = 0; v < 3; v++) {
+                size_t cnt = (size_t)values[v].rows * values[v].cols;
+                buf[0][v] = calloc(cnt, sizeof(float));
+                buf[1][v] = calloc(cnt, sizeof(float));
+            }
+            fill(buf[0][0], (size_t)m * k, -1, 1);
+            memcpy(buf[1][0], buf[0][0], (size_t)m * k * sizeof(float));
+            int32_t pos[40] = {0}, tokens[40] = {0};
+            q3_exec e0 = {.g = &g, .buf = buf[0], .tokens = tokens, .n_real = m, .pos = pos};
+            q3_exec e1 = e0;
+            e1.buf = buf[1];
+            const q3_backend *b = units[1]->b;
+            for (int i = 0; i < 3; i++) CHECK(b->run(units[1]->impl, &e0, &ops[i]) == Q3_OK, "run: %s", q3_last_error());
+            uint64_t jobs0 = q3_cpu_unit_stats(units[1]).pool_jobs;
+            int ran = 0;
+            CHECK(b->run_many(units[1]->impl, &e1, ops, 3, &ran) == Q3_OK, "run_many: %s", q3_last_error());
+            uint64_t jobs = q3_cpu_unit_stats(units[1]).pool_jobs - jobs0;
+            bool pool = units[1]->n_threads > 1;
+            CHECK(ran == (pool ? 3 : 1), "[%s] %s m=%d: run_many ran %d ops, want gate, up and SwiGLU", isa,
+                  q3_dtype_name(ts[ti]), m, ran);
+            CHECK(jobs == (pool ? 1u : 0u), "[%s] m=%d: %llu pool jobs for gate, up and SwiGLU", isa, m,
+                  (unsigned long long)jobs);
+            for (int i = ran; i < 3; i++) /* the rest op by op */
+                CHECK(b->run(units[1]->impl, &e1, &ops[i]) == Q3_OK, "run: %s", q3_last_error());
+            CHECK(!memcmp(buf[0][1], buf[1][1], (size_t)m * n * sizeof(float)),
+                  "[%s] %s m=%d: gate/up/SwiGLU fused differs from op by op", isa, q3_dtype_name(ts[ti]), m);
+            for (int v = 0; v < 3; v++) {
+                free(buf[0][v]);
+                free(buf[1][v]);
+            }
+            free((void *)w[0].data);
+            free((void *)w[1].data);
+        }
+}
+
 static void test_matmul_group(const char *isa)
 {
     static const int ns[4] = {600, 520, 530, 520};
@@ -749,6 +821,7 @@ int main(void)
         }
         test_matmul(isas[i]);
         test_matmul_group(isas[i]);
+        test_swiglu_fused(isas[i]);
         test_attention(isas[i]);
         test_decode_batch(isas[i]);
         test_kv_append(isas[i]);

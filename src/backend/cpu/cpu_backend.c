@@ -356,9 +356,31 @@ typedef struct mm_job {
     mm_part part[MM_GROUP_MAX];
     int n_parts;
     int *prepared; /* [nth] the part whose prepared activations a thread's scratch holds (-1: none) */
+    /* SwiGLU fused in: parts 0 (gate) and 1 (up) of the same shape, item i
+       makes outputs range i of both, then gate = silu(gate) * up on it */
+    bool swiglu;
 } mm_job;
 
 static void mm_begin(void *ctx, int ith) { ((mm_job *)ctx)->prepared[ith] = -1; }
+
+/* Item of a fused gate/up/SwiGLU job: both matmuls' outputs [o0, o1) (the
+ * same kernels over the same input: prepared once), then the SwiGLU of those
+ * columns of every row, by the op's own elementwise kernel (per value, so a
+ * slice of a row gets the bits the whole row would). */
+static void swiglu_item(mm_job *j, int item, int ith)
+{
+    const mm_part *g = &j->part[0], *up = &j->part[1];
+    void *scratch = j->u->scratch[ith].p;
+    if (j->prepared[ith] < 0) g->k->prepare(&g->mm, scratch);
+    j->prepared[ith] = 0;
+    int o0 = item * g->item, o1 = o0 + g->item < g->mm.n ? o0 + g->item : g->mm.n;
+    g->k->range(&g->mm, scratch, o0, o1);
+    up->k->range(&up->mm, scratch, o0, o1);
+    for (int r = 0; r < g->mm.m; r++) {
+        float *gr = g->mm.y + (size_t)r * g->mm.ldy + o0;
+        j->u->isa->ew->swiglu(gr, up->mm.y + (size_t)r * up->mm.ldy + o0, gr, (size_t)(o1 - o0));
+    }
+}
 
 /* Items are claimed in increasing order, so a thread meets each part at most
  * once in a row; it prepares (rounds or quantizes the shared input) again
@@ -366,6 +388,10 @@ static void mm_begin(void *ctx, int ith) { ((mm_job *)ctx)->prepared[ith] = -1; 
 static void mm_item(void *ctx, int item, int ith)
 {
     mm_job *j = ctx;
+    if (j->swiglu) {
+        swiglu_item(j, item, ith);
+        return;
+    }
     int p = 0;
     while (p + 1 < j->n_parts && j->part[p + 1].item0 <= item) p++;
     const mm_part *t = &j->part[p];
@@ -497,6 +523,14 @@ static bool mm_joins(const q3_exec *e, const q3_op *a, const q3_op *b)
            live_rows(e, b->in[0]) == live_rows(e, a->in[0]);
 }
 
+/* Whether c is the SwiGLU of a's and b's outputs written over a's, of the
+ * same rows and width: what the layer's gate, up and SwiGLU are. */
+static bool swiglu_joins(const q3_exec *e, const q3_op *a, const q3_op *b, const q3_op *c)
+{
+    return c->kind == Q3_OP_SWIGLU && c->in[0] == a->out && c->in[1] == b->out && c->out == a->out &&
+           e->g->values[a->out].cols == e->g->values[b->out].cols && live_rows(e, c->in[0]) == live_rows(e, a->in[0]);
+}
+
 /* ops[0], a MATMUL, and the matmuls right after it over the same input (at
  * most n in all) as one pool job; *ran = how many. Each output is what the
  * op alone gives: the same kernel over the same row. */
@@ -518,6 +552,15 @@ static q3_status run_matmuls(cpu_unit *u, const q3_exec *e, const q3_op *ops, in
         items += t->n_items;
         j.n_parts++;
         (*ran)++;
+    }
+    /* a gate and an up matmul of one shape followed by their SwiGLU (into the
+       gate's output): the SwiGLU joins the job */
+    if (j.n_parts == 2 && *ran == 2 && n > 2 && swiglu_joins(e, &ops[0], &ops[1], &ops[2]) &&
+        j.part[0].k == j.part[1].k && j.part[0].mm.wtype == j.part[1].mm.wtype && j.part[0].mm.n == j.part[1].mm.n &&
+        j.part[0].item == j.part[1].item) {
+        j.swiglu = true;
+        items = j.part[0].n_items;
+        *ran = 3;
     }
     q3_pool_job job = {.begin = mm_begin, .item = mm_item, .ctx = &j, .n_items = items};
     if (small) {
