@@ -401,7 +401,9 @@ static void test_matmul_group(const char *isa)
 
 static void test_attention(const char *isa)
 {
-    static const int shapes[][3] = {{4, 2, 8}, {2, 2, 20}, {8, 2, 64}, {16, 8, 128}, {6, 3, 36}, {6, 3, 32}};
+    /* query heads per KV head (GQA group): 1, 2, 4, 8 (the larger Qwen3s), 16 */
+    static const int shapes[][3] = {{4, 2, 8},  {2, 2, 20},   {8, 2, 64}, {16, 8, 128},
+                                    {6, 3, 36}, {6, 3, 32},   {16, 2, 64}, {16, 1, 32}};
     /* pos, rows: inside the first 256-key super-block, straddling it, and deep (several) */
     static const int cases[][2] = {{0, 1}, {0, 7}, {3, 5}, {17, 16}, {40, 33}, {250, 20}, {520, 9}, {700, 40}};
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
@@ -490,9 +492,11 @@ static void test_decode_batch(const char *isa)
 {
     enum { B = 6 };
     static const int lens[B] = {1, 17, 300, 5, 256, 530};
-    for (size_t kt = 0; kt < N_KVTYPES; kt++) {
-        q3_dtype kvt = kvtypes[kt];
-        q3_config cfg = {.n_layers = 2, .dim = 64, .ffn_dim = 96, .n_heads = 8, .n_kv_heads = 2,
+    static const int group[] = {4, 8}; /* query heads per KV head */
+    for (size_t kt = 0; kt < N_KVTYPES * 2; kt++) {
+        q3_dtype kvt = kvtypes[kt % N_KVTYPES];
+        int G = group[kt / N_KVTYPES];
+        q3_config cfg = {.n_layers = 2, .dim = 64, .ffn_dim = 96, .n_heads = 2 * G, .n_kv_heads = 2,
                          .head_dim = kvt == Q3_Q8_0 ? 64 : 36,
                          .vocab_size = 300, .max_seq_len = 4096, .rms_eps = 1e-6f, .rope_theta = 1e6f};
         int kv_dim = cfg.n_kv_heads * cfg.head_dim, qd = cfg.n_heads * cfg.head_dim;
@@ -555,7 +559,8 @@ static void test_decode_batch(const char *isa)
             double d = fabs((double)buf[3][i] - ref_buf[3][i]) / (2e-6 + 2e-5 * fabs(ref_buf[3][i]));
             if (!(d <= worst)) worst = d;
         }
-        CHECK(worst <= 1, "[%s] batched decode attention %s: error %.3g of tolerance", isa, q3_dtype_name(kvt), worst);
+        CHECK(worst <= 1, "[%s] batched decode attention %s, GQA %d: error %.3g of tolerance", isa, q3_dtype_name(kvt), G,
+              worst);
         /* each row alone */
         int differ = 0;
         q3_value one[4] = {{.rows = 1, .cols = kv_dim}, {.rows = 1, .cols = kv_dim}, {.rows = 1, .cols = qd},
@@ -570,8 +575,8 @@ static void test_decode_batch(const char *isa)
             differ += memcmp(ob, buf[3] + (size_t)b * qd, (size_t)qd * sizeof(float)) != 0;
             free(ob);
         }
-        CHECK(differ == 0, "[%s] batched decode attention %s: %d rows differ from the row alone", isa,
-              q3_dtype_name(kvt), differ);
+        CHECK(differ == 0, "[%s] batched decode attention %s, GQA %d: %d rows differ from the row alone", isa,
+              q3_dtype_name(kvt), G, differ);
         for (int v = 0; v < 4; v++) {
             free(init[v]);
             free(buf[v]);

@@ -171,10 +171,12 @@ Q3_INLINE __m512 row16(const q3_cpu_attn *a, const char *row, int c)
 }
 
 /* Where a block's keys (or values) come from: staged, F32 rows of hdp values
- * in scratch (load_rows), or, with a few queries per KV head (decode: 2 for
- * Qwen3-0.6B), where converting the rows in scratch costs more than the dot
- * products that use them, "direct": each 16-value chunk converted in
- * registers where it is used (row16: the same F32 values load_rows stores).
+ * in scratch (load_rows: a prefill chunk's many queries per KV head), or in
+ * decode (one GQA group of query heads per KV head: 2 for Qwen3-0.6B, 8 for
+ * the larger Qwen3s), where converting and storing the rows costs more than
+ * the dot products that use them, "direct": each 16-value chunk read in
+ * place, in the cache's type, and converted in registers where it is used
+ * (row16: the same F32 values load_rows stores), for the whole group at once.
  * Either way the same FMAs in the same order: the same bits. */
 typedef struct block_rows {
     const float *staged;                       /* staged: [KEY_BLOCK][hdp], rows >= nb zero */
@@ -190,35 +192,48 @@ Q3_INLINE __m512 chunk16(const int direct, const block_rows *src, int j, int c, 
     return j < src->nb ? row16(src->a, src->rows[j] + src->off, c) : _mm512_setzero_ps();
 }
 
-/* Scores of the QT queries from q0 against the block's 16 keys, 4 keys at a
- * time: for each (query, key), acc = fma(q'[c], k[c], acc) over the chunks c
- * in order, then q3_reduce4; p[q][j] = the score (0 for keys j >= nb: masked
- * by the caller). */
-Q3_INLINE void scores(const int direct, const int QT, head_ws *h, const block_rows *keys, int q0, int hdp)
+/* Scores of the QT queries from q0 against the block's 16 keys, KT keys at a
+ * time (QT x KT <= 16 accumulators: 2 or 4 queries x 4 keys, or 8 x 2, so
+ * that a direct key chunk converted in registers serves a whole GQA group of
+ * up to 8 query heads): for each (query, key), acc = fma(q'[c], k[c], acc)
+ * over the chunks c in order, then its lanes summed by q3_reduce4's tree
+ * (which sums each of its 4 inputs alike: the grouping changes no bits);
+ * p[q][j] = the score (0 for keys j >= nb: masked by the caller). */
+Q3_INLINE void scores(const int direct, const int QT, const int KT, head_ws *h, const block_rows *keys, int q0, int hdp)
 {
-    for (int j0 = 0; j0 < KEY_BLOCK; j0 += 4) {
-        __m512 acc[4][4];
-#pragma GCC unroll 4
+    for (int j0 = 0; j0 < KEY_BLOCK; j0 += KT) {
+        __m512 acc[8][4];
+#pragma GCC unroll 8
         for (int i = 0; i < QT; i++)
 #pragma GCC unroll 4
-            for (int j = 0; j < 4; j++) acc[i][j] = _mm512_setzero_ps();
+            for (int j = 0; j < KT; j++) acc[i][j] = _mm512_setzero_ps();
         const float *q = h->qr + (size_t)q0 * hdp;
         if (j0 < keys->nb) {
             for (int c = 0; c < hdp; c += 16) {
                 __m512 kv[4];
 #pragma GCC unroll 4
-                for (int j = 0; j < 4; j++) kv[j] = chunk16(direct, keys, j0 + j, c, hdp);
-#pragma GCC unroll 4
+                for (int j = 0; j < KT; j++) kv[j] = chunk16(direct, keys, j0 + j, c, hdp);
+#pragma GCC unroll 8
                 for (int i = 0; i < QT; i++) {
                     __m512 qv = _mm512_load_ps(q + (size_t)i * hdp + c);
 #pragma GCC unroll 4
-                    for (int j = 0; j < 4; j++) acc[i][j] = _mm512_fmadd_ps(qv, kv[j], acc[i][j]);
+                    for (int j = 0; j < KT; j++) acc[i][j] = _mm512_fmadd_ps(qv, kv[j], acc[i][j]);
                 }
             }
         }
+        float *p = h->p + (size_t)q0 * KEY_BLOCK + j0;
+        if (KT == 4) {
+#pragma GCC unroll 8
+            for (int i = 0; i < QT; i++)
+                _mm_store_ps(p + (size_t)i * KEY_BLOCK, q3_reduce4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]));
+        } else { /* two queries' two keys a reduction */
 #pragma GCC unroll 4
-        for (int i = 0; i < QT; i++)
-            _mm_store_ps(h->p + (size_t)(q0 + i) * KEY_BLOCK + j0, q3_reduce4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]));
+            for (int i = 0; i < QT; i += 2) {
+                __m128 r = q3_reduce4(acc[i][0], acc[i][1], acc[i + 1][0], acc[i + 1][1]);
+                _mm_storel_pi((__m64 *)(p + (size_t)i * KEY_BLOCK), r);
+                _mm_storeh_pi((__m64 *)(p + (size_t)(i + 1) * KEY_BLOCK), r);
+            }
+        }
     }
 }
 
@@ -251,12 +266,21 @@ Q3_INLINE void pv_update(const int direct, const int QG, head_ws *h, const block
         else CALL(16, q0);                                                                                         \
     }
 
-/* Calls CALL(QT, q0) over the nqp (padded) queries in groups of QT (2 or 4). */
-#define FOR_SCORE_GROUPS(nqp, CALL)                                                                               \
-    for (int q0 = 0; q0 < (nqp); q0 += 4) {                                                                        \
-        if ((nqp) == 2) CALL(2, q0);                                                                               \
-        else CALL(4, q0);                                                                                          \
+/* Calls CALL(QT, KT, q0) over the nqp (padded) queries in groups of QT:
+ * staged keys 4 queries x 4 keys at a time, direct ones 8 x 2 (each key
+ * chunk converted once for 8 queries). */
+#define FOR_SCORE_GROUPS(direct, nqp, CALL)                                                                       \
+    for (int q0 = 0; q0 < (nqp); q0 += (direct) && (nqp) >= 8 ? 8 : 4) {                                           \
+        if ((nqp) == 2) CALL(2, 4, q0);                                                                            \
+        else if ((nqp) == 4 || !(direct)) CALL(4, 4, q0);                                                          \
+        else CALL(8, 2, q0);                                                                                       \
     }
+
+/* Whether a run reads its keys and values direct (converted in registers
+ * where they are used) rather than staged as F32 rows: a decode run (a query
+ * head group of up to 16, e.g. 2 for Qwen3-0.6B, 8 for the larger Qwen3s),
+ * or a prefill run of at most 4 queries per KV head. */
+static bool reads_direct(const q3_cpu_attn *a, int nqp) { return nqp <= 4 || (!a->k_chunk && nqp <= 16); }
 
 /* One block of nb keys from t0 for one head's queries. */
 static void block_update(const q3_cpu_attn *a, attn_ws *w, head_ws *h, const char *const *krows,
@@ -264,16 +288,17 @@ static void block_update(const q3_cpu_attn *a, attn_ws *w, head_ws *h, const cha
 {
     const int hd = a->head_dim, hdp = padded_hd(hd), nqp = w->nqp;
     const size_t off = (size_t)h->kvh * q3_cpu_attn_head_bytes(a);
-    const bool direct = nqp <= 4; /* decode: rows read where they lie */
+    const bool direct = reads_direct(a, nqp);
     block_rows keys = {.staged = w->kb, .a = a, .rows = krows, .off = off, .nb = nb};
     block_rows vals = {.staged = w->vb, .a = a, .rows = vrows, .off = off, .nb = nb};
     if (direct) {
-        if (nqp == 2) scores(1, 2, h, &keys, 0, hdp);
-        else scores(1, 4, h, &keys, 0, hdp);
+#define SCORES(QT, KT, q0) scores(1, QT, KT, h, &keys, q0, hdp)
+        FOR_SCORE_GROUPS(1, nqp, SCORES)
+#undef SCORES
     } else {
         load_rows(a, krows, off, nb, w->kb, hdp);
-#define SCORES(QT, q0) scores(0, QT, h, &keys, q0, hdp)
-        FOR_SCORE_GROUPS(nqp, SCORES)
+#define SCORES(QT, KT, q0) scores(0, QT, KT, h, &keys, q0, hdp)
+        FOR_SCORE_GROUPS(0, nqp, SCORES)
 #undef SCORES
     }
     for (int i = 0; i < nqp; i++) {
@@ -296,8 +321,9 @@ static void block_update(const q3_cpu_attn *a, attn_ws *w, head_ws *h, const cha
         h->corr[i] = corr;
     }
     if (direct) {
-        if (nqp == 2) pv_update(1, 2, h, &vals, 0, hdp);
-        else pv_update(1, 4, h, &vals, 0, hdp);
+#define PV(QG, q0) pv_update(1, QG, h, &vals, q0, hdp)
+        FOR_QUERY_GROUPS(nqp, PV)
+#undef PV
         return;
     }
     load_rows(a, vrows, off, nb, w->vb, hdp);

@@ -807,7 +807,13 @@ static q3_status run_decode_attention(cpu_unit *u, const q3_exec *e, const q3_op
     if (grow(&u->attn_rows, (size_t)n * sizeof(dec_row))) return no_scratch(op, (size_t)n * sizeof(dec_row));
     dec_row *rows = u->attn_rows.p;
     size_t scratch = 0, n_parts = 0, stride = k->super_block ? k->part_stride(proto) : 0;
-    int items = 0;
+    int items = 0, all_sb = 0;
+    for (int r = 0; r < n && k->super_block; r++) all_sb += (e->pos[r] + 1 + k->super_block - 1) / k->super_block;
+    /* KV heads grouped so that each item reads whole cache rows (a head's
+       slices of a row stream at about half the speed) when the step's rows
+       hold super-blocks enough to go round, counted over all its rows */
+    int groups = all_sb ? (4 * u->nth + all_sb - 1) / all_sb : 1;
+    groups = groups < 1 ? 1 : groups > c->n_kv_heads ? c->n_kv_heads : groups;
     for (int r = 0; r < n; r++) {
         dec_row *d = &rows[r];
         d->a = *proto;
@@ -817,11 +823,8 @@ static q3_status run_decode_attention(cpu_unit *u, const q3_exec *e, const q3_op
         attn_cache(&d->a, kv, e->table[r], op->layer);
         d->item0 = items;
         if (k->super_block) {
-            /* super-blocks over threads; KV heads grouped so that each item reads
-               whole rows when there are super-blocks enough to go round */
+            /* super-blocks over threads, KV heads in groups */
             d->n_sb = (d->a.n_cached + k->super_block - 1) / k->super_block;
-            int groups = (4 * u->nth + d->n_sb - 1) / d->n_sb;
-            groups = groups < 1 ? 1 : groups > c->n_kv_heads ? c->n_kv_heads : groups;
             d->heads_per_item = (c->n_kv_heads + groups - 1) / groups;
             d->n_groups = (c->n_kv_heads + d->heads_per_item - 1) / d->heads_per_item;
             items += d->n_sb * d->n_groups;
