@@ -44,6 +44,15 @@ __attribute__((unused)) static void test_skip_add(const char *why)
     snprintf(test_skip_why + n, sizeof test_skip_why - n, "%s%s", n ? "; " : "", why);
 }
 
+/* The q3 program under test: $Q3_BIN, else $BUILD/q3 (default build/q3). */
+__attribute__((unused)) static const char *q3_bin(void)
+{
+    static char path[512];
+    if (getenv("Q3_BIN")) return getenv("Q3_BIN");
+    snprintf(path, sizeof path, "./%s/q3", getenv("BUILD") ? getenv("BUILD") : "build");
+    return path;
+}
+
 /* Records that part of the suite did not run: SKIP("cuda: device absent").
  * The reason starts with what was skipped, then a colon. */
 __attribute__((format(printf, 1, 2), unused)) static void test_skip(const char *fmt, ...)

@@ -13,13 +13,12 @@
 #include "temps.h"
 #include "test.h"
 
-static char q3_bin[256];
 
 /* Runs a q3 command line, returns stdout (caller frees) and the exit status. */
 static char *run(const char *args, int *status)
 {
     char cmd[1024];
-    snprintf(cmd, sizeof cmd, "%s %s 2>/dev/null", q3_bin, args);
+    snprintf(cmd, sizeof cmd, "%s %s 2>/dev/null", q3_bin(), args);
     FILE *f = popen(cmd, "r");
     size_t cap = 1 << 16, n = 0;
     char *out = malloc(cap);
@@ -200,7 +199,6 @@ static void moe(const cJSON *probe_schema, const cJSON *bench_schema, const cJSO
 
 int main(void)
 {
-    snprintf(q3_bin, sizeof q3_bin, "./%s/q3", getenv("BUILD") ? getenv("BUILD") : "build");
     cJSON *bench_schema = load_schema("docs/bench.schema.json"), *probe_schema = load_schema("docs/probe.schema.json");
     CHECK(bench_schema && probe_schema, "schemas parse");
     if (!bench_schema || !probe_schema) TEST_DONE();

@@ -18,14 +18,6 @@
 #define E2E TEST_DATA "/golden/e2e"
 #define TINY TEST_DATA "/golden/tiny"
 
-static const char *q3_bin(void)
-{
-    static char path[512];
-    if (getenv("Q3_BIN")) return getenv("Q3_BIN");
-    snprintf(path, sizeof path, "./%s/q3", getenv("BUILD") ? getenv("BUILD") : "build");
-    return path;
-}
-
 /* Runs the shell command made from fmt; returns the exit status (-1: killed);
  * *out: what it printed (stdout, plus stderr when `err` is set), static. */
 static char outbuf[1 << 17];

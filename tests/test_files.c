@@ -29,7 +29,6 @@
 #define GOLDEN TEST_DATA "/golden"
 
 static char work[512]; /* this run's scratch folder */
-static char q3_bin[128];
 
 /* work/name, the same string for the same name for the whole run (interned). */
 static char *interned[256];
@@ -170,7 +169,7 @@ static void child_start(child *c)
         signal(SIGHUP, SIG_DFL);
         signal(SIGINT, SIG_DFL);
         signal(SIGTERM, SIG_DFL);
-        execv(q3_bin, (char *const *)c->argv);
+        execv(q3_bin(), (char *const *)c->argv);
         _exit(127);
     }
     if (c->stdin_pipe) {
@@ -202,7 +201,7 @@ static int child_wait(child *c, double timeout_s)
 /* Runs q3 with the given arguments (NULL-terminated), waits up to 120 s. */
 static int run_q3(child *c)
 {
-    c->argv[0] = q3_bin;
+    c->argv[0] = q3_bin();
     child_start(c);
     return child_wait(c, 120);
 }
@@ -468,9 +467,9 @@ static void test_cli_concurrent_convert(void)
     for (int round = 0; round < 3; round++) {
         char out[512];
         snprintf(out, sizeof out, "%s", in_work("cc/out.gguf"));
-        child a = {.argv = {q3_bin, "convert", GOLDEN "/small", "-o", out, "--type", "f32", "--no-tokenizer",
+        child a = {.argv = {q3_bin(), "convert", GOLDEN "/small", "-o", out, "--type", "f32", "--no-tokenizer",
                             "--quiet", NULL}};
-        child b = {.argv = {q3_bin, "convert", GOLDEN "/small", "-o", out, "--type", "q8_0", "--no-tokenizer",
+        child b = {.argv = {q3_bin(), "convert", GOLDEN "/small", "-o", out, "--type", "q8_0", "--no-tokenizer",
                             "--quiet", NULL},
                    .stdout_path = in_work("cc/b.stdout")};
         child_start(&a);
@@ -489,7 +488,7 @@ static void test_cli_closed_stderr(void)
     fresh_dir("fd");
     /* chat waits on stdin once the model is loaded: look at its descriptor 2 then */
     child c = {.argv = {NULL, "chat", "-m", GOLDEN "/e2e", "-n", "1", NULL}, .stdin_pipe = 1, .close_stderr = 1};
-    c.argv[0] = q3_bin;
+    c.argv[0] = q3_bin();
     child_start(&c);
     char proc[64], link[512] = "";
     int mapped = 0;
@@ -516,7 +515,7 @@ static void test_cli_closed_stderr(void)
         fresh_dir("fd/run");
         char out[512];
         snprintf(out, sizeof out, "%s", in_work("fd/run/out.gguf"));
-        child cv = {.argv = {q3_bin, "convert", GOLDEN "/e2e", "-o", out, "--type", "q4_0", NULL},
+        child cv = {.argv = {q3_bin(), "convert", GOLDEN "/e2e", "-o", out, "--type", "q4_0", NULL},
                     .close_stderr = 1};
         child_start(&cv);
         for (int i = 0; i < 20000 && !stopped; i++) {
@@ -552,7 +551,7 @@ static void test_cli_signals_and_output_checks(void)
         int caught = 0;
         for (int attempt = 0; attempt < 5 && !caught; attempt++) {
             fresh_dir("sig");
-            child cv = {.argv = {q3_bin, "convert", GOLDEN "/e2e", "-o", in_work("sig/out.gguf"), "--type",
+            child cv = {.argv = {q3_bin(), "convert", GOLDEN "/e2e", "-o", in_work("sig/out.gguf"), "--type",
                                  "f32", "--quiet", NULL}};
             child_start(&cv);
             int st = 0, done = 0;
@@ -672,7 +671,7 @@ static void test_cli_truncated_model(void)
         CHECK(symlink(target, in_work(name)) == 0, "link %s", links[i]);
     }
     child c = {.argv = {NULL, "chat", "-m", in_work("trunc"), "-n", "4", "--temp", "0", NULL}, .stdin_pipe = 1};
-    c.argv[0] = q3_bin;
+    c.argv[0] = q3_bin();
     child_start(&c);
     int mapped = 0;
     for (int i = 0; i < 3000 && !mapped; i++) {
@@ -699,7 +698,7 @@ static void test_cli_special_inputs(void)
     CHECK(mkfifo(fifo, 0644) == 0, "mkfifo");
     /* each would block forever in open() before; 20 s is ample */
     child m = {.argv = {NULL, "run", "-m", GOLDEN "/e2e", "--messages", fifo, "-n", "1", NULL}};
-    m.argv[0] = q3_bin;
+    m.argv[0] = q3_bin();
     child_start(&m);
     int st = child_wait(&m, 20);
     char *err = child_stderr();
@@ -707,7 +706,7 @@ static void test_cli_special_inputs(void)
     CHECK_CONTAINS(err, "is a FIFO");
     free(err);
     child t = {.argv = {NULL, "tokenize", "--tokenizer", fifo, NULL}, .stdin_path = GOLDEN "/e2e/config.json"};
-    t.argv[0] = q3_bin;
+    t.argv[0] = q3_bin();
     child_start(&t);
     st = child_wait(&t, 20);
     err = child_stderr();
@@ -715,7 +714,7 @@ static void test_cli_special_inputs(void)
     CHECK_CONTAINS(err, "is a FIFO");
     free(err);
     child rt = {.argv = {NULL, "run", "-m", GOLDEN "/tiny", "--tokenizer", fifo, "-p", "hi", NULL}};
-    rt.argv[0] = q3_bin;
+    rt.argv[0] = q3_bin();
     child_start(&rt);
     st = child_wait(&rt, 20);
     err = child_stderr();
@@ -736,7 +735,7 @@ static void test_cli_special_inputs(void)
     }
     CHECK(mkfifo(in_work("tcfg/tokenizer_config.json"), 0644) == 0, "FIFO as tokenizer_config.json");
     child tc = {.argv = {NULL, "run", "-m", in_work("tcfg"), "-p", "hi", "-n", "1", NULL}};
-    tc.argv[0] = q3_bin;
+    tc.argv[0] = q3_bin();
     child_start(&tc);
     st = child_wait(&tc, 30);
     err = child_stderr();
@@ -744,7 +743,7 @@ static void test_cli_special_inputs(void)
     CHECK_CONTAINS(err, "tokenizer_config.json: is a FIFO");
     free(err);
     child cv = {.argv = {NULL, "convert", in_work("tcfg"), "-o", in_work("fifo/x.gguf"), "--quiet", NULL}};
-    cv.argv[0] = q3_bin;
+    cv.argv[0] = q3_bin();
     child_start(&cv);
     st = child_wait(&cv, 30);
     err = child_stderr();
@@ -764,7 +763,7 @@ static void test_cli_special_inputs(void)
     };
     for (size_t i = 0; i < sizeof models / sizeof models[0]; i++) {
         child c = {.argv = {NULL, "info", "-m", models[i].model, NULL}};
-        c.argv[0] = q3_bin;
+        c.argv[0] = q3_bin();
         child_start(&c);
         st = child_wait(&c, 20);
         err = child_stderr();
@@ -776,7 +775,6 @@ static void test_cli_special_inputs(void)
 
 int main(void)
 {
-    snprintf(q3_bin, sizeof q3_bin, "./%s/q3", getenv("BUILD") ? getenv("BUILD") : "build");
     snprintf(work, sizeof work, "%s", test_tmpdir());
     test_outfile();
     test_two_writers();

@@ -14,14 +14,6 @@
 #define GBNF TEST_DATA "/gbnf"
 #define TOKENIZER TEST_DATA "/golden/e2e/tokenizer.json"
 
-static const char *q3_bin(void)
-{
-    static char path[512];
-    if (getenv("Q3_BIN")) return getenv("Q3_BIN");
-    snprintf(path, sizeof path, "./%s/q3", getenv("BUILD") ? getenv("BUILD") : "build");
-    return path;
-}
-
 static const struct {
     const char *grammar; /* a file of tests/data/gbnf */
     const char *text;

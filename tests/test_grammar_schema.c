@@ -314,6 +314,26 @@ static void test_regex_choice_tool(void)
     }
 }
 
+/* The first trie rank where masks a and b differ; -1 if none. */
+static int32_t first_difference(const gvocab *v, const uint64_t *a, const uint64_t *b)
+{
+    for (int32_t r = 0; r < v->n_trie_ranks; r++)
+        if ((a[r >> 6] ^ b[r >> 6]) >> (r & 63) & 1) return r;
+    return -1;
+}
+
+/* Accepts a random token the mask allows (no end token; allowed: scratch of
+ * n_ids). 1: none allowed; -1: the matcher refused it; 0: accepted. */
+static int random_step(q3_matcher *m, const gvocab *v, const uint64_t *mask, int32_t *allowed, uint64_t *seed)
+{
+    int n = 0;
+    for (int32_t id = 0; id < v->n_ids; id++)
+        if (mask[v->rank_of[id] >> 6] >> (v->rank_of[id] & 63) & 1 && id != v->eot && id != v->eos) allowed[n++] = id;
+    if (!n) return 1;
+    *seed = *seed * 6364136223846793005ull + 1442695040888963407ull;
+    return q3_matcher_accept(m, allowed[(*seed >> 33) % (uint64_t)n]) ? -1 : 0;
+}
+
 /* The oracle on schema-made grammars. */
 static int oracle_walk(q3_grammar *G, uint64_t seed, int steps)
 {
@@ -329,18 +349,10 @@ static int oracle_walk(q3_grammar *G, uint64_t seed, int steps)
             bad++;
             break;
         }
-        for (int32_t r = 0; r < v->n_trie_ranks; r++)
-            if ((mask[r >> 6] ^ brute[r >> 6]) >> (r & 63) & 1) {
-                bad++;
-                break;
-            }
-        int n = 0;
-        for (int32_t id = 0; id < v->n_ids; id++)
-            if (mask[v->rank_of[id] >> 6] >> (v->rank_of[id] & 63) & 1 && id != v->eot && id != v->eos) allowed[n++] = id;
-        if (!n) break;
-        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
-        if (q3_matcher_accept(m, allowed[(seed >> 33) % (uint64_t)n])) {
-            bad++;
+        bad += first_difference(v, mask, brute) >= 0;
+        int st = random_step(m, v, mask, allowed, &seed);
+        if (st) {
+            bad += st < 0;
             break;
         }
     }
@@ -364,12 +376,12 @@ static int oracle_at(q3_grammar *G, const char *prefix)
     if (q3_matcher_accept_bytes(m, prefix, strlen(prefix), &ok) || matcher_rank_mask(m, &mask) ||
         mask_brute(&m->r, v, m->state, brute))
         bad = 1;
-    for (int32_t r = 0; !bad && r < v->n_trie_ranks; r++)
-        if ((mask[r >> 6] ^ brute[r >> 6]) >> (r & 63) & 1) {
-            fprintf(stderr, "after '%s': token %d: mask %d, oracle %d\n", prefix, v->id_of_rank[r],
-                    (int)(mask[r >> 6] >> (r & 63) & 1), (int)(brute[r >> 6] >> (r & 63) & 1));
-            bad = 1;
-        }
+    int32_t r = bad ? -1 : first_difference(v, mask, brute);
+    if (r >= 0) {
+        fprintf(stderr, "after '%s': token %d: mask %d, oracle %d\n", prefix, v->id_of_rank[r],
+                (int)(mask[r >> 6] >> (r & 63) & 1), (int)(brute[r >> 6] >> (r & 63) & 1));
+        bad = 1;
+    }
     free(brute);
     q3_matcher_free(m);
     return bad;
@@ -397,26 +409,14 @@ static int cache_walk(q3_grammar *G, uint64_t seed, int steps)
             bad++;
             break;
         }
-        for (int32_t r = 0; r < v->n_trie_ranks; r++)
-            if ((mask[r >> 6] ^ fresh[r >> 6]) >> (r & 63) & 1) {
-                bad++;
-                break;
-            }
+        bad += first_difference(v, mask, fresh) >= 0;
         if (s % 16 == 15) {
             if (mask_brute(&m->r, v, m->state, brute)) bad++;
-            for (int32_t r = 0; r < v->n_trie_ranks; r++)
-                if ((mask[r >> 6] ^ brute[r >> 6]) >> (r & 63) & 1) {
-                    bad++;
-                    break;
-                }
+            bad += first_difference(v, mask, brute) >= 0;
         }
-        int n = 0;
-        for (int32_t id = 0; id < v->n_ids; id++)
-            if (mask[v->rank_of[id] >> 6] >> (v->rank_of[id] & 63) & 1 && id != v->eot && id != v->eos) allowed[n++] = id;
-        if (!n) break;
-        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
-        if (q3_matcher_accept(m, allowed[(seed >> 33) % (uint64_t)n])) {
-            bad++;
+        int st = random_step(m, v, mask, allowed, &seed);
+        if (st) {
+            bad += st < 0;
             break;
         }
     }

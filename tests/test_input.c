@@ -16,14 +16,6 @@
 
 #define E2E TEST_DATA "/golden/e2e"
 
-static const char *q3_bin(void)
-{
-    static char path[512];
-    if (getenv("Q3_BIN")) return getenv("Q3_BIN");
-    snprintf(path, sizeof path, "./%s/q3", getenv("BUILD") ? getenv("BUILD") : "build");
-    return path;
-}
-
 /* Runs the shell command made from fmt (its %s: the q3 binary)
  * and returns its exit status (-1: killed); *out receives
  * stdout and stderr (static, valid until the next call). */
