@@ -32,6 +32,12 @@ static inline int subset(const gclass *a, const gclass *b)
  * left fits. Looking as far as the longest token (128 bytes) made the first
  * mask inside a maxLength string make that many counted states at once. */
 #define TEXT_LOOKAHEAD 32
+/* A frame's text budget is computed when a child with at least this many
+ * tokens below it could be allowed whole by it: finding the budget of a new
+ * state costs about as much as walking a few hundred trie nodes (every byte of
+ * every UTF-8 character from it), and most frames of a walk are small
+ * subtrees, where the walk is cheaper. */
+#define TEXT_LAZY_MIN 64
 
 /* ---- JSON string text -----------------------------------------------------------
  * Where the next characters may be any JSON string text (UTF-8 but controls,
@@ -41,7 +47,7 @@ static inline int subset(const gclass *a, const gclass *b)
  * walking a UTF-8 automaton beside the recognizer (every byte of every such
  * character must keep a stack alive and every character end on the same state);
  * text_budget follows it to count how many characters may come. Then a subtree
- * whose tokens go on with such text alone (vocab.h's uok), and with no more
+ * whose tokens go on with such text alone (gkid's uok), and with no more
  * bytes than the budget, is allowed whole, as one range of ranks. A token may
  * end inside a character: the character it began is alive (every byte of every
  * character keeps a stack alive) and counted (a token's bytes are at least the
@@ -56,10 +62,14 @@ static int text_next(rec *r, int s)
     xs[0] = s;
     qs[0] = U_B;
     for (int k = 0; k < n && ok; k++) {
+        int pt = REC_UNKNOWN, pq = -1; /* the last byte's: the next bytes mostly repeat it */
         for (unsigned b = 0; b < 256 && ok; b++) {
             int q = utf8_text_next(qs[k], b);
             if (q < 0) continue;
             int t = rec_next(r, xs[k], b);
+            if (t == pt && q == pq) continue;
+            pt = t;
+            pq = q;
             if (t == REC_ERROR) return REC_ERROR;
             if (t < 0) {
                 ok = 0;
@@ -98,13 +108,17 @@ static int text_closed(rec *r, int s)
         int xs[64], qs[64], n = 1;
         xs[0] = set[j];
         qs[0] = U_B;
-        for (int k = 0; k < n; k++)
+        for (int k = 0; k < n; k++) {
+            int pt = REC_UNKNOWN, pq = -1; /* the last byte's, as in text_next */
             for (unsigned b = 0; b < 256; b++) {
                 int q = utf8_text_next(qs[k], b);
                 if (q < 0) continue;
                 int t = rec_next(r, xs[k], b);
                 if (t == REC_ERROR) return REC_ERROR;
                 if (t < 0) return 0;
+                if (t == pt && q == pq) continue;
+                pt = t;
+                pq = q;
                 int *ys = q == U_B ? set : xs, *n_ys = q == U_B ? &n_set : &n, cap = q == U_B ? CLOSED_MAX : 64;
                 int seen = 0;
                 for (int i = 0; i < *n_ys && !seen; i++) seen = ys[i] == t && (q == U_B || qs[i] == q);
@@ -113,9 +127,33 @@ static int text_closed(rec *r, int s)
                 if (q != U_B) qs[n] = q;
                 ys[(*n_ys)++] = t;
             }
+        }
     }
     for (int j = 0; j < n_set; j++) r->st_budget[set[j]] = INT32_MAX;
     return 1;
+}
+
+/* Whether s holds every stack of a state that each character of text leads
+ * back to (the inside of a free string, beside the keys an object names or
+ * the prefixes of a `pattern`): then no text can kill s (rec_subset). Tries
+ * the states one ASCII character leads to. 1: yes, 0: not found, or REC_ERROR. */
+static int text_holds_loop(rec *r, int s)
+{
+    int tried[8], n_tried = 0;
+    for (unsigned b = 0x20; b < 0x80; b++) {
+        if (utf8_text_next(U_B, b) != U_B) continue;
+        int t = rec_next(r, s, b);
+        if (t < 0) return t == REC_ERROR ? REC_ERROR : 0; /* some text kills s */
+        int seen = 0;
+        for (int i = 0; i < n_tried && !seen; i++) seen = tried[i] == t;
+        if (seen) continue;
+        if (n_tried == 8) return 0;
+        tried[n_tried++] = t;
+        int u = text_next(r, t);
+        if (u == REC_ERROR) return REC_ERROR;
+        if (u == t && rec_subset(r, t, s)) return 1;
+    }
+    return 0;
 }
 
 /* How many characters of text may follow s (INT32_MAX: any number), or
@@ -135,9 +173,10 @@ static int32_t text_budget(rec *r, int s, int enough)
         if (t == REC_ERROR) return REC_ERROR;
         if (t == x) { r->st_budget[x] = base = INT32_MAX; break; }
         if (t == REC_DEAD) { /* not one state: perhaps a set of them that takes any text */
-            int c = text_closed(r, x);
+            int c = text_holds_loop(r, x);
+            if (c == 0) c = text_closed(r, x);
             if (c == REC_ERROR) return REC_ERROR;
-            if (c) { base = INT32_MAX; break; }
+            if (c) { r->st_budget[x] = base = INT32_MAX; break; }
         }
         chain[n++] = x;
         if (t < 0) { base = -1; break; } /* -1: x itself gets 0 below */
@@ -157,34 +196,34 @@ q3_status mask_trie(rec *r, const gvocab *v, int s, uint64_t *mask)
     memset(mask, 0, gvocab_mask_words(v) * sizeof *mask);
     /* a frame: a node whose children are being tried (kids k .. kend), the
        state after its bytes, and how many characters of JSON string text may
-       follow that state */
+       follow that state (REC_UNKNOWN until a child needs it) */
     struct {
         int32_t k, kend, text;
         int state;
     } f[MAX_DEPTH];
-    const int32_t *kid = v->kid, *kid_off = v->kid_off, *tok_rank = v->tok_rank, *rank_lo = v->rank_lo, *end = v->end;
-    const uint8_t *kid_lab = v->kid_lab;
+    const gkid *kids = v->kids;
     int depth = 0;
-    f[0].k = kid_off[0];
-    f[0].kend = kid_off[1];
+    f[0].k = 0;
+    f[0].kend = v->n_root_kids;
     f[0].state = s;
-    f[0].text = text_budget(r, s, TEXT_LOOKAHEAD);
-    if (f[0].text == REC_ERROR) return q3_fail(Q3_ERR_NOMEM, "out of memory");
+    f[0].text = REC_UNKNOWN;
     for (;;) {
         if (f[depth].k == f[depth].kend) {
             if (depth == 0) break;
             depth--;
             continue;
         }
-        int32_t k = f[depth].k++;
-        int32_t i = kid[k];
-        unsigned c = kid_lab[k];
+        const gkid *e = &kids[f[depth].k++];
+        unsigned c = e->lab;
         int S = f[depth].state;
-        if (f[depth].text > 0) {
-            int q = utf8_text_next(U_B, c);
-            if (q >= 0 && (v->uok[i] >> q & 1) && (int32_t)v->below[i] + 1 <= f[depth].text) {
-                /* every token below goes on with text only, and no more of it than may come */
-                set_range(mask, rank_lo[i], rank_lo[end[i]]);
+        int q = utf8_text_next(U_B, c);
+        if (q >= 0 && (e->uok >> q & 1)) { /* every token below goes on with text only */
+            if (f[depth].text == REC_UNKNOWN && e->rank_hi - e->rank_lo >= TEXT_LAZY_MIN) {
+                f[depth].text = text_budget(r, S, TEXT_LOOKAHEAD);
+                if (f[depth].text == REC_ERROR) return q3_fail(Q3_ERR_NOMEM, "out of memory");
+            }
+            if (f[depth].text > 0 && (int32_t)e->below + 1 <= f[depth].text) { /* and no more of it than may come */
+                set_range(mask, e->rank_lo, e->rank_hi);
                 continue;
             }
         }
@@ -196,19 +235,18 @@ q3_status mask_trie(rec *r, const gvocab *v, int s, uint64_t *mask)
         if (T == S) {
             const gclass *loop = rec_loop(r, S);
             if (!loop) return Q3_ERR_NOMEM;
-            if (subset(&v->unions[v->uni[i]], loop)) {
-                set_range(mask, rank_lo[i], rank_lo[end[i]]);
+            if (subset(&v->unions[e->uni], loop)) {
+                set_range(mask, e->rank_lo, e->rank_hi);
                 continue;
             }
         }
-        if (tok_rank[i] >= 0) set_bit(mask, tok_rank[i]);
-        if (kid_off[i + 1] > kid_off[i]) {
+        if (e->tok_rank >= 0) set_bit(mask, e->tok_rank);
+        if (e->kids_hi > e->kids_lo) {
             if (depth + 1 >= MAX_DEPTH) return q3_fail(Q3_ERR_UNSUPPORTED, "token longer than %d bytes", MAX_DEPTH);
-            int32_t text = T == S ? f[depth].text : text_budget(r, T, TEXT_LOOKAHEAD);
-            if (text == REC_ERROR) return q3_fail(Q3_ERR_NOMEM, "out of memory");
+            int32_t text = T == S ? f[depth].text : REC_UNKNOWN;
             depth++;
-            f[depth].k = kid_off[i];
-            f[depth].kend = kid_off[i + 1];
+            f[depth].k = e->kids_lo;
+            f[depth].kend = e->kids_hi;
             f[depth].state = T;
             f[depth].text = text;
         }

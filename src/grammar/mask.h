@@ -1,7 +1,7 @@
 /* Token masks over a vocabulary's trie (vocab.h) from a recognizer state.
  *
  * mask_trie walks the trie depth first carrying the state after each prefix,
- * trying a node's children by their bytes alone (vocab.h's kid lists): a dead
+ * trying a node's children by their records alone (vocab.h's gkid): a dead
  * state cuts its subtree without touching it; a subtree whose every byte loops the state
  * back to itself (the inside of a string, a run of digits) is allowed whole,
  * as one range of ranks, without walking it. mask_brute feeds each token's

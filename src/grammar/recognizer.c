@@ -265,54 +265,64 @@ int rec_next_uncached(rec *r, int s, unsigned c)
     return intern(r);
 }
 
-/* The stacks of s whose top is a byte class, as bits of a signature per
- * byte: sig[b] bit k says that the k-th such stack takes byte b. The state
- * after b depends only on sig[b] (rec_next_uncached advances exactly the
- * stacks that take b), so bytes of one signature share their next state.
- * Returns 0, or -1 when s has more than 64 such stacks (no signatures). */
-static int signatures(const rec *r, int s, uint64_t sig[256])
+/* The bytes of state s in groups: bytes that the same stacks of s take (the
+ * state after a byte depends only on which stacks take it: rec_next_uncached
+ * advances exactly those) share their next state. grp[b]: b's group, or
+ * GRP_NONE where b is alone (s has more than 64 stacks with a byte-class top,
+ * or more than 254 groups). Bytes no stack takes are dead at once. */
+#define GRP_NONE 255
+
+/* The transition row of s, made on first use: [256] next states, then [256]
+ * groups; NULL on failure. */
+static int32_t *trans_row(rec *r, int s)
 {
-    memset(sig, 0, 256 * sizeof *sig);
-    int k = 0;
-    for (int i = 0; i < r->st_len[s]; i++) {
+    if (r->st_trans[s]) return r->st_trans[s];
+    int32_t *t = malloc(256 * sizeof *t + 256);
+    if (!t) return NULL;
+    uint8_t *grp = (uint8_t *)(t + 256);
+    uint64_t sig[256] = {0}, seen[254];
+    int k = 0, n_grp = 0;
+    for (int i = 0; i < r->st_len[s] && k <= 64; i++) {
         int x = r->pool[r->st_off[s] + i];
         if (!x) continue;
         gsym sym = r->g->syms[r->npos[x]];
         if (sym.kind != GS_BYTES) continue;
-        if (k == 64) return -1;
+        if (k++ == 64) break;
         const gclass *cl = &r->g->classes[sym.arg];
         for (int w = 0; w < 4; w++)
-            for (uint64_t m = cl->w[w]; m; m &= m - 1) sig[w * 64 + __builtin_ctzll(m)] |= 1ull << k;
-        k++;
+            for (uint64_t m = cl->w[w]; m; m &= m - 1) sig[w * 64 + __builtin_ctzll(m)] |= 1ull << (k - 1);
     }
-    return 0;
+    for (int b = 0; b < 256; b++) {
+        t[b] = REC_UNKNOWN;
+        grp[b] = GRP_NONE;
+        if (k > 64) continue; /* too many stacks for a signature: every byte alone */
+        if (!sig[b]) {
+            t[b] = REC_DEAD;
+            continue;
+        }
+        int g = 0;
+        while (g < n_grp && seen[g] != sig[b]) g++;
+        if (g == n_grp && n_grp < 254) seen[n_grp++] = sig[b];
+        if (g < n_grp) grp[b] = (uint8_t)g;
+    }
+    r->st_trans[s] = t;
+    r->bytes += 256 * sizeof *t + 256;
+    return t;
 }
 
 int rec_next_fill(rec *r, int s, unsigned c)
 {
-    int32_t *t = r->st_trans[s];
-    if (!t) {
-        t = malloc(256 * sizeof *t);
-        if (!t) return fail_nomem(r);
-        for (int i = 0; i < 256; i++) t[i] = REC_UNKNOWN;
-        r->st_trans[s] = t;
-        r->bytes += 256 * sizeof *t;
-    }
+    int32_t *t = trans_row(r, s);
+    if (!t) return fail_nomem(r);
     if (t[c] != REC_UNKNOWN) return t[c];
-    uint64_t sig[256];
-    int grouped = signatures(r, s, sig) == 0;
-    if (grouped && !sig[c]) { /* no stack takes c: dead, and so is every byte no stack takes */
-        for (int b = 0; b < 256; b++)
-            if (!sig[b]) t[b] = REC_DEAD;
-        return REC_DEAD;
-    }
     int n = rec_next_uncached(r, s, c);
     if (n == REC_ERROR) return n;
     t = r->st_trans[s];
-    if (!grouped) t[c] = n;
+    const uint8_t *grp = (const uint8_t *)(t + 256);
+    if (grp[c] == GRP_NONE) t[c] = n;
     else
         for (int b = 0; b < 256; b++)
-            if (sig[b] == sig[c]) t[b] = n;
+            if (grp[b] == grp[c]) t[b] = n;
     return n;
 }
 
@@ -339,6 +349,18 @@ int rec_can_continue(const rec *r, int s)
         if (x && r->g->syms[r->npos[x]].kind == GS_BYTES) return 1;
     }
     return 0;
+}
+
+int rec_subset(const rec *r, int a, int b)
+{
+    const int32_t *x = r->pool + r->st_off[a], *y = r->pool + r->st_off[b];
+    int nx = r->st_len[a], ny = r->st_len[b], j = 0;
+    for (int i = 0; i < nx; i++) { /* both sorted */
+        while (j < ny && y[j] < x[i]) j++;
+        if (j == ny || y[j] != x[i]) return 0;
+        j++;
+    }
+    return 1;
 }
 
 int rec_wants_token(const rec *r, int s)

@@ -33,7 +33,7 @@ typedef struct rec {
     uint32_t stamp;
     /* states */
     int32_t *st_off, *st_len; /* [cap_states] their nodes in pool */
-    int32_t **st_trans;       /* [cap_states] NULL or [256]: REC_UNKNOWN, REC_DEAD or a state */
+    int32_t **st_trans;       /* [cap_states] NULL or [256] next states (REC_UNKNOWN, REC_DEAD or a state), then [256] byte groups (recognizer.c) */
     gclass *st_loop;          /* [cap_states] bytes that lead back to the same state */
     uint8_t *st_loop_ok;      /* [cap_states] st_loop computed */
     int32_t *st_text;         /* [cap_states] mask.c's memo: the state after any one character of JSON
@@ -80,6 +80,10 @@ int rec_next_token(rec *r, int s, int tok);
 static inline int rec_accepting(const rec *r, int s) { return r->st_len[s] > 0 && r->pool[r->st_off[s]] == 0; }
 /* Whether some byte may follow (some stack's top is a byte class). */
 int rec_can_continue(const rec *r, int s);
+/* Whether every stack of state a is one of state b's. Then the state after any
+ * bytes from b holds the state after them from a (a state's next is the union
+ * of its stacks' nexts). */
+int rec_subset(const rec *r, int a, int b);
 /* Whether some stack's top is a named token. */
 int rec_wants_token(const rec *r, int s);
 

@@ -1,5 +1,5 @@
 /* Per-tokenizer tables (vocab.h): token bytes, the token trie in preorder,
- * ranks, and each subtree's byte union. */
+ * ranks, each subtree's byte union, packed into child records. */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,17 +40,8 @@ static void vocab_free(gvocab *v)
     free(v->off);
     free(v->len);
     free(v->in_trie);
-    free(v->lab);
-    free(v->end);
-    free(v->rank_lo);
-    free(v->tok_rank);
-    free(v->kid_off);
-    free(v->kid);
-    free(v->kid_lab);
-    free(v->uni);
+    free(v->kids);
     free(v->unions);
-    free(v->uok);
-    free(v->below);
     free(v);
 }
 
@@ -65,29 +56,22 @@ static int cmp_tokens(const void *a, const void *b, void *ctx)
     return (x > y) - (x < y);
 }
 
-int utf8_text_next(int q, unsigned b)
-{
-    switch (q) {
-    case U_B:
-        if (b < 0x80) return b >= 0x20 && b != '"' && b != '\\' ? U_B : -1;
-        if (b >= 0xC2 && b <= 0xDF) return U_C1;
-        if (b == 0xE0) return U_E0;
-        if (b == 0xED) return U_ED;
-        if (b >= 0xE1 && b <= 0xEF) return U_C2;
-        if (b == 0xF0) return U_F0;
-        if (b >= 0xF1 && b <= 0xF3) return U_C3;
-        if (b == 0xF4) return U_F4;
-        return -1;
-    case U_C1: return b >= 0x80 && b <= 0xBF ? U_B : -1;
-    case U_C2: return b >= 0x80 && b <= 0xBF ? U_C1 : -1;
-    case U_C3: return b >= 0x80 && b <= 0xBF ? U_C2 : -1;
-    case U_E0: return b >= 0xA0 && b <= 0xBF ? U_C1 : -1;
-    case U_ED: return b >= 0x80 && b <= 0x9F ? U_C1 : -1;
-    case U_F0: return b >= 0x90 && b <= 0xBF ? U_C2 : -1;
-    case U_F4: return b >= 0x80 && b <= 0x8F ? U_C2 : -1;
-    }
-    return -1;
-}
+/* Stored plus one, so that what no range names is 0 (-1: not such text).
+ * GNU range designators (gcc and clang). */
+#define N(q) ((q) + 1)
+const uint8_t utf8_text1[U_N][256] = {
+    [U_B] = {[0x20 ... 0x21] = N(U_B), [0x23 ... 0x5B] = N(U_B), [0x5D ... 0x7F] = N(U_B), [0xC2 ... 0xDF] = N(U_C1),
+             [0xE0] = N(U_E0), [0xE1 ... 0xEC] = N(U_C2), [0xED] = N(U_ED), [0xEE ... 0xEF] = N(U_C2),
+             [0xF0] = N(U_F0), [0xF1 ... 0xF3] = N(U_C3), [0xF4] = N(U_F4)},
+    [U_C1] = {[0x80 ... 0xBF] = N(U_B)},
+    [U_C2] = {[0x80 ... 0xBF] = N(U_C1)},
+    [U_C3] = {[0x80 ... 0xBF] = N(U_C2)},
+    [U_E0] = {[0xA0 ... 0xBF] = N(U_C1)},
+    [U_ED] = {[0x80 ... 0x9F] = N(U_C1)},
+    [U_F0] = {[0x90 ... 0xBF] = N(U_C2)},
+    [U_F4] = {[0x80 ... 0x8F] = N(U_C2)},
+};
+#undef N
 
 static uint64_t class_hash(const gclass *c)
 {
@@ -96,9 +80,37 @@ static uint64_t class_hash(const gclass *c)
     return h ^ (h >> 29);
 }
 
+/* The trie as build makes it, one array per field by node (preorder; node 0
+ * is the root), before it is packed into gkid records. */
+typedef struct trie {
+    uint8_t *lab;      /* [n_nodes] the byte into the node */
+    int32_t *end;      /* [n_nodes] first index after the subtree */
+    int32_t *rank_lo;  /* [n_nodes + 1] ranks before the node's subtree; [n_nodes] = n_trie_ranks */
+    int32_t *tok_rank; /* [n_nodes] the token ending here, or -1 */
+    int32_t *kid_off;  /* [n_nodes + 1] node v's children are kid[kid_off[v] .. kid_off[v + 1]) */
+    int32_t *kid;      /* [n_nodes - 1] */
+    uint32_t *uni;     /* [n_nodes] */
+    uint8_t *uok;      /* [n_nodes] */
+    uint16_t *below;   /* [n_nodes] */
+} trie;
+
+static void trie_free(trie *t)
+{
+    free(t->lab);
+    free(t->end);
+    free(t->rank_lo);
+    free(t->tok_rank);
+    free(t->kid_off);
+    free(t->kid);
+    free(t->uni);
+    free(t->uok);
+    free(t->below);
+}
+
 static q3_status build(const q3_tokenizer *tok, int32_t n_ids, int32_t eot, int32_t eos, gvocab **out)
 {
     double t0 = seconds();
+    trie t = {0};
     gvocab *v = calloc(1, sizeof *v);
     if (!v) return q3_fail(Q3_ERR_NOMEM, "out of memory");
     v->n_ids = n_ids;
@@ -117,13 +129,13 @@ static q3_status build(const q3_tokenizer *tok, int32_t n_ids, int32_t eot, int3
     v->id_of_rank = malloc((size_t)n_ids * sizeof *v->id_of_rank);
     int32_t *order = malloc((size_t)n_ids * sizeof *order);
     size_t cap_nodes = total + 2;
-    v->lab = malloc(cap_nodes);
-    v->end = malloc(cap_nodes * sizeof *v->end);
-    v->rank_lo = malloc((cap_nodes + 1) * sizeof *v->rank_lo);
-    v->tok_rank = malloc(cap_nodes * sizeof *v->tok_rank);
+    t.lab = malloc(cap_nodes);
+    t.end = malloc(cap_nodes * sizeof *t.end);
+    t.rank_lo = malloc((cap_nodes + 1) * sizeof *t.rank_lo);
+    t.tok_rank = malloc(cap_nodes * sizeof *t.tok_rank);
     int32_t *parent = malloc(cap_nodes * sizeof *parent);
-    if (!v->bytes || !v->off || !v->len || !v->in_trie || !v->rank_of || !v->id_of_rank || !order || !v->lab ||
-        !v->end || !v->rank_lo || !v->tok_rank || !parent)
+    if (!v->bytes || !v->off || !v->len || !v->in_trie || !v->rank_of || !v->id_of_rank || !order || !t.lab ||
+        !t.end || !t.rank_lo || !t.tok_rank || !parent)
         goto oom;
     size_t pos = 0, max_len = 0;
     int32_t n_trie = 0;
@@ -144,9 +156,9 @@ static q3_status build(const q3_tokenizer *tok, int32_t n_ids, int32_t eot, int3
     int32_t *path = malloc((max_len + 1) * sizeof *path);
     if (!path) goto oom;
     path[0] = 0;
-    v->lab[0] = 0;
-    v->tok_rank[0] = -1;
-    v->rank_lo[0] = 0;
+    t.lab[0] = 0;
+    t.tok_rank[0] = -1;
+    t.rank_lo[0] = 0;
     parent[0] = -1;
     int32_t n_nodes = 1, rank = 0;
     size_t cur = 0;
@@ -165,27 +177,27 @@ static q3_status build(const q3_tokenizer *tok, int32_t n_ids, int32_t eot, int3
                 continue;
             }
         }
-        for (size_t d = cur; d > lcp; d--) v->end[path[d]] = n_nodes;
+        for (size_t d = cur; d > lcp; d--) t.end[path[d]] = n_nodes;
         for (size_t d = lcp + 1; d <= L; d++) {
             int32_t x = n_nodes++;
-            v->lab[x] = b[d - 1];
-            v->tok_rank[x] = -1;
-            v->rank_lo[x] = rank;
+            t.lab[x] = b[d - 1];
+            t.tok_rank[x] = -1;
+            t.rank_lo[x] = rank;
             parent[x] = path[d - 1];
             path[d] = x;
         }
         cur = L;
-        v->tok_rank[path[L]] = rank;
+        t.tok_rank[path[L]] = rank;
         v->rank_of[id] = rank;
         v->id_of_rank[rank] = id;
         rank++;
     }
-    for (size_t d = cur; d > 0; d--) v->end[path[d]] = n_nodes;
-    v->end[0] = n_nodes;
+    for (size_t d = cur; d > 0; d--) t.end[path[d]] = n_nodes;
+    t.end[0] = n_nodes;
     free(path);
     v->n_nodes = n_nodes;
     v->n_trie_ranks = rank;
-    v->rank_lo[n_nodes] = rank;
+    t.rank_lo[n_nodes] = rank;
     for (int32_t id = 0; id < n_ids; id++)
         if (!v->in_trie[id]) {
             v->rank_of[id] = rank;
@@ -194,32 +206,30 @@ static q3_status build(const q3_tokenizer *tok, int32_t n_ids, int32_t eot, int3
         }
     for (int32_t r = rank; r < n_ids; r++) v->id_of_rank[r] = -1; /* ranks shared by equal tokens */
     /* children lists: preorder visits a node's children in byte order */
-    v->kid_off = calloc((size_t)n_nodes + 1, sizeof *v->kid_off);
-    v->kid = malloc((size_t)(n_nodes > 1 ? n_nodes - 1 : 1) * sizeof *v->kid);
-    v->kid_lab = malloc((size_t)(n_nodes > 1 ? n_nodes - 1 : 1));
-    if (!v->kid_off || !v->kid || !v->kid_lab) goto oom;
-    for (int32_t x = 1; x < n_nodes; x++) v->kid_off[parent[x] + 1]++;
-    for (int32_t x = 0; x < n_nodes; x++) v->kid_off[x + 1] += v->kid_off[x];
+    t.kid_off = calloc((size_t)n_nodes + 1, sizeof *t.kid_off);
+    t.kid = malloc((size_t)(n_nodes > 1 ? n_nodes - 1 : 1) * sizeof *t.kid);
+    if (!t.kid_off || !t.kid) goto oom;
+    for (int32_t x = 1; x < n_nodes; x++) t.kid_off[parent[x] + 1]++;
+    for (int32_t x = 0; x < n_nodes; x++) t.kid_off[x + 1] += t.kid_off[x];
     {
         int32_t *fill = malloc((size_t)n_nodes * sizeof *fill);
         if (!fill) goto oom;
-        memcpy(fill, v->kid_off, (size_t)n_nodes * sizeof *fill);
+        memcpy(fill, t.kid_off, (size_t)n_nodes * sizeof *fill);
         for (int32_t x = 1; x < n_nodes; x++) {
             int32_t k = fill[parent[x]]++;
-            v->kid[k] = x;
-            v->kid_lab[k] = v->lab[x];
+            t.kid[k] = x;
         }
         free(fill);
     }
     /* byte unions, bottom-up, then deduplicated */
     gclass *u = calloc((size_t)n_nodes, sizeof *u);
-    v->uni = malloc((size_t)n_nodes * sizeof *v->uni);
-    if (!u || !v->uni) {
+    t.uni = malloc((size_t)n_nodes * sizeof *t.uni);
+    if (!u || !t.uni) {
         free(u);
         goto oom;
     }
     for (int32_t x = n_nodes - 1; x > 0; x--) {
-        gclass_add(&u[x], v->lab[x]);
+        gclass_add(&u[x], t.lab[x]);
         gclass *p = &u[parent[x]];
         for (int w = 0; w < 4; w++) p->w[w] |= u[x].w[w];
     }
@@ -244,36 +254,48 @@ static q3_status build(const q3_tokenizer *tok, int32_t n_ids, int32_t eot, int3
             if (!memcmp(&v->unions[h[k] - 1], &u[x], sizeof u[x])) break;
             k = (k + 1) & (hcap - 1);
         }
-        v->uni[x] = (uint32_t)(h[k] - 1);
+        t.uni[x] = (uint32_t)(h[k] - 1);
     }
     free(h);
     free(u);
-    v->uok = malloc((size_t)n_nodes);
-    v->below = calloc((size_t)n_nodes, sizeof *v->below);
-    if (!v->uok || !v->below) goto oom;
-    memset(v->uok, 0xFF, (size_t)n_nodes); /* a token may end inside a character: the text goes on */
+    t.uok = malloc((size_t)n_nodes);
+    t.below = calloc((size_t)n_nodes, sizeof *t.below);
+    if (!t.uok || !t.below) goto oom;
+    memset(t.uok, 0xFF, (size_t)n_nodes); /* a token may end inside a character: the text goes on */
     for (int32_t x = n_nodes - 1; x > 0; x--) { /* children come after their parent: fold each into it */
         uint8_t keep = 0;
         for (int q = 0; q < U_N; q++) {
-            int q2 = utf8_text_next(q, v->lab[x]);
-            if (q2 >= 0 && (v->uok[x] >> q2 & 1)) keep |= (uint8_t)(1u << q);
+            int q2 = utf8_text_next(q, t.lab[x]);
+            if (q2 >= 0 && (t.uok[x] >> q2 & 1)) keep |= (uint8_t)(1u << q);
         }
-        v->uok[parent[x]] &= keep;
-        uint16_t b = (uint16_t)(v->below[x] + 1 > 65535 ? 65535 : v->below[x] + 1);
-        if (b > v->below[parent[x]]) v->below[parent[x]] = b;
+        t.uok[parent[x]] &= keep;
+        uint16_t b = (uint16_t)(t.below[x] + 1 > 65535 ? 65535 : t.below[x] + 1);
+        if (b > t.below[parent[x]]) t.below[parent[x]] = b;
     }
     gclass *shrunk = realloc(v->unions, (size_t)(v->n_unions ? v->n_unions : 1) * sizeof *v->unions);
     if (shrunk) v->unions = shrunk;
+    /* packed: kid k of the node lists stands for node t.kid[k] */
+    v->kids = malloc((size_t)(n_nodes > 1 ? n_nodes - 1 : 1) * sizeof *v->kids);
+    if (!v->kids) goto oom;
+    for (int32_t k = 0; k < n_nodes - 1; k++) {
+        int32_t x = t.kid[k];
+        v->kids[k] = (gkid){.rank_lo = t.rank_lo[x], .rank_hi = t.rank_lo[t.end[x]], .kids_lo = t.kid_off[x],
+                            .kids_hi = t.kid_off[x + 1], .tok_rank = t.tok_rank[x], .uni = t.uni[x],
+                            .below = t.below[x], .lab = t.lab[x], .uok = t.uok[x]};
+    }
+    v->n_root_kids = t.kid_off[1];
     free(order);
     free(parent);
+    trie_free(&t);
     v->bytes_held = sizeof *v + total + (size_t)n_ids * (4 + 4 + 4 + 4 + 1) +
-                    (size_t)n_nodes * (1 + 4 + 4 + 4 + 4 + 1 + 2 + 4 + 4 + 1) + (size_t)v->n_unions * sizeof(gclass);
+                    (size_t)(n_nodes - 1) * sizeof(gkid) + (size_t)v->n_unions * sizeof(gclass);
     v->build_s = seconds() - t0;
     *out = v;
     return Q3_OK;
 oom:
     free(order);
     free(parent);
+    trie_free(&t);
     vocab_free(v);
     return q3_fail(Q3_ERR_NOMEM, "out of memory building the token trie");
 }

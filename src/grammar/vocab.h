@@ -4,10 +4,13 @@
  *
  * The trie holds every token that is text (added tokens such as <think> and
  * special ones such as <|im_end|> are not: they are allowed only by name, or
- * as the end of the output). Its nodes are in preorder, children by byte, so a
- * subtree is the index range [v, end[v]); tokens are ranked in the same order,
- * so the tokens of a subtree are the rank range [rank_lo[v], rank_lo[end[v]]).
- * Ranks of the other ids follow the trie's. A mask is a bit set over ranks. */
+ * as the end of the output). Tokens are ranked in the trie's preorder,
+ * children by byte, so the tokens of a subtree are one range of ranks. Ranks
+ * of the other ids follow the trie's. A mask is a bit set over ranks.
+ *
+ * The mask walk reads the trie as lists of children (gkid): each record holds
+ * what the walk decides a child on, and a node's children lie side by side,
+ * so trying them reads memory in order. */
 #ifndef Q3_GRAMMAR_VOCAB_H
 #define Q3_GRAMMAR_VOCAB_H
 
@@ -21,8 +24,25 @@
  * inside one (how many continuation bytes are left, and the first one's range). */
 enum { U_B, U_C1, U_C2, U_C3, U_E0, U_ED, U_F0, U_F4, U_N };
 
-/* Its next state on byte b (U_B: a character ended), or -1: not such text. */
-int utf8_text_next(int q, unsigned b);
+/* Its next state on byte b (U_B: a character ended), or -1: not such text
+ * (a table: vocab.c's utf8_text1 holds it plus one). */
+extern const uint8_t utf8_text1[U_N][256];
+static inline int utf8_text_next(int q, unsigned b) { return (int)utf8_text1[q][b & 255] - 1; }
+
+/* One child in the trie: a byte, the subtree under it, and its own children. */
+typedef struct gkid {
+    int32_t rank_lo, rank_hi; /* the subtree's tokens: ranks [rank_lo, rank_hi) */
+    int32_t kids_lo, kids_hi; /* its children: kids[kids_lo .. kids_hi) */
+    int32_t tok_rank;         /* the token ending at it, or -1 */
+    uint32_t uni;             /* index into unions: every byte of the subtree, its own too */
+    uint16_t below;           /* the most bytes a token of the subtree has after this one */
+    uint8_t lab;              /* the byte */
+    /* JSON string text (UTF-8 characters, none a control character, " or \\):
+     * bit q: every token of the subtree, its bytes from this one on read from
+     * state q of the UTF-8 automaton (U_*), is a prefix of such text (it may
+     * end inside a character, as byte-level BPE tokens do) */
+    uint8_t uok;
+} gkid;
 
 typedef struct gvocab {
     int32_t n_ids;        /* the tokenizer's ids */
@@ -32,27 +52,11 @@ typedef struct gvocab {
     char *bytes;          /* token bytes, by id: bytes + off[id], len[id] */
     uint32_t *off, *len;  /* [n_ids] */
     uint8_t *in_trie;     /* [n_ids] */
-    /* the trie, preorder; node 0 is the root (the empty prefix) */
-    int32_t n_nodes;
-    uint8_t *lab;         /* [n_nodes] the byte into the node */
-    int32_t *end;         /* [n_nodes] first index after the subtree */
-    int32_t *rank_lo;     /* [n_nodes + 1] ranks before the node's subtree; [n_nodes] = n_trie_ranks */
-    int32_t *tok_rank;    /* [n_nodes] the token ending here, or -1 */
-    /* each node's children (by byte, ascending), side by side so that the mask walk
-     * tries a child's byte without touching the child: node v's are kid[kid_off[v]
-     * .. kid_off[v + 1]) with bytes kid_lab[...] */
-    int32_t *kid_off;     /* [n_nodes + 1] */
-    int32_t *kid;         /* [n_nodes - 1] */
-    uint8_t *kid_lab;     /* [n_nodes - 1] */
-    uint32_t *uni;        /* [n_nodes] index into unions: every byte of the subtree, its own label too */
+    int32_t n_nodes;      /* trie nodes, the root (the empty prefix) too */
+    gkid *kids;           /* [n_nodes - 1] every node but the root, as its parent's child */
+    int32_t n_root_kids;  /* the root's children: kids[0 .. n_root_kids) */
     gclass *unions;
     int32_t n_unions;
-    /* JSON string text (UTF-8 characters, none a control character, " or \):
-     * bit q of uok[v]: every token of v's subtree, its bytes below v read from state q
-     * of the UTF-8 automaton (mask.c's U_*), is a prefix of such text (it may end
-     * inside a character, as byte-level BPE tokens do) */
-    uint8_t *uok;         /* [n_nodes] */
-    uint16_t *below;      /* [n_nodes] the most bytes a token of v's subtree has below v */
     int32_t eot, eos;     /* <|im_end|> and <|endoftext|> (or -1): the output may end with either */
     int shared_ranks;     /* some ids share a rank (equal bytes): id_of_rank does not list them all */
     double build_s;       /* time it took */
