@@ -36,7 +36,8 @@ static inline int subset(const gclass *a, const gclass *b)
  * tokens below it could be allowed whole by it: finding the budget of a new
  * state costs about as much as walking a few hundred trie nodes (every byte of
  * every UTF-8 character from it), and most frames of a walk are small
- * subtrees, where the walk is cheaper. */
+ * subtrees, where the walk is cheaper; a budget already known is taken
+ * whatever the size. */
 #define TEXT_LAZY_MIN 64
 
 /* ---- JSON string text -----------------------------------------------------------
@@ -218,7 +219,8 @@ q3_status mask_trie(rec *r, const gvocab *v, int s, uint64_t *mask)
         int S = f[depth].state;
         int q = utf8_text_next(U_B, c);
         if (q >= 0 && (e->uok >> q & 1)) { /* every token below goes on with text only */
-            if (f[depth].text == REC_UNKNOWN && e->rank_hi - e->rank_lo >= TEXT_LAZY_MIN) {
+            if (f[depth].text == REC_UNKNOWN &&
+                (r->st_budget[S] != REC_UNKNOWN || e->rank_hi - e->rank_lo >= TEXT_LAZY_MIN)) {
                 f[depth].text = text_budget(r, S, TEXT_LOOKAHEAD);
                 if (f[depth].text == REC_ERROR) return q3_fail(Q3_ERR_NOMEM, "out of memory");
             }
