@@ -22,7 +22,7 @@ int cmd_serve(int argc, char **argv)
     const char *model_path = NULL, *tok_path = NULL, *name = NULL, *log_format = "text";
     srv_server_opts so = {.host = "127.0.0.1", .port = 8080, .api_key = getenv("Q3_API_KEY")};
     q3_ctx_opts co = {.max_seqs = 4};
-    int port = 8080, max_body = 8 << 20, max_conn = 0, per_ip = 64, timeout = 60, drain = 30, max_queue = 256, step_tokens = 64;
+    int port = 8080, max_body = 8 << 20, max_conn = 0, per_ip = 64, timeout = 60, drain = 30, max_queue = 256, step_tokens = 256;
     int header_timeout = 10, body_timeout = 30, admin_port = -1;
     int force_embed = 0, force_rerank = 0;
     cli_llama llama = {0};
@@ -43,7 +43,8 @@ int cmd_serve(int argc, char **argv)
         CLI_OPT("chunk", 0, CLI_INT, &co.chunk, "N", "prefill chunk (default 128)", .lo = 1, .hi = 4096),
         CLI_OPT("step-tokens", 0, CLI_INT, &step_tokens, "N",
                 "tokens one engine step runs at most: every decode row, then a prefill chunk with the rest, so an\n"
-                "arriving prompt is spread over steps (default 64; vLLM's max_num_batched_tokens)", .lo = 1, .hi = 1 << 20),
+                "arriving prompt is spread over steps; the chunk is at most --chunk (default 256: the decode rows and a\n"
+                "whole chunk; vLLM's max_num_batched_tokens)", .lo = 1, .hi = 1 << 20),
         CLI_OPT("threads", 't', CLI_INT, &co.n_threads, "N", "compute threads (default: one per physical core, or $Q3_THREADS)",
                 .lo = 1, .hi = 1024),
         CLI_OPT("backend", 0, CLI_STR, &co.backend, "UNIT", "compute unit (default: the best present)"),
