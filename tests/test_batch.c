@@ -590,7 +590,8 @@ static int e2e_same(const e2e *x, const q3_gen *g, int i)
 
 /* A long prompt arriving while a sequence generates: with a budget of 16
  * tokens a step, its prefill is spread over many steps, the running stream
- * gets a token every step, and every sequence's ids are its reference's. */
+ * gets a token every step, and every sequence's ids are its reference's. A
+ * prompt prefilled with no stream running takes whole chunks. */
 static void budget_steps(void)
 {
     e2e x;
@@ -609,7 +610,17 @@ static void budget_steps(void)
     q3_sampler *sa = NULL, *sb = NULL;
     text_sink ta = {0}, tb = {0};
     q3_gen *a = e2e_gen(&x, ctx, run, &sa, &ta), *b = NULL;
-    int steps_prefilling = 0, stalls = 0, budget = 16;
+    int steps_prefilling = 0, stalls = 0, budget = 16, alone = 0;
+    while (a && q3_gen_prefilling(a)) { /* alone: no stream waits, so a whole chunk a step */
+        if (q3_gen_step_budget(&a, 1, budget) != Q3_OK) {
+            CHECK(0, "budgeted step: %s", q3_last_error());
+            break;
+        }
+        alone++;
+    }
+    CHECK(alone == (x.n_prompt[run] + co.chunk - 1) / co.chunk,
+          "a %d-token prompt alone prefilled in %d steps at a budget of %d, want whole chunks of %d", x.n_prompt[run],
+          alone, budget, co.chunk);
     while (a && !q3_gen_done(a)) {
         if (!b && q3_gen_result_get(a)->n_ids == 3) b = e2e_gen(&x, ctx, longest, &sb, &tb);
         q3_gen *gens[2] = {a, b};

@@ -661,7 +661,8 @@ q3_status q3_gen_step_budget(q3_gen *const *gens, int n, int budget)
     int n_pre = 0;
     if (pg) {
         int cap = q3_ctx_chunk(c);
-        if (budget > 0) { /* the decode rows first, the prefill the rest (at least a token, so it moves) */
+        if (budget > 0 && s.n_decode > 0) { /* the decode rows first, the prefill the rest (at least a token,
+                                                so it moves); with no decode row, no stream waits: a whole chunk */
             int rest = budget - s.n_decode;
             if (rest < cap) cap = rest > 1 ? rest : 1;
         }
