@@ -35,6 +35,7 @@ static void grammar_unref(q3_grammar *G)
 {
     if (!G || __atomic_sub_fetch(&G->refs, 1, __ATOMIC_ACQ_REL)) return;
     q3g_free(G->g);
+    mask_share_free(G->share);
     free(G->token_ids);
     free(G->key);
     free(G);
@@ -142,6 +143,7 @@ q3_status q3_grammar_compile(const q3_tokenizer *tok, q3_grammar_kind kind, cons
         G->token_ids[i] = id;
     }
     G->think_close = q3_tokenizer_token_id(tok, "</think>", 8);
+    G->share = mask_share_new(gvocab_mask_words(v)); /* NULL: masks are not shared, nothing else changes */
     cache_put(G);
     *out = G;
     return Q3_OK;

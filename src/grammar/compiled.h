@@ -5,6 +5,7 @@
 #define Q3_GRAMMAR_COMPILED_H
 
 #include "grammar/grammar.h"
+#include "grammar/mask_share.h"
 #include "grammar/recognizer.h"
 #include "grammar/vocab.h"
 
@@ -17,11 +18,13 @@ struct q3_grammar {
     int32_t *token_ids; /* [g->n_token_names] the id of each named token */
     int32_t think_close; /* </think>, or -1 */
     int kind;           /* q3_grammar_kind */
+    mask_share *share;  /* masks met by any of its matchers (NULL: none kept) */
 };
 
-/* Masks remembered per matcher, by recognizer state (each allocated on first
- * use, 19 KB for Qwen3's vocabulary): enough for the states a string's text
- * cycles through (between characters, inside a multi-byte one, escapes). */
+/* Masks remembered per matcher, by recognizer state (each slot's own bits
+ * allocated on first use, 19 KB for Qwen3's vocabulary, or a view of the
+ * grammar's shared mask): enough for the states a string's text cycles
+ * through (between characters, inside a multi-byte one, escapes). */
 #define MATCHER_CACHE 32
 
 struct q3_matcher {
@@ -36,9 +39,12 @@ struct q3_matcher {
     int mask_state;  /* the state cur is for (-1: none) */
     struct {
         int state;   /* -1: empty */
-        uint64_t *bits;
+        uint64_t *bits;        /* the slot's own buffer (NULL until needed) */
+        const uint64_t *view;  /* the state's mask: bits, or the grammar's shared one */
     } cache[MATCHER_CACHE];
     int cache_next;
+    int32_t *key;    /* scratch for rec_state_key */
+    size_t key_cap;
 };
 
 /* The mask of m's current position by rank (owned by m, valid until its next

@@ -63,6 +63,7 @@ void q3_matcher_free(q3_matcher *m)
     rec_free(&m->r);
     free(m->mask);
     for (int i = 0; i < MATCHER_CACHE; i++) free(m->cache[i].bits);
+    free(m->key);
     free(m);
 }
 
@@ -105,13 +106,23 @@ q3_status matcher_rank_mask(q3_matcher *m, const uint64_t **out)
     }
     for (int i = 0; i < MATCHER_CACHE; i++)
         if (m->cache[i].state == m->state) {
-            *out = m->cur = m->cache[i].bits;
+            *out = m->cur = m->cache[i].view;
             m->mask_state = m->state;
             return Q3_OK;
         }
+    /* the grammar's, if another matcher (or this one, before a compaction) met the state */
+    int c = m->cache_next;
+    uint64_t h = 0;
+    long n_key = m->G->share ? rec_state_key(&m->r, m->state, &m->key, &m->key_cap, &h) : -1;
+    const uint64_t *shared = n_key >= 0 ? mask_share_find(m->G->share, m->key, (size_t)n_key, h) : NULL;
+    if (shared) {
+        m->cache[c].state = m->mask_state = m->state;
+        *out = m->cur = m->cache[c].view = shared;
+        m->cache_next = (c + 1) % MATCHER_CACHE;
+        return Q3_OK;
+    }
     /* computed into the next cache slot (round robin), or into m->mask when
        there is no memory for one */
-    int c = m->cache_next;
     if (!m->cache[c].bits) m->cache[c].bits = malloc(words * sizeof(uint64_t));
     uint64_t *dst = m->cache[c].bits ? m->cache[c].bits : m->mask;
     m->cache[c].state = m->mask_state = -1; /* cur may be this slot: forgotten until the mask is whole */
@@ -130,8 +141,10 @@ q3_status matcher_rank_mask(q3_matcher *m, const uint64_t **out)
     }
     if (dst != m->mask) {
         m->cache[c].state = m->state;
+        m->cache[c].view = dst;
         m->cache_next = (c + 1) % MATCHER_CACHE;
     }
+    if (n_key >= 0) mask_share_put(m->G->share, m->key, (size_t)n_key, h, dst);
     *out = m->cur = dst;
     m->mask_state = m->state;
     return Q3_OK;

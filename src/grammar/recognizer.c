@@ -363,6 +363,61 @@ int rec_subset(const rec *r, int a, int b)
     return 1;
 }
 
+typedef struct chain {
+    uint64_t h;
+    size_t off, len;
+    const int32_t *words;
+} chain;
+
+static int cmp_chain(const void *a, const void *b)
+{
+    const chain *x = a, *y = b;
+    if (x->h != y->h) return x->h < y->h ? -1 : 1;
+    if (x->len != y->len) return x->len < y->len ? -1 : 1;
+    return memcmp(x->words + x->off, y->words + y->off, x->len * sizeof *x->words);
+}
+
+long rec_state_key(const rec *r, int s, int32_t **key, size_t *cap, uint64_t *hash)
+{
+    int n = r->st_len[s];
+    size_t words = 0;
+    for (int i = 0; i < n; i++) {
+        words++;
+        for (int x = r->pool[r->st_off[s] + i]; x; x = r->npar[x]) words++;
+    }
+    if (grow((void **)key, cap, words ? words : 1, sizeof **key)) return -1;
+    int32_t *tmp = malloc((words ? words : 1) * sizeof *tmp);
+    chain *ch = malloc((size_t)(n ? n : 1) * sizeof *ch);
+    if (!tmp || !ch) {
+        free(tmp);
+        free(ch);
+        return -1;
+    }
+    size_t o = 0;
+    for (int i = 0; i < n; i++) { /* each stack's positions, top first, behind its length */
+        size_t at = o++;
+        uint64_t h = 0x9e3779b97f4a7c15ull;
+        for (int x = r->pool[r->st_off[s] + i]; x; x = r->npar[x]) {
+            tmp[o++] = r->npos[x];
+            h = (h ^ (uint32_t)r->npos[x]) * 0xff51afd7ed558ccdull;
+        }
+        tmp[at] = (int32_t)(o - at - 1);
+        ch[i] = (chain){.h = h ^ (h >> 31), .off = at, .len = o - at, .words = tmp};
+    }
+    qsort(ch, (size_t)n, sizeof *ch, cmp_chain); /* node numbers differ between recognizers: order by content */
+    uint64_t h = 0xcbf29ce484222325ull ^ (uint64_t)n;
+    o = 0;
+    for (int i = 0; i < n; i++) {
+        memcpy(*key + o, tmp + ch[i].off, ch[i].len * sizeof *tmp);
+        o += ch[i].len;
+        h = (h ^ ch[i].h) * 0x100000001b3ull;
+    }
+    free(tmp);
+    free(ch);
+    *hash = h ^ (h >> 29);
+    return (long)o;
+}
+
 int rec_wants_token(const rec *r, int s)
 {
     for (int i = 0; i < r->st_len[s]; i++) {

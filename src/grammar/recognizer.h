@@ -84,6 +84,13 @@ int rec_can_continue(const rec *r, int s);
  * bytes from b holds the state after them from a (a state's next is the union
  * of its stacks' nexts). */
 int rec_subset(const rec *r, int a, int b);
+/* State s as words that mean the same in every recognizer of the grammar:
+ * each stack's chain of grammar positions (top first, behind its length),
+ * the chains in an order of their own content (node and state numbers are a
+ * recognizer's own). Equal words: the same stacks, so the same language and
+ * the same mask (mask_share.h). Into *key (grown as needed; *cap words held);
+ * returns the count of words, or -1 out of memory. *hash: their hash. */
+long rec_state_key(const rec *r, int s, int32_t **key, size_t *cap, uint64_t *hash);
 /* Whether some stack's top is a named token. */
 int rec_wants_token(const rec *r, int s);
 
