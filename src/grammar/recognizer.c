@@ -282,20 +282,25 @@ static int32_t *trans_row(rec *r, int s)
     uint8_t *grp = (uint8_t *)(t + 256);
     uint64_t sig[256] = {0}, seen[254];
     int k = 0, n_grp = 0;
-    for (int i = 0; i < r->st_len[s] && k <= 64; i++) {
+    int too_many = 0; /* more stacks than a signature has bits: every byte alone */
+    for (int i = 0; i < r->st_len[s]; i++) {
         int x = r->pool[r->st_off[s] + i];
         if (!x) continue;
         gsym sym = r->g->syms[r->npos[x]];
         if (sym.kind != GS_BYTES) continue;
-        if (k++ == 64) break;
+        if (k == 64) {
+            too_many = 1;
+            break;
+        }
         const gclass *cl = &r->g->classes[sym.arg];
         for (int w = 0; w < 4; w++)
-            for (uint64_t m = cl->w[w]; m; m &= m - 1) sig[w * 64 + __builtin_ctzll(m)] |= 1ull << (k - 1);
+            for (uint64_t m = cl->w[w]; m; m &= m - 1) sig[w * 64 + __builtin_ctzll(m)] |= 1ull << k;
+        k++;
     }
     for (int b = 0; b < 256; b++) {
         t[b] = REC_UNKNOWN;
         grp[b] = GRP_NONE;
-        if (k > 64) continue; /* too many stacks for a signature: every byte alone */
+        if (too_many) continue;
         if (!sig[b]) {
             t[b] = REC_DEAD;
             continue;
@@ -365,16 +370,16 @@ int rec_subset(const rec *r, int a, int b)
 
 typedef struct chain {
     uint64_t h;
-    size_t off, len;
-    const int32_t *words;
+    size_t off, len; /* in the words rec_state_key writes them to */
 } chain;
 
-static int cmp_chain(const void *a, const void *b)
+static int cmp_chain(const void *a, const void *b, void *words)
 {
     const chain *x = a, *y = b;
+    const int32_t *w = words;
     if (x->h != y->h) return x->h < y->h ? -1 : 1;
     if (x->len != y->len) return x->len < y->len ? -1 : 1;
-    return memcmp(x->words + x->off, y->words + y->off, x->len * sizeof *x->words);
+    return memcmp(w + x->off, w + y->off, x->len * sizeof *w);
 }
 
 long rec_state_key(const rec *r, int s, int32_t **key, size_t *cap, uint64_t *hash)
@@ -402,9 +407,9 @@ long rec_state_key(const rec *r, int s, int32_t **key, size_t *cap, uint64_t *ha
             h = (h ^ (uint32_t)r->npos[x]) * 0xff51afd7ed558ccdull;
         }
         tmp[at] = (int32_t)(o - at - 1);
-        ch[i] = (chain){.h = h ^ (h >> 31), .off = at, .len = o - at, .words = tmp};
+        ch[i] = (chain){.h = h ^ (h >> 31), .off = at, .len = o - at};
     }
-    qsort(ch, (size_t)n, sizeof *ch, cmp_chain); /* node numbers differ between recognizers: order by content */
+    qsort_r(ch, (size_t)n, sizeof *ch, cmp_chain, tmp); /* node numbers differ between recognizers: order by content */
     uint64_t h = 0xcbf29ce484222325ull ^ (uint64_t)n;
     o = 0;
     for (int i = 0; i < n; i++) {
