@@ -405,7 +405,7 @@ static int cache_walk(q3_grammar *G, uint64_t seed, int steps)
         int cached = 0;
         for (int i = 0; i < MATCHER_CACHE; i++) cached |= m->cache[i].state == m->state;
         hits += cached && before != m->state;
-        if (matcher_rank_mask(m, &mask) || mask_trie(&m->r, v, m->state, fresh)) {
+        if (matcher_rank_mask(m, &mask) || mask_trie(&m->r, v, m->state, -1, fresh)) {
             bad++;
             break;
         }
@@ -494,6 +494,94 @@ static void test_oracle(void)
     }
 }
 
+/* Feeds text in chunks of 1 to 9 bytes (characters split too); before each
+ * chunk the matcher's mask must equal one computed afresh, and every 8th the
+ * oracle's. *same, *derived: the matcher's masks taken whole from a state
+ * whose counts differ only past the longest token, and derived from the last
+ * mask (matcher.c). Returns the chunks whose masks differ. */
+static int counted_walk(q3_grammar *G, const char *text, unsigned *same, unsigned *derived)
+{
+    q3_matcher *m;
+    if (q3_matcher_new(G, 0, &m)) return 1;
+    const gvocab *v = G->v;
+    size_t words = gvocab_mask_words(v), len = strlen(text);
+    uint64_t *fresh = malloc(words * 8), *brute = malloc(words * 8);
+    int bad = 0, k = 0;
+    for (size_t at = 0; at < len; k++) {
+        const uint64_t *mask;
+        if (matcher_rank_mask(m, &mask) || mask_trie(&m->r, v, m->state, -1, fresh)) {
+            bad++;
+            break;
+        }
+        int32_t r = first_difference(v, mask, fresh);
+        if (r < 0 && k % 8 == 0) {
+            if (mask_brute(&m->r, v, m->state, brute)) bad++;
+            r = first_difference(v, mask, brute);
+        }
+        if (r >= 0) {
+            fprintf(stderr, "after %zu bytes of '%.40s...': token %d differs\n", at, text, v->id_of_rank[r]);
+            bad++;
+        }
+        size_t n = (size_t)(1 + (k * 5 + 2) % 9);
+        if (n > len - at) n = len - at;
+        if (q3_matcher_accept_bytes(m, text + at, n, NULL)) {
+            fprintf(stderr, "after %zu bytes of '%.40s...': %s\n", at, text, q3_last_error());
+            bad++;
+            break;
+        }
+        at += n;
+    }
+    *same = m->n_same;
+    *derived = m->n_derived;
+    free(fresh);
+    free(brute);
+    q3_matcher_free(m);
+    return bad;
+}
+
+/* Counted repetitions (maxLength, minLength, {m,n}, maxItems): a state is
+ * another count of the same positions at every character, and the matcher
+ * takes or derives most of their masks from states met before; each must be
+ * exact. */
+static void test_oracle_counts(void)
+{
+    static const struct {
+        int kind;
+        const char *grammar, *text;
+        int want_same, want_derived;
+    } cases[] = {
+        {Q3_GRAMMAR_JSON_SCHEMA, "{\"type\":\"string\",\"maxLength\":200}",
+         "\"Great battery, but the screen is hard to read in direct sunlight \\n and the case feels cheap: "
+         "caf\xc3\xa9 \xe6\x97\xa5\xe6\x9c\xac \\u00e9\\\" then more words until the end of the budget is near, "
+         "to the end.\"",
+         1, 1},
+        {Q3_GRAMMAR_JSON_SCHEMA, "{\"type\":\"string\",\"minLength\":140,\"maxLength\":160}",
+         "\"0123456789abcdefghijklmnopqrstuvwxyz ABCDEFGHIJKLMNOPQRSTUVWXYZ 0123456789 the quick brown fox "
+         "jumps over the lazy dog, again and again and again!!!!\"",
+         1, 1},
+        {Q3_GRAMMAR_JSON_SCHEMA,
+         "{\"type\":\"object\",\"properties\":{\"e\":{\"type\":\"string\",\"format\":\"email\"}},\"required\":[\"e\"],"
+         "\"additionalProperties\":false}",
+         "{\"e\": \"ada.lovelace@analytical-engine-department-of-mathematics.example.org\"}", 0, 1},
+        {Q3_GRAMMAR_REGEX, "[a-z ]{0,150}-[0-9]{3}",
+         "lorem ipsum dolor sit amet consectetur adipiscing elit sed do eiusmod tempor incididunt ut labore et "
+         "dolore magna aliqua-123",
+         0, 1},
+        {Q3_GRAMMAR_JSON_SCHEMA, "{\"type\":\"array\",\"items\":{\"type\":\"integer\"},\"maxItems\":150}",
+         "[1, 2, 3, 40, 500, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25]", 1, 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        q3_grammar *G = compile(cases[i].kind, cases[i].grammar);
+        if (!G) continue;
+        unsigned same = 0, derived = 0;
+        CHECK(counted_walk(G, cases[i].text, &same, &derived) == 0, "%s: a mask differs", cases[i].grammar);
+        CHECK(same >= (unsigned)cases[i].want_same && derived >= (unsigned)cases[i].want_derived,
+              "%s: %u masks taken from a state with more counts, %u derived (expected some)", cases[i].grammar, same,
+              derived);
+        q3_grammar_free(G);
+    }
+}
+
 int main(void)
 {
     if (q3_tokenizer_load(TOKENIZER_JSON, &tok)) {
@@ -508,6 +596,7 @@ int main(void)
     test_regex_choice_tool();
     test_oracle();
     test_oracle_strings();
+    test_oracle_counts();
     q3_tokenizer_free(tok);
     TEST_DONE();
 }

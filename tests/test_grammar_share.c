@@ -105,11 +105,13 @@ static void test_keys(void)
     int32_t *k1 = NULL, *k2 = NULL;
     size_t c1 = 0, c2 = 0;
     uint64_t h1 = 0, h2 = 0;
-    long n1 = rec_state_key(&m1->r, m1->state, &k1, &c1, &h1), n2 = rec_state_key(&m2->r, m2->state, &k2, &c2, &h2);
+    int32_t least;
+    long n1 = rec_state_key(&m1->r, m1->state, INT32_MAX, &k1, &c1, &h1, &least),
+         n2 = rec_state_key(&m2->r, m2->state, INT32_MAX, &k2, &c2, &h2, &least);
     CHECK(n1 > 0 && n1 == n2 && h1 == h2 && !memcmp(k1, k2, (size_t)n1 * 4), "the same state, the same key (%ld, %ld words)",
           n1, n2);
     CHECK(q3_matcher_accept_bytes(m2, "c", 1, NULL) == Q3_OK, "byte");
-    n2 = rec_state_key(&m2->r, m2->state, &k2, &c2, &h2);
+    n2 = rec_state_key(&m2->r, m2->state, INT32_MAX, &k2, &c2, &h2, &least);
     CHECK(n2 > 0 && (n2 != n1 || memcmp(k1, k2, (size_t)n1 * 4)), "another state, another key");
     free(k1);
     free(k2);
@@ -140,7 +142,7 @@ static void *random_walk(void *arg)
     }
     for (int s = 0; s < w->steps; s++) {
         const uint64_t *mask;
-        if (matcher_rank_mask(m, &mask) || mask_trie(&m->r, v, m->state, fresh)) {
+        if (matcher_rank_mask(m, &mask) || mask_trie(&m->r, v, m->state, -1, fresh)) {
             w->bad++;
             break;
         }
@@ -161,6 +163,57 @@ out:
     free(fresh);
     free(allowed);
     return NULL;
+}
+
+/* Counts in keys: inside a string of at most 200 characters, states after 3
+ * and 5 characters (195+ left, more than the longest token) write the same
+ * key up to the longest token; after 100 and 101 they do not, but they do up
+ * to the least count the second holds (what mask.h's keep relies on): 98, the
+ * characters allowed after the one being read. */
+static long key_after(q3_grammar *G, const char *text, int upto, int32_t **key, size_t *cap, uint64_t *h, int32_t *least)
+{
+    q3_matcher *m;
+    if (q3_matcher_new(G, 0, &m)) return -1;
+    long n = q3_matcher_accept_bytes(m, text, strlen(text), NULL) ? -1 : rec_state_key(&m->r, m->state, upto, key, cap, h, least);
+    q3_matcher_free(m);
+    return n;
+}
+
+static void test_count_keys(void)
+{
+    q3_grammar *G = NULL;
+    const char *s = "{\"type\":\"string\",\"maxLength\":200}";
+    if (q3_grammar_compile(tok, Q3_GRAMMAR_JSON_SCHEMA, s, strlen(s), &G)) {
+        CHECK(0, "compile: %s", q3_last_error());
+        return;
+    }
+    char t[4][128];
+    int lens[4] = {3, 5, 100, 101};
+    for (int i = 0; i < 4; i++) {
+        t[i][0] = '"';
+        memset(t[i] + 1, 'a', (size_t)lens[i]);
+        t[i][lens[i] + 1] = 0;
+    }
+    int upto = G->v->max_token_bytes;
+    CHECK(upto > 0 && upto < 195, "the longest token has %d bytes", upto);
+    int32_t *k[2] = {NULL, NULL}, least[2];
+    size_t cap[2] = {0, 0};
+    uint64_t h[2];
+    long n0 = key_after(G, t[0], upto, &k[0], &cap[0], &h[0], &least[0]);
+    long n1 = key_after(G, t[1], upto, &k[1], &cap[1], &h[1], &least[1]);
+    CHECK(n0 > 0 && n0 == n1 && h[0] == h[1] && !memcmp(k[0], k[1], (size_t)n0 * 4),
+          "195 and 197 characters left: one key up to %d bytes", upto);
+    CHECK(least[0] == 196 && least[1] == 194, "the least counts left: %d, %d", least[0], least[1]);
+    n0 = key_after(G, t[2], upto, &k[0], &cap[0], &h[0], &least[0]);
+    n1 = key_after(G, t[3], upto, &k[1], &cap[1], &h[1], &least[1]);
+    CHECK(n0 > 0 && n1 > 0 && (n0 != n1 || memcmp(k[0], k[1], (size_t)n0 * 4)), "100 and 99 characters left: two keys");
+    CHECK(least[0] == 99 && least[1] == 98, "the least counts left: %d, %d", least[0], least[1]);
+    n0 = key_after(G, t[2], 98, &k[0], &cap[0], &h[0], &least[0]);
+    n1 = key_after(G, t[3], 98, &k[1], &cap[1], &h[1], &least[1]);
+    CHECK(n0 > 0 && n0 == n1 && !memcmp(k[0], k[1], (size_t)n0 * 4), "100 and 99 characters left: one key up to 98 bytes");
+    free(k[0]);
+    free(k[1]);
+    q3_grammar_free(G);
 }
 
 static void test_threads(void)
@@ -200,6 +253,7 @@ int main(void)
     }
     test_second_matcher();
     test_keys();
+    test_count_keys();
     test_threads();
     q3_tokenizer_free(tok);
     TEST_DONE();

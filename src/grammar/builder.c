@@ -9,6 +9,7 @@
 
 typedef struct galt {
     gsym *s;
+    int32_t *rep; /* [cap] beside s: the grepeat a position stands at, or -1 */
     int n, cap;
 } galt;
 
@@ -29,6 +30,9 @@ struct gb {
     int hash_cap;
     char **tokens;
     int n_tokens, cap_tokens;
+    grepeat *reps;
+    int n_reps, cap_reps;
+    int n_repeats; /* counted repetitions made (their ids) */
     int n_generated;
     q3_status err;
     char errmsg[256];
@@ -63,7 +67,10 @@ void gb_free(gb *b)
 {
     if (!b) return;
     for (int r = 0; r < b->n_rules; r++) {
-        for (int a = 0; a < b->rules[r].n; a++) free(b->rules[r].alts[a].s);
+        for (int a = 0; a < b->rules[r].n; a++) {
+            free(b->rules[r].alts[a].s);
+            free(b->rules[r].alts[a].rep);
+        }
         free(b->rules[r].alts);
         free(b->rules[r].name);
     }
@@ -72,6 +79,7 @@ void gb_free(gb *b)
     free(b->class_hash);
     for (int i = 0; i < b->n_tokens; i++) free(b->tokens[i]);
     free(b->tokens);
+    free(b->reps);
     free(b);
 }
 
@@ -128,11 +136,19 @@ static void push(gb *b, int r, unsigned kind, unsigned arg)
     if (!R->n) gb_alt(b, r);
     if (b->err) return;
     galt *A = &R->alts[R->n - 1];
-    gsym *ns = grow(b, A->s, &A->cap, A->n + 1, sizeof *A->s);
-    if (!ns) return;
-    A->s = ns;
+    if (A->n == A->cap) {
+        int cap = A->cap, cap2 = A->cap;
+        gsym *ns = grow(b, A->s, &cap, A->n + 1, sizeof *A->s);
+        if (!ns) return;
+        A->s = ns;
+        int32_t *nr = grow(b, A->rep, &cap2, A->n + 1, sizeof *A->rep);
+        if (!nr) return;
+        A->rep = nr;
+        A->cap = cap;
+    }
     A->s[A->n].kind = kind;
     A->s[A->n].arg = arg;
+    A->rep[A->n] = -1;
     A->n++;
 }
 
@@ -253,13 +269,33 @@ int gb_opt(gb *b, int item)
     return o;
 }
 
+/* Marks the last symbol of r's last alternative as the position where
+ * repetition `id` needs req more items and allows tot (grammar.h's grepeat):
+ * each symbol so marked follows an item, so it is where a parser stack waits
+ * while the item is read. */
+static void mark_count(gb *b, int r, int id, int req, int tot)
+{
+    if (b->err) return;
+    grepeat *nr = grow(b, b->reps, &b->cap_reps, b->n_reps + 1, sizeof *b->reps);
+    if (!nr) return;
+    b->reps = nr;
+    b->reps[b->n_reps] = (grepeat){.rep = id, .req = req, .tot = tot};
+    galt *A = &b->rules[r].alts[b->rules[r].n - 1];
+    A->rep[A->n - 1] = b->n_reps++;
+}
+
 int gb_repeat(gb *b, int item, int min, int max)
 {
+    int id = b->n_repeats++;
     int r = gb_rule(b, NULL, b->rules[item].name);
     gb_alt(b, r);
-    for (int i = 0; i < min; i++) gb_ref(b, r, item);
+    for (int i = 0; i < min; i++) {
+        gb_ref(b, r, item);
+        if (i > 0) mark_count(b, r, id, min - i, max < 0 ? INT32_MAX : max - i);
+    }
     if (max < 0) {
         gb_ref(b, r, gb_star(b, item));
+        if (min > 0) mark_count(b, r, id, 0, INT32_MAX);
     } else if (max > min) {
         /* tail_k: up to k more items, nested so that no two parses of one text exist */
         int tail = gb_opt(b, item);
@@ -268,10 +304,12 @@ int gb_repeat(gb *b, int item, int min, int max)
             gb_alt(b, t);
             gb_ref(b, t, item);
             gb_ref(b, t, tail);
+            mark_count(b, t, id, 0, k - 1);
             gb_alt(b, t);
             tail = t;
         }
         gb_ref(b, r, tail);
+        if (min > 0) mark_count(b, r, id, 0, max - min);
     }
     return r;
 }
@@ -297,6 +335,8 @@ void q3g_free(q3g *g)
         for (int r = 0; r < g->n_rules; r++) free(g->rule_name[r]);
     free(g->rule_name);
     free(g->classes);
+    free(g->sym_rep);
+    free(g->reps);
     if (g->token_names)
         for (int i = 0; i < g->n_token_names; i++) free(g->token_names[i]);
     free(g->token_names);
@@ -375,7 +415,10 @@ q3_status gb_finish(gb *b, int root, q3g **out)
                 else if (A->s[i].kind == GS_BYTES) ok = !class_empty(&b->classes[A->s[i].arg]);
             }
             if (ok) R->alts[k++] = *A;
-            else free(A->s);
+            else {
+                free(A->s);
+                free(A->rep);
+            }
         }
         R->n = k;
     }
@@ -415,6 +458,16 @@ q3_status gb_finish(gb *b, int root, q3g **out)
     g->rule_name = calloc((size_t)n, sizeof *g->rule_name);
     g->classes = malloc((size_t)(b->n_classes ? b->n_classes : 1) * sizeof *g->classes);
     g->token_names = calloc((size_t)(b->n_tokens ? b->n_tokens : 1), sizeof *g->token_names);
+    if (b->n_reps) {
+        g->sym_rep = malloc((size_t)(n_syms ? n_syms : 1) * sizeof *g->sym_rep);
+        g->reps = malloc((size_t)b->n_reps * sizeof *g->reps);
+        if (!g->sym_rep || !g->reps) {
+            st = q3_fail(Q3_ERR_NOMEM, "out of memory");
+            goto done;
+        }
+        memcpy(g->reps, b->reps, (size_t)b->n_reps * sizeof *g->reps);
+        g->n_reps = b->n_reps;
+    }
     if (!g->syms || !g->alt_start || !g->rule_alt0 || !g->rule_nalt || !g->rule_name || !g->classes ||
         !g->token_names) {
         st = q3_fail(Q3_ERR_NOMEM, "out of memory");
@@ -433,6 +486,10 @@ q3_status gb_finish(gb *b, int root, q3g **out)
             galt *A = &b->rules[r].alts[a];
             g->alt_start[ai++] = si;
             if (A->n) memcpy(g->syms + si, A->s, (size_t)A->n * sizeof *A->s);
+            if (g->sym_rep) {
+                if (A->n) memcpy(g->sym_rep + si, A->rep, (size_t)A->n * sizeof *A->rep);
+                g->sym_rep[si + A->n] = -1;
+            }
             si += A->n;
             g->syms[si].kind = GS_END;
             g->syms[si].arg = 0;
@@ -452,7 +509,8 @@ q3_status gb_finish(gb *b, int root, q3g **out)
     g->root = root;
     g->root_after_think = -1;
     g->bytes = sizeof *g + (size_t)n_syms * sizeof *g->syms + (size_t)n_alts * sizeof(int) +
-               (size_t)n * (2 * sizeof(int) + sizeof(char *) + 16) + (size_t)b->n_classes * sizeof(gclass);
+               (size_t)n * (2 * sizeof(int) + sizeof(char *) + 16) + (size_t)b->n_classes * sizeof(gclass) +
+               (g->sym_rep ? (size_t)n_syms * sizeof *g->sym_rep : 0) + (size_t)g->n_reps * sizeof *g->reps;
 done:
     free(prod);
     free(nullable);

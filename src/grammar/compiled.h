@@ -41,10 +41,19 @@ struct q3_matcher {
         int state;   /* -1: empty */
         uint64_t *bits;        /* the slot's own buffer (NULL until needed) */
         const uint64_t *view;  /* the state's mask: bits, or the grammar's shared one */
+        int32_t *key;          /* the state's rec_state_key up to the longest token (n_key < 0: none) */
+        long n_key;
+        size_t key_cap;
+        uint64_t hash;
     } cache[MATCHER_CACHE];
     int cache_next;
-    int32_t *key;    /* scratch for rec_state_key */
+    int last_slot;   /* the slot that served the last mask (-1: none) */
+    unsigned n_same, n_derived; /* masks taken from a state whose counts differ past the longest
+                                   token, and masks derived from the last one (for tests) */
+    int32_t *key;    /* scratch for rec_state_key: the current state's */
     size_t key_cap;
+    int32_t *side[2]; /* scratch for two states' keys up to fewer bytes */
+    size_t side_cap[2];
 };
 
 /* The mask of m's current position by rank (owned by m, valid until its next

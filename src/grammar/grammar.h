@@ -33,6 +33,17 @@ typedef struct gsym {
     uint32_t arg : 30;  /* GS_BYTES: class index; GS_RULE: rule; GS_TOKEN: index into token_names */
 } gsym;
 
+/* Where a counted repetition item{min,max} stands after some of its items: how
+ * many more it needs (req) and allows (tot, req included; INT32_MAX: no bound).
+ * Two such positions of one repetition whose counts agree up to c (req and
+ * tot each taken as min(x, c)) lead to languages with the same strings and
+ * prefixes of up to c bytes: such a string holds at most c non-empty items.
+ * The masks use it (recognizer.h's rec_state_key): a token is at most as
+ * long as the vocabulary's longest, so counts past that never change one. */
+typedef struct grepeat {
+    int32_t rep, req, tot;
+} grepeat;
+
 typedef struct gclass {
     uint64_t w[4]; /* bit b: byte b is in the class */
 } gclass;
@@ -54,6 +65,10 @@ typedef struct q3g {
     int n_classes;
     char **token_names; /* [n_token_names] names of GS_TOKEN symbols ("<tool_call>") */
     int n_token_names;
+    int32_t *sym_rep; /* [n_syms] index into reps of the count a position stands at, or -1;
+                         NULL when the grammar counts nothing */
+    grepeat *reps;
+    int n_reps;
     int root;
     int root_after_think; /* the rule for output after </think>: a newline or two, then root (-1: none) */
     size_t bytes;     /* memory it holds, for reports */

@@ -6,20 +6,22 @@
 
 static inline void set_bit(uint64_t *m, int32_t r) { m[r >> 6] |= 1ull << (r & 63); }
 
-/* Sets ranks [lo, hi). */
-static void set_range(uint64_t *m, int32_t lo, int32_t hi)
+/* Sets (on = 1) or clears ranks [lo, hi). */
+static void put_range(uint64_t *m, int32_t lo, int32_t hi, int on)
 {
     if (lo >= hi) return;
     int32_t wl = lo >> 6, wh = (hi - 1) >> 6;
     uint64_t first = ~0ull << (lo & 63), last = ~0ull >> (63 - ((hi - 1) & 63));
-    if (wl == wh) {
-        m[wl] |= first & last;
-        return;
-    }
-    m[wl] |= first;
-    for (int32_t w = wl + 1; w < wh; w++) m[w] = ~0ull;
-    m[wh] |= last;
+    if (wl == wh) first &= last;
+    if (on) m[wl] |= first;
+    else m[wl] &= ~first;
+    if (wl == wh) return;
+    for (int32_t w = wl + 1; w < wh; w++) m[w] = on ? ~0ull : 0;
+    if (on) m[wh] |= last;
+    else m[wh] &= ~last;
 }
+
+static inline void set_range(uint64_t *m, int32_t lo, int32_t hi) { put_range(m, lo, hi, 1); }
 
 static inline int subset(const gclass *a, const gclass *b)
 {
@@ -192,9 +194,10 @@ static int32_t text_budget(rec *r, int s, int enough)
     return r->st_budget[s];
 }
 
-q3_status mask_trie(rec *r, const gvocab *v, int s, uint64_t *mask)
+q3_status mask_trie(rec *r, const gvocab *v, int s, int keep, uint64_t *mask)
 {
-    memset(mask, 0, gvocab_mask_words(v) * sizeof *mask);
+    if (keep < 0) memset(mask, 0, gvocab_mask_words(v) * sizeof *mask);
+    else put_range(mask, v->n_trie_ranks, v->n_ids, 0);
     /* a frame: a node whose children are being tried (kids k .. kend), the
        state after its bytes, and how many characters of JSON string text may
        follow that state (REC_UNKNOWN until a child needs it) */
@@ -215,6 +218,10 @@ q3_status mask_trie(rec *r, const gvocab *v, int s, uint64_t *mask)
             continue;
         }
         const gkid *e = &kids[f[depth].k++];
+        if (keep >= 0) { /* the child's byte is the (depth + 1)-th */
+            if (depth + 1 + (int)e->below <= keep) continue; /* every token below is kept */
+            if (depth + 1 > keep) put_range(mask, e->rank_lo, e->rank_hi, 0); /* every token below is decided here */
+        }
         unsigned c = e->lab;
         int S = f[depth].state;
         int q = utf8_text_next(U_B, c);

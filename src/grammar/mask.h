@@ -14,10 +14,14 @@
 #include "grammar/recognizer.h"
 #include "grammar/vocab.h"
 
-/* Sets mask's rank bits (gvocab_mask_words words, cleared first) of the trie
- * tokens allowed after state s. Only trie tokens: ends and named tokens are
- * the matcher's. Q3_OK, or the recognizer's failure. */
-q3_status mask_trie(rec *r, const gvocab *v, int s, uint64_t *mask);
+/* Sets mask's rank bits (gvocab_mask_words words) of the trie tokens allowed
+ * after state s; the other ranks (ends and named tokens, the matcher's) are
+ * left clear. keep < 0: every token is decided (mask cleared first). keep >= 0:
+ * mask holds the mask of a state that has the same strings and prefixes of up
+ * to keep bytes as s (rec_state_key), whose bits are right for every token of
+ * up to keep bytes: only the longer ones are decided, walking only the paths
+ * to them. Q3_OK, or the recognizer's failure. */
+q3_status mask_trie(rec *r, const gvocab *v, int s, int keep, uint64_t *mask);
 q3_status mask_brute(rec *r, const gvocab *v, int s, uint64_t *mask);
 
 /* The state after the bytes s[0..n) from state st: a state, REC_DEAD or REC_ERROR.

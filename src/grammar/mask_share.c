@@ -76,6 +76,7 @@ void mask_share_put(mask_share *s, const int32_t *key, size_t n, uint64_t h, con
     if (!s) return;
     h = nonzero(h);
     size_t cost = s->words * sizeof *bits + n * sizeof *key;
+    if (__atomic_load_n(&s->bytes, __ATOMIC_RELAXED) + cost > MASK_SHARE_GRAMMAR_BYTES) return; /* full: no copy made */
     if (__atomic_add_fetch(&total_bytes, cost, __ATOMIC_RELAXED) > MASK_SHARE_TOTAL_BYTES) {
         __atomic_sub_fetch(&total_bytes, cost, __ATOMIC_RELAXED);
         return;
@@ -102,7 +103,7 @@ void mask_share_put(mask_share *s, const int32_t *key, size_t n, uint64_t h, con
             if (!x->h && 2 * (s->count + 1) <= s->cap) { /* new (another thread may have kept it first) */
                 *x = (entry){.h = h, .key = k, .n = n, .bits = b};
                 s->count++;
-                s->bytes += cost;
+                __atomic_store_n(&s->bytes, s->bytes + cost, __ATOMIC_RELAXED);
                 kept = 1;
             }
         }

@@ -12,10 +12,19 @@
 /* The recognizer's tables are rebuilt around the current state past this. */
 #define MATCHER_TABLE_LIMIT ((size_t)64 << 20)
 
+/* A mask is derived from the last one (mask.h's keep) when the two states
+ * differ only in counts of at least this many: below it, most of the trie
+ * would be walked anyway. */
+#define DERIVE_MIN 8
+
 static void cache_clear(q3_matcher *m)
 {
-    for (int i = 0; i < MATCHER_CACHE; i++) m->cache[i].state = -1;
+    for (int i = 0; i < MATCHER_CACHE; i++) {
+        m->cache[i].state = -1;
+        m->cache[i].n_key = -1;
+    }
     m->mask_state = -1;
+    m->last_slot = -1;
 }
 
 static q3_status start(q3_matcher *m)
@@ -62,8 +71,13 @@ void q3_matcher_free(q3_matcher *m)
     if (!m) return;
     rec_free(&m->r);
     free(m->mask);
-    for (int i = 0; i < MATCHER_CACHE; i++) free(m->cache[i].bits);
+    for (int i = 0; i < MATCHER_CACHE; i++) {
+        free(m->cache[i].bits);
+        free(m->cache[i].key);
+    }
     free(m->key);
+    free(m->side[0]);
+    free(m->side[1]);
     free(m);
 }
 
@@ -78,6 +92,54 @@ void q3_matcher_reset(q3_matcher *m)
 static int is_end(const gvocab *v, int32_t id) { return id >= 0 && (id == v->eot || id == v->eos); }
 
 static inline void set_rank(uint64_t *m, int32_t r) { m[r >> 6] |= 1ull << (r & 63); }
+
+/* The mask of slot i is the current state's. */
+static q3_status serve(q3_matcher *m, int i, const uint64_t **out)
+{
+    *out = m->cur = m->cache[i].view;
+    m->mask_state = m->state;
+    m->last_slot = i;
+    return Q3_OK;
+}
+
+/* Slot c (the next one) holds the current state's mask, view, with its key
+ * (m->key, n_key words, hash h; n_key < 0: none). */
+static void fill_slot(q3_matcher *m, int c, const uint64_t *view, long n_key, uint64_t h)
+{
+    m->cache[c].state = m->state;
+    m->cache[c].view = view;
+    m->cache[c].n_key = -1;
+    if (n_key >= 0 && (size_t)n_key <= m->cache[c].key_cap) {
+        memcpy(m->cache[c].key, m->key, (size_t)n_key * sizeof *m->key);
+        m->cache[c].n_key = n_key;
+    } else if (n_key >= 0) {
+        int32_t *k = realloc(m->cache[c].key, (size_t)(n_key ? n_key : 1) * sizeof *k);
+        if (k) {
+            m->cache[c].key = k;
+            m->cache[c].key_cap = (size_t)(n_key ? n_key : 1);
+            memcpy(k, m->key, (size_t)n_key * sizeof *k);
+            m->cache[c].n_key = n_key;
+        }
+    }
+    m->cache[c].hash = h;
+    m->cache_next = (c + 1) % MATCHER_CACHE;
+}
+
+/* The slot whose mask the current state's can be derived from (mask.h's
+ * keep = least), or -1: the last mask's, when the two states read the same
+ * up to least bytes (the least count left in the current state, between
+ * DERIVE_MIN and the longest token). */
+static int derive_from(q3_matcher *m, int32_t least, int32_t upto)
+{
+    int i = m->last_slot;
+    if (least < DERIVE_MIN || least >= upto || i < 0 || m->cache[i].state < 0) return -1;
+    uint64_t h[2];
+    int32_t l[2];
+    long n0 = rec_state_key(&m->r, m->state, least, &m->side[0], &m->side_cap[0], &h[0], &l[0]);
+    long n1 = rec_state_key(&m->r, m->cache[i].state, least, &m->side[1], &m->side_cap[1], &h[1], &l[1]);
+    if (n0 < 0 || n0 != n1 || h[0] != h[1] || memcmp(m->side[0], m->side[1], (size_t)n0 * sizeof *m->side[0])) return -1;
+    return i;
+}
 
 q3_status matcher_rank_mask(q3_matcher *m, const uint64_t **out)
 {
@@ -105,28 +167,41 @@ q3_status matcher_rank_mask(q3_matcher *m, const uint64_t **out)
         return Q3_OK;
     }
     for (int i = 0; i < MATCHER_CACHE; i++)
-        if (m->cache[i].state == m->state) {
-            *out = m->cur = m->cache[i].view;
-            m->mask_state = m->state;
-            return Q3_OK;
-        }
+        if (m->cache[i].state == m->state) return serve(m, i, out);
+    /* a state met before whose counts differ only past the longest token
+       (rec_state_key): the same mask */
+    int32_t upto = v->max_token_bytes, least = INT32_MAX;
+    uint64_t h = 0;
+    long n_key = rec_state_key(&m->r, m->state, upto, &m->key, &m->key_cap, &h, &least);
+    if (n_key >= 0)
+        for (int i = 0; i < MATCHER_CACHE; i++)
+            if (m->cache[i].state >= 0 && m->cache[i].n_key == n_key && m->cache[i].hash == h &&
+                !memcmp(m->cache[i].key, m->key, (size_t)n_key * sizeof *m->key)) {
+                m->cache[i].state = m->state;
+                m->n_same++;
+                return serve(m, i, out);
+            }
     /* the grammar's, if another matcher (or this one, before a compaction) met the state */
     int c = m->cache_next;
-    uint64_t h = 0;
-    long n_key = m->G->share ? rec_state_key(&m->r, m->state, &m->key, &m->key_cap, &h) : -1;
     const uint64_t *shared = n_key >= 0 ? mask_share_find(m->G->share, m->key, (size_t)n_key, h) : NULL;
     if (shared) {
-        m->cache[c].state = m->mask_state = m->state;
-        *out = m->cur = m->cache[c].view = shared;
-        m->cache_next = (c + 1) % MATCHER_CACHE;
-        return Q3_OK;
+        fill_slot(m, c, shared, n_key, h);
+        return serve(m, c, out);
     }
     /* computed into the next cache slot (round robin), or into m->mask when
-       there is no memory for one */
+       there is no memory for one; from the last mask when it can be */
+    int from = derive_from(m, least, upto);
     if (!m->cache[c].bits) m->cache[c].bits = malloc(words * sizeof(uint64_t));
     uint64_t *dst = m->cache[c].bits ? m->cache[c].bits : m->mask;
+    int keep = -1;
+    if (from >= 0) {
+        if (m->cache[from].view != dst) memcpy(dst, m->cache[from].view, words * sizeof *dst);
+        keep = least;
+        m->n_derived++;
+    }
     m->cache[c].state = m->mask_state = -1; /* cur may be this slot: forgotten until the mask is whole */
-    q3_status st = mask_trie(&m->r, v, m->state, dst);
+    m->last_slot = -1;
+    q3_status st = mask_trie(&m->r, v, m->state, keep, dst);
     if (st) return st;
     const q3g *g = m->G->g;
     if (rec_wants_token(&m->r, m->state))
@@ -139,15 +214,14 @@ q3_status matcher_rank_mask(q3_matcher *m, const uint64_t **out)
         if (v->eot >= 0) set_rank(dst, v->rank_of[v->eot]);
         if (v->eos >= 0) set_rank(dst, v->rank_of[v->eos]);
     }
-    if (dst != m->mask) {
-        m->cache[c].state = m->state;
-        m->cache[c].view = dst;
-        m->cache_next = (c + 1) % MATCHER_CACHE;
-    }
     if (n_key >= 0) mask_share_put(m->G->share, m->key, (size_t)n_key, h, dst);
-    *out = m->cur = dst;
-    m->mask_state = m->state;
-    return Q3_OK;
+    if (dst == m->mask) {
+        *out = m->cur = dst;
+        m->mask_state = m->state;
+        return Q3_OK;
+    }
+    fill_slot(m, c, dst, n_key, h);
+    return serve(m, c, out);
 }
 
 q3_status q3_matcher_mask(q3_matcher *m, uint32_t *allowed, int n_vocab)

@@ -382,15 +382,33 @@ static int cmp_chain(const void *a, const void *b, void *words)
     return memcmp(w + x->off, w + y->off, x->len * sizeof *w);
 }
 
-long rec_state_key(const rec *r, int s, int32_t **key, size_t *cap, uint64_t *hash)
+/* The words of position pos in a key: pos itself, or where it stands in a
+ * counted repetition with its counts taken up to `upto` (three words, the
+ * first negative so that no position reads the same). */
+static int pos_words(const q3g *g, int pos, int upto, int32_t *w, int32_t *least)
+{
+    int k = g->sym_rep ? g->sym_rep[pos] : -1;
+    if (k < 0) {
+        w[0] = pos;
+        return 1;
+    }
+    const grepeat *c = &g->reps[k];
+    if (c->tot < *least) *least = c->tot;
+    w[0] = -1 - c->rep;
+    w[1] = c->req < upto ? c->req : upto;
+    w[2] = c->tot < upto ? c->tot : upto;
+    return 3;
+}
+
+long rec_state_key(const rec *r, int s, int upto, int32_t **key, size_t *key_cap, uint64_t *hash, int32_t *least)
 {
     int n = r->st_len[s];
     size_t words = 0;
     for (int i = 0; i < n; i++) {
         words++;
-        for (int x = r->pool[r->st_off[s] + i]; x; x = r->npar[x]) words++;
+        for (int x = r->pool[r->st_off[s] + i]; x; x = r->npar[x]) words += 3;
     }
-    if (grow((void **)key, cap, words ? words : 1, sizeof **key)) return -1;
+    if (grow((void **)key, key_cap, words ? words : 1, sizeof **key)) return -1;
     int32_t *tmp = malloc((words ? words : 1) * sizeof *tmp);
     chain *ch = malloc((size_t)(n ? n : 1) * sizeof *ch);
     if (!tmp || !ch) {
@@ -398,13 +416,15 @@ long rec_state_key(const rec *r, int s, int32_t **key, size_t *cap, uint64_t *ha
         free(ch);
         return -1;
     }
+    *least = INT32_MAX;
     size_t o = 0;
     for (int i = 0; i < n; i++) { /* each stack's positions, top first, behind its length */
         size_t at = o++;
         uint64_t h = 0x9e3779b97f4a7c15ull;
         for (int x = r->pool[r->st_off[s] + i]; x; x = r->npar[x]) {
-            tmp[o++] = r->npos[x];
-            h = (h ^ (uint32_t)r->npos[x]) * 0xff51afd7ed558ccdull;
+            int nw = pos_words(r->g, r->npos[x], upto, tmp + o, least);
+            for (int k = 0; k < nw; k++) h = (h ^ (uint32_t)tmp[o + k]) * 0xff51afd7ed558ccdull;
+            o += (size_t)nw;
         }
         tmp[at] = (int32_t)(o - at - 1);
         ch[i] = (chain){.h = h ^ (h >> 31), .off = at, .len = o - at};

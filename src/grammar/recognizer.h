@@ -87,10 +87,15 @@ int rec_subset(const rec *r, int a, int b);
 /* State s as words that mean the same in every recognizer of the grammar:
  * each stack's chain of grammar positions (top first, behind its length),
  * the chains in an order of their own content (node and state numbers are a
- * recognizer's own). Equal words: the same stacks, so the same language and
- * the same mask (mask_share.h). Into *key (grown as needed; *cap words held);
- * returns the count of words, or -1 out of memory. *hash: their hash. */
-long rec_state_key(const rec *r, int s, int32_t **key, size_t *cap, uint64_t *hash);
+ * recognizer's own); a position inside a counted repetition written as the
+ * repetition and its counts taken up to `upto` (grammar.h's grepeat). Equal
+ * words: the same strings and prefixes of up to `upto` bytes, so the same
+ * mask when `upto` is at least the longest token (mask_share.h), and the same
+ * bits for every token of up to `upto` bytes otherwise (mask.h's keep).
+ * Into *key (grown as needed; *key_cap words held); returns the count of
+ * words, or -1 out of memory. *hash: their hash; *least: the least `tot` of
+ * the counted positions (INT32_MAX: none). */
+long rec_state_key(const rec *r, int s, int upto, int32_t **key, size_t *key_cap, uint64_t *hash, int32_t *least);
 /* Whether some stack's top is a named token. */
 int rec_wants_token(const rec *r, int s);
 

@@ -152,6 +152,7 @@ static q3_status build(const q3_tokenizer *tok, int32_t n_ids, int32_t eot, int3
             if (l > max_len) max_len = l;
         }
     }
+    v->max_token_bytes = (int32_t)max_len;
     qsort_r(order, (size_t)n_trie, sizeof *order, cmp_tokens, v);
     int32_t *path = malloc((max_len + 1) * sizeof *path);
     if (!path) goto oom;

@@ -52,6 +52,7 @@ typedef struct gvocab {
     char *bytes;          /* token bytes, by id: bytes + off[id], len[id] */
     uint32_t *off, *len;  /* [n_ids] */
     uint8_t *in_trie;     /* [n_ids] */
+    int32_t max_token_bytes; /* the longest trie token */
     int32_t n_nodes;      /* trie nodes, the root (the empty prefix) too */
     gkid *kids;           /* [n_nodes - 1] every node but the root, as its parent's child */
     int32_t n_root_kids;  /* the root's children: kids[0 .. n_root_kids) */
