@@ -618,9 +618,14 @@ Q3_API q3_status q3_gen_step(q3_gen *const *gens, int n);
 /* The same with a token budget per step (0: none beyond one chunk): the
  * decode rows first, then the prefill chunk takes what is left of budget
  * (at least one token), so a long prompt is spread over many steps and the
- * generating sequences keep their pace. A step with no decode row prefills a
- * whole chunk (no sequence is waiting on it). Chunks of any size give the
- * same tokens and logits. */
+ * generating sequences keep their pace. Q3_STEP_PACED: a budget that follows
+ * the decode rows, the prefill chunk taking at most 3 tokens for every 2
+ * rows (at least Q3_STEP_PACED_MIN), so a step carrying a prefill costs about
+ * twice one without and the streams' inter-token latency stays near even.
+ * A step with no decode row prefills a whole chunk (no sequence is waiting
+ * on it). Chunks of any size give the same tokens and logits. */
+#define Q3_STEP_PACED (-1)
+#define Q3_STEP_PACED_MIN 16
 Q3_API q3_status q3_gen_step_budget(q3_gen *const *gens, int n, int budget);
 
 /* Gives the generator's KV blocks back to the pool now (full blocks stay in

@@ -589,10 +589,11 @@ static int e2e_same(const e2e *x, const q3_gen *g, int i)
 }
 
 /* A long prompt arriving while a sequence generates: with a budget of 16
- * tokens a step, its prefill is spread over many steps, the running stream
- * gets a token every step, and every sequence's ids are its reference's. A
- * prompt prefilled with no stream running takes whole chunks. */
-static void budget_steps(void)
+ * tokens a step (or Q3_STEP_PACED: 16 prefill tokens beside one decode row),
+ * its prefill is spread over many steps, the running stream gets a token
+ * every step, and every sequence's ids are its reference's. A prompt
+ * prefilled with no stream running takes whole chunks. */
+static void budget_steps(int budget)
 {
     e2e x;
     if (e2e_load(&x)) {
@@ -610,7 +611,7 @@ static void budget_steps(void)
     q3_sampler *sa = NULL, *sb = NULL;
     text_sink ta = {0}, tb = {0};
     q3_gen *a = e2e_gen(&x, ctx, run, &sa, &ta), *b = NULL;
-    int steps_prefilling = 0, stalls = 0, budget = 16, alone = 0;
+    int steps_prefilling = 0, stalls = 0, alone = 0;
     while (a && q3_gen_prefilling(a)) { /* alone: no stream waits, so a whole chunk a step */
         if (q3_gen_step_budget(&a, 1, budget) != Q3_OK) {
             CHECK(0, "budgeted step: %s", q3_last_error());
@@ -637,13 +638,15 @@ static void budget_steps(void)
             CHECK(0, "budgeted step: %s", q3_last_error());
             break;
         }
-    int spread = (x.n_prompt[longest] + budget - 2) / (budget - 1);
-    CHECK(b && steps_prefilling >= spread, "a %d-token prompt prefilled in %d steps, want >= %d at a budget of %d",
-          x.n_prompt[longest], steps_prefilling, spread, budget);
+    int per = budget == Q3_STEP_PACED ? Q3_STEP_PACED_MIN : budget - 1; /* prefill tokens beside one decode row */
+    int spread = (x.n_prompt[longest] + per - 1) / per;
+    CHECK(b && steps_prefilling >= spread && steps_prefilling <= spread + 1,
+          "a %d-token prompt prefilled in %d steps, want %d at a budget of %d", x.n_prompt[longest], steps_prefilling,
+          spread, budget);
     CHECK(stalls == 0, "the running stream missed a token in %d steps", stalls);
     CHECK(a && e2e_same(&x, a, run), "the running stream's ids changed when a long prompt arrived");
     CHECK(b && e2e_same(&x, b, longest), "the long prompt's ids differ from its reference when prefilled in budgeted chunks");
-    CHECK(q3_gen_step_budget(&a, 1, -1) == Q3_ERR_INVALID, "a negative budget is refused");
+    CHECK(q3_gen_step_budget(&a, 1, -2) == Q3_ERR_INVALID, "a negative budget other than Q3_STEP_PACED is refused");
     q3_gen_free(a);
     q3_gen_free(b);
     q3_sampler_free(sa);
@@ -789,7 +792,8 @@ int main(void)
     fork_truncate("ref");
     bad_steps();
     generators();
-    budget_steps();
+    budget_steps(16);
+    budget_steps(Q3_STEP_PACED);
     preemption();
     kv_compare();
     TEST_DONE();

@@ -292,6 +292,8 @@ static void test_llama_flags(void)
         {"logits -m " E2E " --tokens 1 -o /dev/null -c 0", "-c must be an integer"},
         {"serve -m " TINY " -np 0", "-np must be an integer in 1..256"},
         {"serve -m " TINY " -c 0", "-c must be an integer"},
+        {"serve -m " TINY " --step-tokens fast", "--step-tokens is a count of tokens (1 to 1048576) or paced"},
+        {"serve -m " TINY " --step-tokens 0", "--step-tokens is a count of tokens (1 to 1048576) or paced"},
         {"serve -m " TINY " -ctk bf16 --kv f16", "--kv f16 and -ctk bf16 differ"},
         {"tokenize -ngl 1 hello", "unknown option '-ngl'"},
         {"info -m " TINY " -fa", "unknown option '-fa'"},

@@ -19,10 +19,10 @@
 /* The model's own tokenizer, or --tokenizer (a tokenizer.json or its folder). */
 int cmd_serve(int argc, char **argv)
 {
-    const char *model_path = NULL, *tok_path = NULL, *name = NULL, *log_format = "text";
+    const char *model_path = NULL, *tok_path = NULL, *name = NULL, *log_format = "text", *step_arg = "256";
     srv_server_opts so = {.host = "127.0.0.1", .port = 8080, .api_key = getenv("Q3_API_KEY")};
     q3_ctx_opts co = {.max_seqs = 4};
-    int port = 8080, max_body = 8 << 20, max_conn = 0, per_ip = 64, timeout = 60, drain = 30, max_queue = 256, step_tokens = 256;
+    int port = 8080, max_body = 8 << 20, max_conn = 0, per_ip = 64, timeout = 60, drain = 30, max_queue = 256;
     int header_timeout = 10, body_timeout = 30, admin_port = -1;
     int force_embed = 0, force_rerank = 0;
     cli_llama llama = {0};
@@ -41,10 +41,11 @@ int cmd_serve(int argc, char **argv)
         CLI_OPT("kv-size", 0, CLI_INT, &co.kv_tokens, "TOKENS", "KV cache for all sequences together (default: parallel x ctx)",
                 .lo = 16, .hi = 1 << 28),
         CLI_OPT("chunk", 0, CLI_INT, &co.chunk, "N", "prefill chunk (default 128)", .lo = 1, .hi = 4096),
-        CLI_OPT("step-tokens", 0, CLI_INT, &step_tokens, "N",
+        CLI_OPT("step-tokens", 0, CLI_STR, &step_arg, "N|paced",
                 "tokens one engine step runs at most: every decode row, then a prefill chunk with the rest, so an\n"
                 "arriving prompt is spread over steps; the chunk is at most --chunk (default 256: the decode rows and a\n"
-                "whole chunk; vLLM's max_num_batched_tokens)", .lo = 1, .hi = 1 << 20),
+                "whole chunk; vLLM's max_num_batched_tokens); paced: the chunk takes 3 tokens for every 2 decode rows\n"
+                "(at least 16), so the streams' inter-token latency stays near even"),
         CLI_OPT("threads", 't', CLI_INT, &co.n_threads, "N", "compute threads (default: one per physical core, or $Q3_THREADS)",
                 .lo = 1, .hi = 1024),
         CLI_OPT("backend", 0, CLI_STR, &co.backend, "UNIT", "compute unit (default: the best present)"),
@@ -93,6 +94,14 @@ int cmd_serve(int argc, char **argv)
     else if (!strcmp(log_format, "none")) so.access_log = SRV_LOG_NONE;
     else return cli_usage_error("serve", "--log-format is text, json or none, not '%.40s'", log_format);
     if (so.cors_origin && !*so.cors_origin) return cli_usage_error("serve", "--cors needs an origin ('*' for any)");
+    int step_tokens = Q3_STEP_PACED;
+    if (strcmp(step_arg, "paced")) {
+        char *end;
+        long n = strtol(step_arg, &end, 10);
+        if (end == step_arg || *end || n < 1 || n > 1 << 20)
+            return cli_usage_error("serve", "--step-tokens is a count of tokens (1 to 1048576) or paced, not '%.40s'", step_arg);
+        step_tokens = (int)n;
+    }
     so.n_parallel = co.max_seqs;
     if (force_embed && force_rerank) return cli_usage_error("serve", "--embeddings and --rerank exclude each other");
     so.port = port;

@@ -620,7 +620,8 @@ q3_status q3_gen_step_budget(q3_gen *const *gens, int n, int budget)
     q3_clear_error();
     if (n <= 0) return Q3_OK;
     if (!gens) return q3_fail(Q3_ERR_INVALID, "q3_gen_step: gens is NULL");
-    if (budget < 0) return q3_fail(Q3_ERR_INVALID, "q3_gen_step_budget: budget is %d, must be >= 0 (0: one chunk)", budget);
+    if (budget < 0 && budget != Q3_STEP_PACED)
+        return q3_fail(Q3_ERR_INVALID, "q3_gen_step_budget: budget is %d, must be >= 0 (0: one chunk) or Q3_STEP_PACED", budget);
     for (int i = 0; i < n; i++)
         if (!gens[i]) return q3_fail(Q3_ERR_INVALID, "q3_gen_step: gens[%d] is NULL", i);
     q3_ctx *c = gens[0]->ctx;
@@ -665,6 +666,10 @@ q3_status q3_gen_step_budget(q3_gen *const *gens, int n, int budget)
                                                 so it moves); with no decode row, no stream waits: a whole chunk */
             int rest = budget - s.n_decode;
             if (rest < cap) cap = rest > 1 ? rest : 1;
+        } else if (budget == Q3_STEP_PACED && s.n_decode > 0) {
+            int rest = (3 * s.n_decode + 1) / 2;
+            if (rest < Q3_STEP_PACED_MIN) rest = Q3_STEP_PACED_MIN;
+            if (rest < cap) cap = rest;
         }
         n_pre = pg_left < (size_t)cap ? (int)pg_left : cap;
         s.prefill_seq = pg->seq;
