@@ -158,16 +158,17 @@ static void prefetch_slices(const q3_cpu_attn *a, int t0, int t1, size_t off, si
 
 /* ---- the block update -------------------------------------------------------------------- */
 
-/* 16 values of a row from value c on (masked past hd), as F32: as load_rows makes them. */
-Q3_INLINE __m512 row16(const q3_cpu_attn *a, const char *row, int c)
+/* 16 values of a row from value c on (masked past hd), as F32: as load_rows
+ * makes them. T, the cache's type, is a constant where it is inlined. */
+Q3_INLINE __m512 row16(const q3_dtype T, const q3_cpu_attn *a, const char *row, int c)
 {
-    if (a->kv_dtype == Q3_Q8_0) {
+    if (T == Q3_Q8_0) {
         const uint8_t *b = (const uint8_t *)row + (size_t)(c / 32) * Q3_Q8_0_BYTES;
         __m512 d = _mm512_set1_ps(_cvtsh_ss((unsigned short)(b[0] | b[1] << 8)));
         __m128i q = _mm_loadu_si128((const __m128i *)(b + 2 + (c % 32)));
         return _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)));
     }
-    return load16(a->kv_dtype, row, c, q3_mask16(a->head_dim - c));
+    return load16(T, row, c, q3_mask16(a->head_dim - c));
 }
 
 /* Where a block's keys (or values) come from: staged, F32 rows of hdp values
@@ -186,10 +187,11 @@ typedef struct block_rows {
     int nb;
 } block_rows;
 
-Q3_INLINE __m512 chunk16(const int direct, const block_rows *src, int j, int c, int hdp)
+/* full: the block holds KEY_BLOCK keys (no row past nb to test for). */
+Q3_INLINE __m512 chunk16(const int direct, const q3_dtype T, const int full, const block_rows *src, int j, int c, int hdp)
 {
     if (!direct) return _mm512_load_ps(src->staged + (size_t)j * hdp + c);
-    return j < src->nb ? row16(src->a, src->rows[j] + src->off, c) : _mm512_setzero_ps();
+    return full || j < src->nb ? row16(T, src->a, src->rows[j] + src->off, c) : _mm512_setzero_ps();
 }
 
 /* Scores of the QT queries from q0 against the block's 16 keys, KT keys at a
@@ -199,7 +201,8 @@ Q3_INLINE __m512 chunk16(const int direct, const block_rows *src, int j, int c, 
  * over the chunks c in order, then its lanes summed by q3_reduce4's tree
  * (which sums each of its 4 inputs alike: the grouping changes no bits);
  * p[q][j] = the score (0 for keys j >= nb: masked by the caller). */
-Q3_INLINE void scores(const int direct, const int QT, const int KT, head_ws *h, const block_rows *keys, int q0, int hdp)
+Q3_INLINE void scores(const int direct, const q3_dtype T, const int full, const int QT, const int KT, head_ws *h,
+                      const block_rows *keys, int q0, int hdp)
 {
     for (int j0 = 0; j0 < KEY_BLOCK; j0 += KT) {
         __m512 acc[8][4];
@@ -208,11 +211,11 @@ Q3_INLINE void scores(const int direct, const int QT, const int KT, head_ws *h, 
 #pragma GCC unroll 4
             for (int j = 0; j < KT; j++) acc[i][j] = _mm512_setzero_ps();
         const float *q = h->qr + (size_t)q0 * hdp;
-        if (j0 < keys->nb) {
+        if (full || j0 < keys->nb) {
             for (int c = 0; c < hdp; c += 16) {
                 __m512 kv[4];
 #pragma GCC unroll 4
-                for (int j = 0; j < KT; j++) kv[j] = chunk16(direct, keys, j0 + j, c, hdp);
+                for (int j = 0; j < KT; j++) kv[j] = chunk16(direct, T, full, keys, j0 + j, c, hdp);
 #pragma GCC unroll 8
                 for (int i = 0; i < QT; i++) {
                     __m512 qv = _mm512_load_ps(q + (size_t)i * hdp + c);
@@ -238,7 +241,8 @@ Q3_INLINE void scores(const int direct, const int QT, const int KT, head_ws *h, 
 }
 
 /* acc[q] = acc[q] * corr[q] + sum_{j < nb} p[q][j] * v[j] for the QG queries from q0. */
-Q3_INLINE void pv_update(const int direct, const int QG, head_ws *h, const block_rows *vals, int q0, int hdp)
+Q3_INLINE void pv_update(const int direct, const q3_dtype T, const int full, const int QG, head_ws *h,
+                         const block_rows *vals, int q0, int hdp)
 {
     for (int c = 0; c < hdp; c += 16) {
         __m512 acc[16];
@@ -247,8 +251,10 @@ Q3_INLINE void pv_update(const int direct, const int QG, head_ws *h, const block
         for (int i = 0; i < QG; i++)
             acc[i] = _mm512_mul_ps(_mm512_load_ps(a + (size_t)i * hdp), _mm512_set1_ps(h->corr[q0 + i]));
         const float *p = h->p + (size_t)q0 * KEY_BLOCK;
-        for (int j = 0; j < vals->nb; j++, p++) {
-            __m512 vv = chunk16(direct, vals, j, c, hdp);
+        const int nb = full ? KEY_BLOCK : vals->nb;
+#pragma GCC unroll 16
+        for (int j = 0; j < nb; j++, p++) {
+            __m512 vv = chunk16(direct, T, full, vals, j, c, hdp);
 #pragma GCC unroll 16
             for (int i = 0; i < QG; i++) acc[i] = _mm512_fmadd_ps(_mm512_set1_ps(p[i * KEY_BLOCK]), vv, acc[i]);
         }
@@ -282,9 +288,11 @@ Q3_INLINE void pv_update(const int direct, const int QG, head_ws *h, const block
  * or a prefill run of at most 4 queries per KV head. */
 static bool reads_direct(const q3_cpu_attn *a, int nqp) { return nqp <= 4 || (!a->k_chunk && nqp <= 16); }
 
-/* One block of nb keys from t0 for one head's queries. */
-static void block_update(const q3_cpu_attn *a, attn_ws *w, head_ws *h, const char *const *krows,
-                         const char *const *vrows, int t0, int nb)
+/* One block of nb keys from t0 for one head's queries; T the cache's type
+ * and full (nb == KEY_BLOCK) constants where it is inlined, so the direct
+ * reads' loops hold no test of either. */
+Q3_INLINE void block_update_t(const q3_dtype T, const int full, const q3_cpu_attn *a, attn_ws *w, head_ws *h,
+                              const char *const *krows, const char *const *vrows, int t0, int nb)
 {
     const int hd = a->head_dim, hdp = padded_hd(hd), nqp = w->nqp;
     const size_t off = (size_t)h->kvh * q3_cpu_attn_head_bytes(a);
@@ -292,12 +300,12 @@ static void block_update(const q3_cpu_attn *a, attn_ws *w, head_ws *h, const cha
     block_rows keys = {.staged = w->kb, .a = a, .rows = krows, .off = off, .nb = nb};
     block_rows vals = {.staged = w->vb, .a = a, .rows = vrows, .off = off, .nb = nb};
     if (direct) {
-#define SCORES(QT, KT, q0) scores(1, QT, KT, h, &keys, q0, hdp)
+#define SCORES(QT, KT, q0) scores(1, T, full, QT, KT, h, &keys, q0, hdp)
         FOR_SCORE_GROUPS(1, nqp, SCORES)
 #undef SCORES
     } else {
         load_rows(a, krows, off, nb, w->kb, hdp);
-#define SCORES(QT, KT, q0) scores(0, QT, KT, h, &keys, q0, hdp)
+#define SCORES(QT, KT, q0) scores(0, T, full, QT, KT, h, &keys, q0, hdp)
         FOR_SCORE_GROUPS(0, nqp, SCORES)
 #undef SCORES
     }
@@ -321,15 +329,43 @@ static void block_update(const q3_cpu_attn *a, attn_ws *w, head_ws *h, const cha
         h->corr[i] = corr;
     }
     if (direct) {
-#define PV(QG, q0) pv_update(1, QG, h, &vals, q0, hdp)
+#define PV(QG, q0) pv_update(1, T, full, QG, h, &vals, q0, hdp)
         FOR_QUERY_GROUPS(nqp, PV)
 #undef PV
         return;
     }
     load_rows(a, vrows, off, nb, w->vb, hdp);
-#define PV(QG, q0) pv_update(0, QG, h, &vals, q0, hdp)
+#define PV(QG, q0) pv_update(0, T, full, QG, h, &vals, q0, hdp)
     FOR_QUERY_GROUPS(nqp, PV)
 #undef PV
+}
+
+#define BLOCK_UPDATE_T(T, full)                                                                                    \
+    static void block_update_##T##_##full(const q3_cpu_attn *a, attn_ws *w, head_ws *h, const char *const *krows, \
+                                          const char *const *vrows, int t0, int nb)                               \
+    {                                                                                                             \
+        block_update_t(T, full, a, w, h, krows, vrows, t0, nb);                                                   \
+    }
+BLOCK_UPDATE_T(Q3_F16, 1)
+BLOCK_UPDATE_T(Q3_F16, 0)
+BLOCK_UPDATE_T(Q3_BF16, 1)
+BLOCK_UPDATE_T(Q3_BF16, 0)
+BLOCK_UPDATE_T(Q3_F32, 1)
+BLOCK_UPDATE_T(Q3_F32, 0)
+BLOCK_UPDATE_T(Q3_Q8_0, 1)
+BLOCK_UPDATE_T(Q3_Q8_0, 0)
+#undef BLOCK_UPDATE_T
+
+static void block_update(const q3_cpu_attn *a, attn_ws *w, head_ws *h, const char *const *krows,
+                         const char *const *vrows, int t0, int nb)
+{
+    const int full = nb == KEY_BLOCK;
+    switch (a->kv_dtype) {
+    case Q3_F16: (full ? block_update_Q3_F16_1 : block_update_Q3_F16_0)(a, w, h, krows, vrows, t0, nb); break;
+    case Q3_BF16: (full ? block_update_Q3_BF16_1 : block_update_Q3_BF16_0)(a, w, h, krows, vrows, t0, nb); break;
+    case Q3_Q8_0: (full ? block_update_Q3_Q8_0_1 : block_update_Q3_Q8_0_0)(a, w, h, krows, vrows, t0, nb); break;
+    default: (full ? block_update_Q3_F32_1 : block_update_Q3_F32_0)(a, w, h, krows, vrows, t0, nb); break;
+    }
 }
 
 /* ---- super-block states ------------------------------------------------------------------ */
