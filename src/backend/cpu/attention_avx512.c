@@ -160,7 +160,7 @@ static void prefetch_slices(const q3_cpu_attn *a, int t0, int t1, size_t off, si
 
 /* 16 values of a row from value c on (masked past hd), as F32: as load_rows
  * makes them. T, the cache's type, is a constant where it is inlined. */
-Q3_INLINE __m512 row16(const q3_dtype T, const q3_cpu_attn *a, const char *row, int c)
+Q3_INLINE __m512 row16(const q3_dtype T, const int whole, const q3_cpu_attn *a, const char *row, int c)
 {
     if (T == Q3_Q8_0) {
         const uint8_t *b = (const uint8_t *)row + (size_t)(c / 32) * Q3_Q8_0_BYTES;
@@ -168,7 +168,7 @@ Q3_INLINE __m512 row16(const q3_dtype T, const q3_cpu_attn *a, const char *row, 
         __m128i q = _mm_loadu_si128((const __m128i *)(b + 2 + (c % 32)));
         return _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)));
     }
-    return load16(T, row, c, q3_mask16(a->head_dim - c));
+    return load16(T, row, c, whole ? (__mmask16)0xffff : q3_mask16(a->head_dim - c));
 }
 
 /* Where a block's keys (or values) come from: staged, F32 rows of hdp values
@@ -187,11 +187,12 @@ typedef struct block_rows {
     int nb;
 } block_rows;
 
-/* full: the block holds KEY_BLOCK keys (no row past nb to test for). */
+/* full: the block holds KEY_BLOCK keys (no row past nb to test for) and
+ * head_dim is a multiple of 16 (no chunk to mask). */
 Q3_INLINE __m512 chunk16(const int direct, const q3_dtype T, const int full, const block_rows *src, int j, int c, int hdp)
 {
     if (!direct) return _mm512_load_ps(src->staged + (size_t)j * hdp + c);
-    return full || j < src->nb ? row16(T, src->a, src->rows[j] + src->off, c) : _mm512_setzero_ps();
+    return full || j < src->nb ? row16(T, full, src->a, src->rows[j] + src->off, c) : _mm512_setzero_ps();
 }
 
 /* Scores of the QT queries from q0 against the block's 16 keys, KT keys at a
@@ -289,8 +290,8 @@ Q3_INLINE void pv_update(const int direct, const q3_dtype T, const int full, con
 static bool reads_direct(const q3_cpu_attn *a, int nqp) { return nqp <= 4 || (!a->k_chunk && nqp <= 16); }
 
 /* One block of nb keys from t0 for one head's queries; T the cache's type
- * and full (nb == KEY_BLOCK) constants where it is inlined, so the direct
- * reads' loops hold no test of either. */
+ * and full (nb == KEY_BLOCK and head_dim % 16 == 0) constants where it is
+ * inlined, so the direct reads' loops hold no test of either. */
 Q3_INLINE void block_update_t(const q3_dtype T, const int full, const q3_cpu_attn *a, attn_ws *w, head_ws *h,
                               const char *const *krows, const char *const *vrows, int t0, int nb)
 {
@@ -359,7 +360,7 @@ BLOCK_UPDATE_T(Q3_Q8_0, 0)
 static void block_update(const q3_cpu_attn *a, attn_ws *w, head_ws *h, const char *const *krows,
                          const char *const *vrows, int t0, int nb)
 {
-    const int full = nb == KEY_BLOCK;
+    const int full = nb == KEY_BLOCK && a->head_dim % 16 == 0;
     switch (a->kv_dtype) {
     case Q3_F16: (full ? block_update_Q3_F16_1 : block_update_Q3_F16_0)(a, w, h, krows, vrows, t0, nb); break;
     case Q3_BF16: (full ? block_update_Q3_BF16_1 : block_update_Q3_BF16_0)(a, w, h, krows, vrows, t0, nb); break;
