@@ -109,17 +109,16 @@ static void fill_slot(q3_matcher *m, int c, const uint64_t *view, long n_key, ui
     m->cache[c].state = m->state;
     m->cache[c].view = view;
     m->cache[c].n_key = -1;
-    if (n_key >= 0 && (size_t)n_key <= m->cache[c].key_cap) {
-        memcpy(m->cache[c].key, m->key, (size_t)n_key * sizeof *m->key);
-        m->cache[c].n_key = n_key;
-    } else if (n_key >= 0) {
-        int32_t *k = realloc(m->cache[c].key, (size_t)(n_key ? n_key : 1) * sizeof *k);
+    if (n_key >= 0 && (size_t)n_key > m->cache[c].key_cap) {
+        int32_t *k = realloc(m->cache[c].key, (size_t)n_key * sizeof *k);
         if (k) {
             m->cache[c].key = k;
-            m->cache[c].key_cap = (size_t)(n_key ? n_key : 1);
-            memcpy(k, m->key, (size_t)n_key * sizeof *k);
-            m->cache[c].n_key = n_key;
+            m->cache[c].key_cap = (size_t)n_key;
         }
+    }
+    if (n_key >= 0 && (size_t)n_key <= m->cache[c].key_cap) {
+        if (n_key) memcpy(m->cache[c].key, m->key, (size_t)n_key * sizeof *m->key);
+        m->cache[c].n_key = n_key;
     }
     m->cache[c].hash = h;
     m->cache_next = (c + 1) % MATCHER_CACHE;
@@ -169,10 +168,14 @@ q3_status matcher_rank_mask(q3_matcher *m, const uint64_t **out)
     for (int i = 0; i < MATCHER_CACHE; i++)
         if (m->cache[i].state == m->state) return serve(m, i, out);
     /* a state met before whose counts differ only past the longest token
-       (rec_state_key): the same mask */
+       (rec_state_key): the same mask. Without counted positions and without a
+       shared table no key can serve (one recognizer's distinct states have
+       distinct keys), so none is written. */
     int32_t upto = v->max_token_bytes, least = INT32_MAX;
     uint64_t h = 0;
-    long n_key = rec_state_key(&m->r, m->state, upto, &m->key, &m->key_cap, &h, &least);
+    long n_key = m->G->share || m->G->g->sym_rep
+                     ? rec_state_key(&m->r, m->state, upto, &m->key, &m->key_cap, &h, &least)
+                     : -1;
     if (n_key >= 0)
         for (int i = 0; i < MATCHER_CACHE; i++)
             if (m->cache[i].state >= 0 && m->cache[i].n_key == n_key && m->cache[i].hash == h &&
