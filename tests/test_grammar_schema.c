@@ -466,6 +466,63 @@ static void test_oracle_strings(void)
     }
 }
 
+/* The masks of states inside a string built from the vocabulary's text tokens
+ * and tails (mask.c's text_tails): where any character leads back to the
+ * state, or to one that reads the same up to the longest token (a maxLength
+ * far off, no minLength left), and where not (the counts near, a minLength
+ * still owed, named keys beside free ones); each against the oracle, with
+ * whether the path was taken. */
+static void test_oracle_tails(void)
+{
+    char near[200] = "\"";
+    memset(near + 1, 'a', 180); /* 120 characters left of 300: fewer than the longest token */
+    static const char *gbnf = "root ::= \"\\\"\" [^\"]* \"\\\"\"\n";
+    const struct {
+        q3_grammar_kind kind;
+        const char *text, *prefix;
+        int tails;
+    } cases[] = {
+        {Q3_GRAMMAR_JSON_SCHEMA, "{\"type\":\"string\"}", "\"", 1},
+        {Q3_GRAMMAR_JSON_SCHEMA, "{\"type\":\"string\"}", "\"ab\xe4\xb8\xad", 1},
+        {Q3_GRAMMAR_JSON_SCHEMA, "{\"type\":\"string\",\"maxLength\":300}", "\"", 1},
+        {Q3_GRAMMAR_JSON_SCHEMA, "{\"type\":\"string\",\"maxLength\":300}", near, 0},
+        {Q3_GRAMMAR_JSON_SCHEMA, "{\"type\":\"string\",\"minLength\":3,\"maxLength\":300}", "\"", 0},
+        {Q3_GRAMMAR_JSON_SCHEMA, "{\"type\":\"string\",\"minLength\":3,\"maxLength\":300}", "\"abc", 1},
+        {Q3_GRAMMAR_JSON_SCHEMA, "{\"type\":\"array\",\"items\":{\"type\":\"string\"},\"maxItems\":5}", "[\"x\", \"", 1},
+        {Q3_GRAMMAR_JSON, "", "{\"", 1},
+        {Q3_GRAMMAR_JSON_SCHEMA, "{\"type\":\"object\",\"properties\":{\"ab\":{\"type\":\"integer\"}}}", "{\"", 0},
+        {Q3_GRAMMAR_GBNF, gbnf, "\"", 1}, /* control characters are text here: tails of newlines allowed */
+        {Q3_GRAMMAR_GBNF, gbnf, "\"x\n", 1},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        q3_grammar *G = compile(cases[i].kind, cases[i].text);
+        if (!G) continue;
+        mask_share *share = G->share;
+        G->share = NULL; /* every mask computed here, none taken from another matcher */
+        q3_matcher *m;
+        if (q3_matcher_new(G, 0, &m) == Q3_OK) {
+            const gvocab *v = G->v;
+            uint64_t *brute = malloc(gvocab_mask_words(v) * 8);
+            const uint64_t *mask;
+            size_t ok;
+            int bad = q3_matcher_accept_bytes(m, cases[i].prefix, strlen(cases[i].prefix), &ok) ||
+                      matcher_rank_mask(m, &mask) || mask_brute(&m->r, v, m->state, brute);
+            CHECK(!bad, "case %zu: no mask", i);
+            if (!bad) {
+                int32_t r = first_difference(v, mask, brute);
+                CHECK(r < 0, "case %zu (%s after '%.20s'): token %d differs from the oracle", i, cases[i].text,
+                      cases[i].prefix, r < 0 ? -1 : v->id_of_rank[r]);
+                CHECK(m->r.st_tails[m->state] == cases[i].tails, "case %zu: text and tails %s", i,
+                      cases[i].tails ? "not taken" : "taken");
+            }
+            free(brute);
+            q3_matcher_free(m);
+        }
+        G->share = share;
+        q3_grammar_free(G);
+    }
+}
+
 static void test_oracle(void)
 {
     const char *schemas[] = {
@@ -596,6 +653,7 @@ int main(void)
     test_regex_choice_tool();
     test_oracle();
     test_oracle_strings();
+    test_oracle_tails();
     test_oracle_counts();
     q3_tokenizer_free(tok);
     TEST_DONE();

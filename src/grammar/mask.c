@@ -1,4 +1,5 @@
 /* Token masks (mask.h). */
+#include <stdlib.h>
 #include <string.h>
 
 #include "grammar/mask.h"
@@ -194,8 +195,79 @@ static int32_t text_budget(rec *r, int s, int enough)
     return r->st_budget[s];
 }
 
+/* Whether the mask of s is mask_text_loop's: 1, 0, or -1 (out of memory).
+ * So when any one character of text leads from s to one state t that reads
+ * the same as s up to the longest token (t == s: the inside of a free string;
+ * equal rec_state_key words up to that many bytes: a string with at least
+ * that many characters still allowed and none still needed). Then, by
+ * induction on the characters, the state after a token's text reads the same
+ * as s for the rest of the token: its text is alive (every byte of every
+ * character keeps a stack alive from s, text_next checked) and its tail is
+ * alive from there exactly when from s. */
+static int text_tails(rec *r, const gvocab *v, int s)
+{
+    if (r->st_tails[s] >= 0) return r->st_tails[s];
+    int t = text_next(r, s), same = t == s;
+    if (t == REC_ERROR) return -1;
+    if (t >= 0 && !same && r->g->sym_rep) { /* without counted positions distinct states read differently */
+        int32_t *k[2] = {NULL, NULL}, least[2];
+        size_t cap[2] = {0, 0};
+        uint64_t h[2];
+        long n0 = rec_state_key(r, s, v->max_token_bytes, &k[0], &cap[0], &h[0], &least[0]);
+        long n1 = n0 < 0 ? -1 : rec_state_key(r, t, v->max_token_bytes, &k[1], &cap[1], &h[1], &least[1]);
+        same = n0 >= 0 && n0 == n1 && h[0] == h[1] && !memcmp(k[0], k[1], (size_t)n0 * sizeof *k[0]);
+        free(k[0]);
+        free(k[1]);
+        if (n0 < 0 || n1 < 0) return -1;
+    }
+    return r->st_tails[s] = (int8_t)same;
+}
+
+/* The mask of a state s for which text_tails holds: every token of text
+ * (vocab.h's text_only) and the others by their tails, walked from s. */
+static q3_status mask_text_loop(rec *r, const gvocab *v, int s, uint64_t *mask)
+{
+    memcpy(mask, v->text_only, gvocab_mask_words(v) * sizeof *mask);
+    struct {
+        int32_t k, kend;
+        int state;
+    } f[MAX_DEPTH];
+    const gtail *tails = v->tails;
+    int depth = 0;
+    f[0].k = 0;
+    f[0].kend = v->n_tail_root_kids;
+    f[0].state = s;
+    for (;;) {
+        if (f[depth].k == f[depth].kend) {
+            if (depth == 0) break;
+            depth--;
+            continue;
+        }
+        const gtail *e = &tails[f[depth].k++];
+        int T = rec_next(r, f[depth].state, e->lab);
+        if (T < 0) {
+            if (T == REC_ERROR) return q3_fail(Q3_ERR_NOMEM, "token mask: %s", "the recognizer failed");
+            continue;
+        }
+        for (int32_t i = e->ranks_lo; i < e->ranks_hi; i++) set_bit(mask, v->tail_ranks[i]);
+        if (e->kids_hi > e->kids_lo) {
+            if (depth + 1 >= MAX_DEPTH) return q3_fail(Q3_ERR_UNSUPPORTED, "token longer than %d bytes", MAX_DEPTH);
+            depth++;
+            f[depth].k = e->kids_lo;
+            f[depth].kend = e->kids_hi;
+            f[depth].state = T;
+        }
+    }
+    return Q3_OK;
+}
+
 q3_status mask_trie(rec *r, const gvocab *v, int s, int keep, uint64_t *mask)
 {
+    if (keep < 0) {
+        int t = text_tails(r, v, s);
+        if (t < 0) return q3_fail(Q3_ERR_NOMEM, "out of memory");
+        if (t) return mask_text_loop(r, v, s, mask);
+    }
     if (keep < 0) memset(mask, 0, gvocab_mask_words(v) * sizeof *mask);
     else put_range(mask, v->n_trie_ranks, v->n_ids, 0);
     /* a frame: a node whose children are being tried (kids k .. kend), the

@@ -176,14 +176,15 @@ static int intern(rec *r)
             return s;
     }
     if (r->n_states == r->cap_states) {
-        size_t c = (size_t)r->cap_states, c1 = c, c2 = c, c3 = c, c4 = c, c5 = c, c6 = c;
+        size_t c = (size_t)r->cap_states, c1 = c, c2 = c, c3 = c, c4 = c, c5 = c, c6 = c, c7 = c;
         if (grow((void **)&r->st_off, &c, c + 1, sizeof *r->st_off) ||
             grow((void **)&r->st_len, &c1, c1 + 1, sizeof *r->st_len) ||
             grow((void **)&r->st_trans, &c2, c2 + 1, sizeof *r->st_trans) ||
             grow((void **)&r->st_loop, &c3, c3 + 1, sizeof *r->st_loop) ||
             grow((void **)&r->st_loop_ok, &c4, c4 + 1, sizeof *r->st_loop_ok) ||
             grow((void **)&r->st_text, &c5, c5 + 1, sizeof *r->st_text) ||
-            grow((void **)&r->st_budget, &c6, c6 + 1, sizeof *r->st_budget))
+            grow((void **)&r->st_budget, &c6, c6 + 1, sizeof *r->st_budget) ||
+            grow((void **)&r->st_tails, &c7, c7 + 1, sizeof *r->st_tails))
             return fail_nomem(r);
         r->cap_states = (int)c;
     }
@@ -195,6 +196,7 @@ static int intern(rec *r)
     r->st_loop_ok[s] = 0;
     r->st_text[s] = REC_UNKNOWN;
     r->st_budget[s] = REC_UNKNOWN;
+    r->st_tails[s] = -1;
     memcpy(r->pool + r->n_pool, r->buf, (size_t)r->n_buf * sizeof *r->buf);
     r->n_pool += (size_t)r->n_buf;
     r->shash[k] = s + 1;
@@ -228,6 +230,7 @@ void rec_free(rec *r)
     free(r->st_loop_ok);
     free(r->st_text);
     free(r->st_budget);
+    free(r->st_tails);
     free(r->shash);
     free(r->pool);
     free(r->buf);

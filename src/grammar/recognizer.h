@@ -40,6 +40,8 @@ typedef struct rec {
                                  string text (REC_UNKNOWN: not computed; REC_DEAD: none, or not one) */
     int32_t *st_budget;       /* [cap_states] mask.c's memo: how many such characters may follow
                                  (REC_UNKNOWN: not computed; INT32_MAX: any number) */
+    int8_t *st_tails;         /* [cap_states] mask.c's memo: whether the state's mask is the text tokens
+                                 and the tails walked from it (-1: not computed) */
     int n_states, cap_states;
     int32_t *shash;           /* state + 1, 0 empty; [shash_cap] */
     uint32_t shash_cap;

@@ -42,6 +42,9 @@ static void vocab_free(gvocab *v)
     free(v->in_trie);
     free(v->kids);
     free(v->unions);
+    free(v->text_only);
+    free(v->tails);
+    free(v->tail_ranks);
     free(v);
 }
 
@@ -105,6 +108,114 @@ static void trie_free(trie *t)
     free(t->uni);
     free(t->uok);
     free(t->below);
+}
+
+/* ---- text tokens and tails (vocab.h) -------------------------------------------------------- */
+
+typedef struct tail_entry {
+    const unsigned char *b;
+    uint32_t len;
+    int32_t rank;
+} tail_entry;
+
+static int cmp_tails(const void *a, const void *b)
+{
+    const tail_entry *x = a, *y = b;
+    int c = memcmp(x->b, y->b, x->len < y->len ? x->len : y->len);
+    if (c) return c;
+    if (x->len != y->len) return x->len < y->len ? -1 : 1;
+    return (x->rank > y->rank) - (x->rank < y->rank);
+}
+
+/* text_only, and the tails' trie built as the token trie is: tails sorted,
+ * nodes made in preorder along each one's path past what it shares with the
+ * one before, then packed as children blocks. */
+static q3_status build_tails(gvocab *v)
+{
+    size_t words = gvocab_mask_words(v);
+    v->text_only = calloc(words, sizeof *v->text_only);
+    tail_entry *e = malloc((size_t)(v->n_trie_ranks ? v->n_trie_ranks : 1) * sizeof *e);
+    if (!v->text_only || !e) {
+        free(e);
+        return Q3_ERR_NOMEM;
+    }
+    int32_t n_e = 0;
+    size_t total = 0;
+    for (int32_t r = 0; r < v->n_trie_ranks; r++) {
+        int32_t id = v->id_of_rank[r];
+        const unsigned char *b = (const unsigned char *)v->bytes + v->off[id];
+        uint32_t len = v->len[id], start = 0, i = 0;
+        int q = U_B;
+        for (; i < len; i++) {
+            q = utf8_text_next(q, b[i]);
+            if (q < 0) break;
+            if (q == U_B) start = i + 1;
+        }
+        if (i == len) {
+            v->text_only[r >> 6] |= 1ull << (r & 63);
+            continue;
+        }
+        e[n_e++] = (tail_entry){.b = b + start, .len = len - start, .rank = r};
+        total += len - start;
+    }
+    qsort(e, (size_t)n_e, sizeof *e, cmp_tails);
+    size_t cap = total + 1;
+    uint8_t *lab = malloc(cap);
+    int32_t *parent = malloc(cap * sizeof *parent), *lo = malloc(cap * sizeof *lo), *hi = malloc(cap * sizeof *hi);
+    int32_t *path = malloc(((size_t)v->max_token_bytes + 1) * sizeof *path);
+    int32_t *kid_off = calloc(cap + 1, sizeof *kid_off);
+    v->tail_ranks = malloc((size_t)(n_e ? n_e : 1) * sizeof *v->tail_ranks);
+    q3_status st = Q3_ERR_NOMEM;
+    if (!lab || !parent || !lo || !hi || !path || !kid_off || !v->tail_ranks) goto done;
+    int32_t n = 1; /* node 0: the root */
+    path[0] = 0;
+    parent[0] = -1;
+    for (int32_t k = 0; k < n_e; k++) {
+        uint32_t lcp = 0;
+        if (k) {
+            uint32_t m = e[k - 1].len < e[k].len ? e[k - 1].len : e[k].len;
+            while (lcp < m && e[k - 1].b[lcp] == e[k].b[lcp]) lcp++;
+        }
+        for (uint32_t d = lcp + 1; d <= e[k].len; d++) {
+            lab[n] = e[k].b[d - 1];
+            parent[n] = path[d - 1];
+            lo[n] = hi[n] = 0;
+            path[d] = n++;
+        }
+        int32_t x = path[e[k].len];
+        if (lo[x] == hi[x]) lo[x] = k;
+        hi[x] = k + 1;
+        v->tail_ranks[k] = e[k].rank;
+    }
+    /* preorder: a node's children in byte order, its parent's block before theirs */
+    for (int32_t x = 1; x < n; x++) kid_off[parent[x] + 1]++;
+    for (int32_t x = 0; x < n; x++) kid_off[x + 1] += kid_off[x];
+    v->tails = malloc((size_t)(n > 1 ? n - 1 : 1) * sizeof *v->tails);
+    if (!v->tails) goto done;
+    for (int32_t x = 1; x < n; x++) { /* children of one parent come in order: x is the next of its parent's */
+        int32_t k = kid_off[parent[x]]++;
+        v->tails[k] = (gtail){.lab = lab[x], .ranks_lo = lo[x], .ranks_hi = hi[x], .kids_lo = x, .kids_hi = x};
+    }
+    /* kid_off[x] now ends x's block: its children are [kid_off[x - 1], kid_off[x]) with kid_off[-1] = 0 */
+    for (int32_t k = 0; k < n - 1; k++) {
+        int32_t x = v->tails[k].kids_lo;
+        v->tails[k].kids_lo = kid_off[x - 1];
+        v->tails[k].kids_hi = kid_off[x];
+    }
+    v->n_tail_nodes = n;
+    v->n_tail_root_kids = n > 1 ? kid_off[0] : 0;
+    v->bytes_held += words * sizeof *v->text_only + (size_t)(n - 1) * sizeof *v->tails +
+                     (size_t)n_e * sizeof *v->tail_ranks;
+    st = Q3_OK;
+done:
+    free(e);
+    free(lab);
+    free(parent);
+    free(lo);
+    free(hi);
+    free(path);
+    free(kid_off);
+    return st;
 }
 
 static q3_status build(const q3_tokenizer *tok, int32_t n_ids, int32_t eot, int32_t eos, gvocab **out)
@@ -290,6 +401,10 @@ static q3_status build(const q3_tokenizer *tok, int32_t n_ids, int32_t eot, int3
     trie_free(&t);
     v->bytes_held = sizeof *v + total + (size_t)n_ids * (4 + 4 + 4 + 4 + 1) +
                     (size_t)(n_nodes - 1) * sizeof(gkid) + (size_t)v->n_unions * sizeof(gclass);
+    if (build_tails(v)) {
+        vocab_free(v);
+        return q3_fail(Q3_ERR_NOMEM, "out of memory building the token trie");
+    }
     v->build_s = seconds() - t0;
     *out = v;
     return Q3_OK;

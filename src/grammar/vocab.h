@@ -44,6 +44,13 @@ typedef struct gkid {
     uint8_t uok;
 } gkid;
 
+/* One node of the tail trie (gvocab's tails), as its parent's child. */
+typedef struct gtail {
+    int32_t kids_lo, kids_hi;   /* its children: tails[kids_lo .. kids_hi) */
+    int32_t ranks_lo, ranks_hi; /* the tokens whose tail ends here: tail_ranks[ranks_lo .. ranks_hi) */
+    uint8_t lab;                /* the byte */
+} gtail;
+
 typedef struct gvocab {
     int32_t n_ids;        /* the tokenizer's ids */
     int32_t n_trie_ranks; /* ranks [0, n_trie_ranks) are trie tokens */
@@ -58,6 +65,18 @@ typedef struct gvocab {
     int32_t n_root_kids;  /* the root's children: kids[0 .. n_root_kids) */
     gclass *unions;
     int32_t n_unions;
+    /* For a state that any one character of JSON string text leads back to
+     * (the inside of a free string): text_only, the trie tokens that are such
+     * text from a character's start (a mask over ranks; a token may end inside
+     * a character), and the other trie tokens by their tail, the bytes from
+     * the start of the character where they stop being such text: a trie of
+     * their own (tails, children blocks as kids; the root's first), each node
+     * listing the ranks of the tokens whose tail ends there. From such a
+     * state a token of text is allowed, and any other by its tail alone. */
+    uint64_t *text_only;  /* [mask words] */
+    gtail *tails;         /* [n_tail_nodes - 1] */
+    int32_t n_tail_nodes, n_tail_root_kids;
+    int32_t *tail_ranks;
     int32_t eot, eos;     /* <|im_end|> and <|endoftext|> (or -1): the output may end with either */
     int shared_ranks;     /* some ids share a rank (equal bytes): id_of_rank does not list them all */
     double build_s;       /* time it took */
