@@ -42,6 +42,8 @@ static inline int subset(const gclass *a, const gclass *b)
  * subtrees, where the walk is cheaper; a budget already known is taken
  * whatever the size. */
 #define TEXT_LAZY_MIN 64
+/* The same for a counted run's (run_from): computed for a child with this many tokens below. */
+#define RUN_LAZY_MIN 64
 
 /* ---- JSON string text -----------------------------------------------------------
  * Where the next characters may be any JSON string text (UTF-8 but controls,
@@ -195,6 +197,54 @@ static int32_t text_budget(rec *r, int s, int enough)
     return r->st_budget[s];
 }
 
+/* Whether states a and b read the same up to `upto` bytes (equal
+ * rec_state_key words): 1, 0, or -1 (out of memory). Without counted
+ * positions distinct states read differently. */
+static int same_upto(rec *r, int a, int b, int upto)
+{
+    if (a == b) return 1;
+    if (!r->g->sym_rep || r->st_len[a] != r->st_len[b]) return 0; /* a key has a chain per stack */
+    int32_t least;
+    uint64_t h[2];
+    long n0 = rec_state_key(r, a, upto, &r->cmp_key[0], &r->cmp_key_cap[0], &h[0], &least);
+    long n1 = n0 < 0 ? -1 : rec_state_key(r, b, upto, &r->cmp_key[1], &r->cmp_key_cap[1], &h[1], &least);
+    if (n0 < 0 || n1 < 0) return -1;
+    return n0 == n1 && h[0] == h[1] && !memcmp(r->cmp_key[0], r->cmp_key[1], (size_t)n0 * sizeof *r->cmp_key[0]);
+}
+
+/* A counted run (the inside of an item{m,n} of one byte class, say): s's
+ * byte c leads to t, which reads the same as s up to u bytes (same_upto at
+ * u = the least count left in t). Then, by induction on the bytes, from s
+ * every string of up to u + 1 bytes that lead from s to t is alive: the state
+ * after i of them reads as s for u + 1 - i more bytes. Memoized for the first
+ * t asked: 1 with *cls (the bytes s's stacks take as they take c, so that
+ * lead to t too) and *reach (u), 0 when t is not that state or reads
+ * differently, or -1 (out of memory). */
+static int run_from(rec *r, int s, unsigned c, int t, const gclass **cls, int32_t *reach)
+{
+    if (r->st_run[s] == REC_UNKNOWN) {
+        int k = rec_run_add(r);
+        if (k < 0 || rec_group(r, s, c, &r->runs[k].cls)) return -1;
+        int32_t u = 0, least = 0;
+        uint64_t h;
+        if (r->st_len[s] == r->st_len[t] && rec_state_key(r, t, 0, &r->cmp_key[0], &r->cmp_key_cap[0], &h, &least) < 0)
+            return -1;
+        if (least != INT32_MAX && least > 0) {
+            int same = same_upto(r, s, t, least);
+            if (same < 0) return -1;
+            u = same ? least : 0;
+        }
+        r->runs[k].next = t;
+        r->runs[k].reach = u;
+        r->st_run[s] = k;
+    }
+    const struct rec_run *x = &r->runs[r->st_run[s]];
+    if (x->next != t || x->reach <= 0) return 0;
+    *cls = &x->cls;
+    *reach = x->reach;
+    return 1;
+}
+
 /* Whether the mask of s is mask_text_loop's: 1, 0, or -1 (out of memory).
  * So when any one character of text leads from s to one state t that reads
  * the same as s up to the longest token (t == s: the inside of a free string;
@@ -207,19 +257,20 @@ static int32_t text_budget(rec *r, int s, int enough)
 static int text_tails(rec *r, const gvocab *v, int s)
 {
     if (r->st_tails[s] >= 0) return r->st_tails[s];
+    /* a few characters first: most states take some of them differently (or
+       not at all), and text_next tries every byte of every character */
+    static const unsigned char probe[] = {'a', 'Z', '0', ' ', '~', '!'};
+    int first = rec_next(r, s, probe[0]);
+    if (first == REC_ERROR) return -1;
+    for (size_t i = 1; i < sizeof probe && first >= 0; i++) {
+        int x = rec_next(r, s, probe[i]);
+        if (x == REC_ERROR) return -1;
+        if (x != first) first = REC_DEAD;
+    }
+    if (first < 0) return r->st_tails[s] = 0;
     int t = text_next(r, s), same = t == s;
     if (t == REC_ERROR) return -1;
-    if (t >= 0 && !same && r->g->sym_rep) { /* without counted positions distinct states read differently */
-        int32_t *k[2] = {NULL, NULL}, least[2];
-        size_t cap[2] = {0, 0};
-        uint64_t h[2];
-        long n0 = rec_state_key(r, s, v->max_token_bytes, &k[0], &cap[0], &h[0], &least[0]);
-        long n1 = n0 < 0 ? -1 : rec_state_key(r, t, v->max_token_bytes, &k[1], &cap[1], &h[1], &least[1]);
-        same = n0 >= 0 && n0 == n1 && h[0] == h[1] && !memcmp(k[0], k[1], (size_t)n0 * sizeof *k[0]);
-        free(k[0]);
-        free(k[1]);
-        if (n0 < 0 || n1 < 0) return -1;
-    }
+    if (t >= 0 && !same && (same = same_upto(r, s, t, v->max_token_bytes)) < 0) return -1;
     return r->st_tails[s] = (int8_t)same;
 }
 
@@ -317,6 +368,16 @@ q3_status mask_trie(rec *r, const gvocab *v, int s, int keep, uint64_t *mask)
             const gclass *loop = rec_loop(r, S);
             if (!loop) return Q3_ERR_NOMEM;
             if (subset(&v->unions[e->uni], loop)) {
+                set_range(mask, e->rank_lo, e->rank_hi);
+                continue;
+            }
+        } else if (e->kids_hi > e->kids_lo && r->g->sym_rep &&
+                   (r->st_run[S] != REC_UNKNOWN || e->rank_hi - e->rank_lo >= RUN_LAZY_MIN)) {
+            const gclass *cls;
+            int32_t reach;
+            int run = run_from(r, S, c, T, &cls, &reach);
+            if (run < 0) return q3_fail(Q3_ERR_NOMEM, "out of memory");
+            if (run && (int32_t)e->below <= reach && subset(&v->unions[e->uni], cls)) {
                 set_range(mask, e->rank_lo, e->rank_hi);
                 continue;
             }

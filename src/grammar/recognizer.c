@@ -176,7 +176,7 @@ static int intern(rec *r)
             return s;
     }
     if (r->n_states == r->cap_states) {
-        size_t c = (size_t)r->cap_states, c1 = c, c2 = c, c3 = c, c4 = c, c5 = c, c6 = c, c7 = c;
+        size_t c = (size_t)r->cap_states, c1 = c, c2 = c, c3 = c, c4 = c, c5 = c, c6 = c, c7 = c, c8 = c;
         if (grow((void **)&r->st_off, &c, c + 1, sizeof *r->st_off) ||
             grow((void **)&r->st_len, &c1, c1 + 1, sizeof *r->st_len) ||
             grow((void **)&r->st_trans, &c2, c2 + 1, sizeof *r->st_trans) ||
@@ -184,7 +184,8 @@ static int intern(rec *r)
             grow((void **)&r->st_loop_ok, &c4, c4 + 1, sizeof *r->st_loop_ok) ||
             grow((void **)&r->st_text, &c5, c5 + 1, sizeof *r->st_text) ||
             grow((void **)&r->st_budget, &c6, c6 + 1, sizeof *r->st_budget) ||
-            grow((void **)&r->st_tails, &c7, c7 + 1, sizeof *r->st_tails))
+            grow((void **)&r->st_tails, &c7, c7 + 1, sizeof *r->st_tails) ||
+            grow((void **)&r->st_run, &c8, c8 + 1, sizeof *r->st_run))
             return fail_nomem(r);
         r->cap_states = (int)c;
     }
@@ -197,10 +198,11 @@ static int intern(rec *r)
     r->st_text[s] = REC_UNKNOWN;
     r->st_budget[s] = REC_UNKNOWN;
     r->st_tails[s] = -1;
+    r->st_run[s] = REC_UNKNOWN;
     memcpy(r->pool + r->n_pool, r->buf, (size_t)r->n_buf * sizeof *r->buf);
     r->n_pool += (size_t)r->n_buf;
     r->shash[k] = s + 1;
-    r->bytes += (size_t)r->n_buf * sizeof(int32_t) + 48;
+    r->bytes += (size_t)r->n_buf * sizeof(int32_t) + 56;
     return s;
 }
 
@@ -231,9 +233,15 @@ void rec_free(rec *r)
     free(r->st_text);
     free(r->st_budget);
     free(r->st_tails);
+    free(r->st_run);
+    free(r->runs);
     free(r->shash);
     free(r->pool);
     free(r->buf);
+    free(r->key_tmp);
+    free(r->key_chains);
+    free(r->cmp_key[0]);
+    free(r->cmp_key[1]);
     memset(r, 0, sizeof *r);
 }
 
@@ -334,6 +342,26 @@ int rec_next_fill(rec *r, int s, unsigned c)
     return n;
 }
 
+int rec_run_add(rec *r)
+{
+    if (grow((void **)&r->runs, &r->cap_runs, (size_t)r->n_runs + 1, sizeof *r->runs)) return fail_nomem(r);
+    r->bytes += sizeof *r->runs;
+    return r->n_runs++;
+}
+
+int rec_group(rec *r, int s, unsigned c, gclass *out)
+{
+    memset(out, 0, sizeof *out);
+    int32_t *t = trans_row(r, s);
+    if (!t) return fail_nomem(r);
+    const uint8_t *grp = (const uint8_t *)(t + 256);
+    if (grp[c] == GRP_NONE) gclass_add(out, c);
+    else
+        for (unsigned b = 0; b < 256; b++)
+            if (grp[b] == grp[c]) gclass_add(out, b);
+    return 0;
+}
+
 int rec_next_token(rec *r, int s, int tok)
 {
     begin(r);
@@ -403,7 +431,7 @@ static int pos_words(const q3g *g, int pos, int upto, int32_t *w, int32_t *least
     return 3;
 }
 
-long rec_state_key(const rec *r, int s, int upto, int32_t **key, size_t *key_cap, uint64_t *hash, int32_t *least)
+long rec_state_key(rec *r, int s, int upto, int32_t **key, size_t *key_cap, uint64_t *hash, int32_t *least)
 {
     int n = r->st_len[s];
     size_t words = 0;
@@ -411,14 +439,12 @@ long rec_state_key(const rec *r, int s, int upto, int32_t **key, size_t *key_cap
         words++;
         for (int x = r->pool[r->st_off[s] + i]; x; x = r->npar[x]) words += 3;
     }
-    if (grow((void **)key, key_cap, words ? words : 1, sizeof **key)) return -1;
-    int32_t *tmp = malloc((words ? words : 1) * sizeof *tmp);
-    chain *ch = malloc((size_t)(n ? n : 1) * sizeof *ch);
-    if (!tmp || !ch) {
-        free(tmp);
-        free(ch);
+    if (grow((void **)key, key_cap, words ? words : 1, sizeof **key) ||
+        grow((void **)&r->key_tmp, &r->key_tmp_cap, words ? words : 1, sizeof *r->key_tmp) ||
+        grow(&r->key_chains, &r->key_chains_cap, (size_t)(n ? n : 1), sizeof(chain)))
         return -1;
-    }
+    int32_t *tmp = r->key_tmp;
+    chain *ch = r->key_chains;
     *least = INT32_MAX;
     size_t o = 0;
     for (int i = 0; i < n; i++) { /* each stack's positions, top first, behind its length */
@@ -440,8 +466,6 @@ long rec_state_key(const rec *r, int s, int upto, int32_t **key, size_t *key_cap
         o += ch[i].len;
         h = (h ^ ch[i].h) * 0x100000001b3ull;
     }
-    free(tmp);
-    free(ch);
     *hash = h ^ (h >> 29);
     return (long)o;
 }

@@ -42,6 +42,15 @@ typedef struct rec {
                                  (REC_UNKNOWN: not computed; INT32_MAX: any number) */
     int8_t *st_tails;         /* [cap_states] mask.c's memo: whether the state's mask is the text tokens
                                  and the tails walked from it (-1: not computed) */
+    int32_t *st_run;          /* [cap_states] mask.c's memo of a counted run: an index into runs
+                                 (REC_UNKNOWN: not computed) */
+    struct rec_run {
+        int32_t next;         /* the state some byte leads to, */
+        int32_t reach;        /* how many bytes it reads the same as the state for (0: none), */
+        gclass cls;           /* and the bytes that lead to it */
+    } *runs;
+    int n_runs;
+    size_t cap_runs;
     int n_states, cap_states;
     int32_t *shash;           /* state + 1, 0 empty; [shash_cap] */
     uint32_t shash_cap;
@@ -50,6 +59,12 @@ typedef struct rec {
     /* scratch */
     int32_t *buf;
     int n_buf, cap_buf;
+    int32_t *key_tmp;         /* rec_state_key's: the words before they are ordered, */
+    size_t key_tmp_cap;
+    void *key_chains;         /* and where each stack's words lie */
+    size_t key_chains_cap;
+    int32_t *cmp_key[2];      /* two keys mask.c compares */
+    size_t cmp_key_cap[2];
     int failed;               /* an allocation failed or a state grew past REC_MAX_STACKS */
     size_t bytes;             /* memory held by the tables above */
 } rec;
@@ -73,6 +88,11 @@ static inline int rec_next(rec *r, int s, unsigned c)
     const int32_t *t = r->st_trans[s];
     return t && t[c] != REC_UNKNOWN ? t[c] : rec_next_fill(r, s, c);
 }
+/* A new entry of runs (its index), or REC_ERROR. */
+int rec_run_add(rec *r);
+/* The bytes that s's stacks take just as they take c (so that lead where c
+ * leads): 0, or REC_ERROR. */
+int rec_group(rec *r, int s, unsigned c, gclass *out);
 /* The same computed afresh (no memo): the oracle the tests compare against. */
 int rec_next_uncached(rec *r, int s, unsigned c);
 /* The state after the named token tok (an index into g->token_names). */
@@ -97,7 +117,7 @@ int rec_subset(const rec *r, int a, int b);
  * Into *key (grown as needed; *key_cap words held); returns the count of
  * words, or -1 out of memory. *hash: their hash; *least: the least `tot` of
  * the counted positions (INT32_MAX: none). */
-long rec_state_key(const rec *r, int s, int upto, int32_t **key, size_t *key_cap, uint64_t *hash, int32_t *least);
+long rec_state_key(rec *r, int s, int upto, int32_t **key, size_t *key_cap, uint64_t *hash, int32_t *least);
 /* Whether some stack's top is a named token. */
 int rec_wants_token(const rec *r, int s);
 
