@@ -523,6 +523,51 @@ static void test_oracle_tails(void)
     }
 }
 
+/* Counted runs (mask.c's run_from): inside an item{m,n} of one byte class
+ * a subtree of that class no deeper than the counts left is allowed whole.
+ * Each mask against the oracle, and the run must have been found. */
+static void test_oracle_runs(void)
+{
+    const struct {
+        q3_grammar_kind kind;
+        const char *text, *prefix;
+    } cases[] = {
+        {Q3_GRAMMAR_JSON_SCHEMA, "{\"type\":\"string\",\"format\":\"email\"}", "\"ada@exam"},
+        {Q3_GRAMMAR_JSON_SCHEMA, "{\"type\":\"string\",\"format\":\"email\"}", "\"ada@example.o"},
+        {Q3_GRAMMAR_REGEX, "[a-z]{0,40}-[0-9]{3}", "abc"},
+        {Q3_GRAMMAR_REGEX, "[a-z]{0,40}-[0-9]{3}", "abcdefghijklmnopqrstuvwxyz"}, /* 14 left */
+        {Q3_GRAMMAR_GBNF, "root ::= [a-z]{2,60} \"!\"\n", "ab"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        q3_grammar *G = compile(cases[i].kind, cases[i].text);
+        if (!G) continue;
+        mask_share *share = G->share;
+        G->share = NULL;
+        q3_matcher *m;
+        if (q3_matcher_new(G, 0, &m) == Q3_OK) {
+            const gvocab *v = G->v;
+            uint64_t *brute = malloc(gvocab_mask_words(v) * 8);
+            const uint64_t *mask;
+            size_t ok;
+            int bad = q3_matcher_accept_bytes(m, cases[i].prefix, strlen(cases[i].prefix), &ok) ||
+                      matcher_rank_mask(m, &mask) || mask_brute(&m->r, v, m->state, brute);
+            CHECK(!bad, "run case %zu: no mask", i);
+            if (!bad) {
+                int32_t r = first_difference(v, mask, brute);
+                CHECK(r < 0, "run case %zu (%s after '%s'): token %d differs from the oracle", i, cases[i].text,
+                      cases[i].prefix, r < 0 ? -1 : v->id_of_rank[r]);
+                int runs = 0;
+                for (int k = 0; k < m->r.n_runs; k++) runs += m->r.runs[k].reach > 0;
+                CHECK(runs > 0, "run case %zu: no counted run found", i);
+            }
+            free(brute);
+            q3_matcher_free(m);
+        }
+        G->share = share;
+        q3_grammar_free(G);
+    }
+}
+
 static void test_oracle(void)
 {
     const char *schemas[] = {
@@ -654,6 +699,7 @@ int main(void)
     test_oracle();
     test_oracle_strings();
     test_oracle_tails();
+    test_oracle_runs();
     test_oracle_counts();
     q3_tokenizer_free(tok);
     TEST_DONE();
