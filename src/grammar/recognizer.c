@@ -276,31 +276,26 @@ int rec_next_uncached(rec *r, int s, unsigned c)
     return intern(r);
 }
 
-/* The bytes of state s in groups: bytes that the same stacks of s take (the
- * state after a byte depends only on which stacks take it: rec_next_uncached
- * advances exactly those) share their next state. grp[b]: b's group, or
- * GRP_NONE where b is alone (s has more than 64 stacks with a byte-class top,
- * or more than 254 groups). Bytes no stack takes are dead at once. */
-#define GRP_NONE 255
-
-/* The transition row of s, made on first use: [256] next states, then [256]
- * groups; NULL on failure. */
-static int32_t *trans_row(rec *r, int s)
+/* The transition row of s, made on first use (NULL on failure): its bytes in
+ * groups, bytes that the same stacks of s take (the state after a byte
+ * depends only on which stacks take it: rec_next_uncached advances exactly
+ * those), so one next state a group. Group 0 holds the bytes no stack takes
+ * (dead at once) when there are any. Where s has more than 64 stacks with a
+ * byte-class top, or the groups would not fit a byte, every byte is its own
+ * group. */
+static rec_row *trans_row(rec *r, int s)
 {
     if (r->st_trans[s]) return r->st_trans[s];
-    int32_t *t = malloc(256 * sizeof *t + 256);
-    if (!t) return NULL;
-    uint8_t *grp = (uint8_t *)(t + 256);
-    uint64_t sig[256] = {0}, seen[254];
-    int k = 0, n_grp = 0;
-    int too_many = 0; /* more stacks than a signature has bits: every byte alone */
-    for (int i = 0; i < r->st_len[s]; i++) {
+    uint8_t grp[256];
+    uint64_t sig[256] = {0}, seen[256];
+    int k = 0, n_grp = 0, alone = 0;
+    for (int i = 0; i < r->st_len[s] && !alone; i++) {
         int x = r->pool[r->st_off[s] + i];
         if (!x) continue;
         gsym sym = r->g->syms[r->npos[x]];
         if (sym.kind != GS_BYTES) continue;
         if (k == 64) {
-            too_many = 1;
+            alone = 1; /* more stacks than a signature has bits */
             break;
         }
         const gclass *cl = &r->g->classes[sym.arg];
@@ -308,37 +303,44 @@ static int32_t *trans_row(rec *r, int s)
             for (uint64_t m = cl->w[w]; m; m &= m - 1) sig[w * 64 + __builtin_ctzll(m)] |= 1ull << k;
         k++;
     }
-    for (int b = 0; b < 256; b++) {
-        t[b] = REC_UNKNOWN;
-        grp[b] = GRP_NONE;
-        if (too_many) continue;
-        if (!sig[b]) {
-            t[b] = REC_DEAD;
+    int dead = -1;
+    for (int b = 0; b < 256 && !alone; b++) {
+        if (!sig[b] && dead < 0) { /* the bytes no stack takes: one group, dead */
+            dead = n_grp;
+            seen[n_grp++] = 0;
+        }
+        if (b && sig[b] == sig[b - 1]) { /* classes are mostly ranges: the byte before's group */
+            grp[b] = grp[b - 1];
             continue;
         }
         int g = 0;
         while (g < n_grp && seen[g] != sig[b]) g++;
-        if (g == n_grp && n_grp < 254) seen[n_grp++] = sig[b];
-        if (g < n_grp) grp[b] = (uint8_t)g;
+        if (g == n_grp) seen[n_grp++] = sig[b];
+        grp[b] = (uint8_t)g;
     }
+    if (alone || n_grp > 256) {
+        alone = 1;
+        n_grp = 256;
+        for (int b = 0; b < 256; b++) grp[b] = (uint8_t)b;
+    }
+    rec_row *t = malloc(sizeof *t + (size_t)n_grp * sizeof *t->next);
+    if (!t) return NULL;
+    memcpy(t->grp, grp, sizeof grp);
+    for (int g = 0; g < n_grp; g++) t->next[g] = !alone && g == dead ? REC_DEAD : REC_UNKNOWN;
     r->st_trans[s] = t;
-    r->bytes += 256 * sizeof *t + 256;
+    r->bytes += sizeof *t + (size_t)n_grp * sizeof *t->next;
     return t;
 }
 
 int rec_next_fill(rec *r, int s, unsigned c)
 {
-    int32_t *t = trans_row(r, s);
+    rec_row *t = trans_row(r, s);
     if (!t) return fail_nomem(r);
-    if (t[c] != REC_UNKNOWN) return t[c];
+    int g = t->grp[c];
+    if (t->next[g] != REC_UNKNOWN) return t->next[g];
     int n = rec_next_uncached(r, s, c);
     if (n == REC_ERROR) return n;
-    t = r->st_trans[s];
-    const uint8_t *grp = (const uint8_t *)(t + 256);
-    if (grp[c] == GRP_NONE) t[c] = n;
-    else
-        for (int b = 0; b < 256; b++)
-            if (grp[b] == grp[c]) t[b] = n;
+    r->st_trans[s]->next[g] = n; /* the row stays put; st_trans may have moved */
     return n;
 }
 
@@ -352,13 +354,10 @@ int rec_run_add(rec *r)
 int rec_group(rec *r, int s, unsigned c, gclass *out)
 {
     memset(out, 0, sizeof *out);
-    int32_t *t = trans_row(r, s);
+    const rec_row *t = trans_row(r, s);
     if (!t) return fail_nomem(r);
-    const uint8_t *grp = (const uint8_t *)(t + 256);
-    if (grp[c] == GRP_NONE) gclass_add(out, c);
-    else
-        for (unsigned b = 0; b < 256; b++)
-            if (grp[b] == grp[c]) gclass_add(out, b);
+    for (unsigned b = 0; b < 256; b++)
+        if (t->grp[b] == t->grp[c]) gclass_add(out, b);
     return 0;
 }
 

@@ -21,6 +21,14 @@
 
 enum { REC_DEAD = -1, REC_UNKNOWN = -2, REC_ERROR = -3 };
 
+/* A state's transitions: grp[b], the group of byte b (bytes the state's
+ * stacks take alike, so that lead to one state), and next[g], the state after
+ * a byte of group g: REC_UNKNOWN until asked, REC_DEAD, or a state. */
+typedef struct rec_row {
+    uint8_t grp[256];
+    int32_t next[]; /* one a group */
+} rec_row;
+
 typedef struct rec {
     const q3g *g;
     int root;               /* the rule rec_start starts from */
@@ -33,7 +41,7 @@ typedef struct rec {
     uint32_t stamp;
     /* states */
     int32_t *st_off, *st_len; /* [cap_states] their nodes in pool */
-    int32_t **st_trans;       /* [cap_states] NULL or [256] next states (REC_UNKNOWN, REC_DEAD or a state), then [256] byte groups (recognizer.c) */
+    struct rec_row **st_trans; /* [cap_states] NULL or the state's transitions (rec_row) */
     gclass *st_loop;          /* [cap_states] bytes that lead back to the same state */
     uint8_t *st_loop_ok;      /* [cap_states] st_loop computed */
     int32_t *st_text;         /* [cap_states] mask.c's memo: the state after any one character of JSON
@@ -80,13 +88,17 @@ void rec_free(rec *r);
 int rec_start(rec *r);
 
 /* The state after byte c from state s: a state, REC_DEAD, or REC_ERROR.
- * Memoized: rec_next reads the table, rec_next_fill fills it (for every byte
- * that takes the same stacks as c at once). */
+ * Memoized: rec_next reads the row, rec_next_fill fills it (for every byte
+ * of c's group at once). */
 int rec_next_fill(rec *r, int s, unsigned c);
 static inline int rec_next(rec *r, int s, unsigned c)
 {
-    const int32_t *t = r->st_trans[s];
-    return t && t[c] != REC_UNKNOWN ? t[c] : rec_next_fill(r, s, c);
+    const rec_row *t = r->st_trans[s];
+    if (t) {
+        int n = t->next[t->grp[c & 255]];
+        if (n != REC_UNKNOWN) return n;
+    }
+    return rec_next_fill(r, s, c);
 }
 /* A new entry of runs (its index), or REC_ERROR. */
 int rec_run_add(rec *r);
