@@ -1,5 +1,4 @@
 /* Token masks (mask.h). */
-#include <stdlib.h>
 #include <string.h>
 
 #include "grammar/mask.h"

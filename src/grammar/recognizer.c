@@ -279,10 +279,9 @@ int rec_next_uncached(rec *r, int s, unsigned c)
 /* The transition row of s, made on first use (NULL on failure): its bytes in
  * groups, bytes that the same stacks of s take (the state after a byte
  * depends only on which stacks take it: rec_next_uncached advances exactly
- * those), so one next state a group. Group 0 holds the bytes no stack takes
- * (dead at once) when there are any. Where s has more than 64 stacks with a
- * byte-class top, or the groups would not fit a byte, every byte is its own
- * group. */
+ * those), so one next state a group. The bytes no stack takes are one group,
+ * dead at once. Where s has more than 64 stacks with a byte-class top (more
+ * than a signature has bits), every byte is its own group. */
 static rec_row *trans_row(rec *r, int s)
 {
     if (r->st_trans[s]) return r->st_trans[s];
@@ -318,8 +317,7 @@ static rec_row *trans_row(rec *r, int s)
         if (g == n_grp) seen[n_grp++] = sig[b];
         grp[b] = (uint8_t)g;
     }
-    if (alone || n_grp > 256) {
-        alone = 1;
+    if (alone) { /* (otherwise at most 256 groups: one a byte at most) */
         n_grp = 256;
         for (int b = 0; b < 256; b++) grp[b] = (uint8_t)b;
     }
