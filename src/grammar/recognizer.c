@@ -279,42 +279,50 @@ int rec_next_uncached(rec *r, int s, unsigned c)
 /* The transition row of s, made on first use (NULL on failure): its bytes in
  * groups, bytes that the same stacks of s take (the state after a byte
  * depends only on which stacks take it: rec_next_uncached advances exactly
- * those), so one next state a group. The bytes no stack takes are one group,
- * dead at once. Where s has more than 64 stacks with a byte-class top (more
- * than a signature has bits), every byte is its own group. */
+ * those), so one next state a group. Stacks whose tops are the same class
+ * take the same bytes, so a byte's signature is the set of the distinct
+ * classes that hold it; it changes only at a byte where some class starts or
+ * stops (classes are mostly ranges), and is computed at those bytes alone.
+ * The bytes no stack takes are one group, dead at once. Where the tops have
+ * more than 64 distinct classes (more than a signature has bits), every byte
+ * is its own group. */
 static rec_row *trans_row(rec *r, int s)
 {
     if (r->st_trans[s]) return r->st_trans[s];
     uint8_t grp[256];
-    uint64_t sig[256] = {0}, seen[256];
+    int32_t cls[64];
+    uint64_t seen[256], edge[4] = {1, 0, 0, 0}; /* byte 0 and where some class starts or stops */
     int k = 0, n_grp = 0, alone = 0;
     for (int i = 0; i < r->st_len[s] && !alone; i++) {
         int x = r->pool[r->st_off[s] + i];
         if (!x) continue;
         gsym sym = r->g->syms[r->npos[x]];
         if (sym.kind != GS_BYTES) continue;
+        int dup = 0;
+        for (int j = 0; j < k && !dup; j++) dup = cls[j] == sym.arg;
+        if (dup) continue;
         if (k == 64) {
-            alone = 1; /* more stacks than a signature has bits */
+            alone = 1; /* more classes than a signature has bits */
             break;
         }
+        cls[k++] = sym.arg;
         const gclass *cl = &r->g->classes[sym.arg];
-        for (int w = 0; w < 4; w++)
-            for (uint64_t m = cl->w[w]; m; m &= m - 1) sig[w * 64 + __builtin_ctzll(m)] |= 1ull << k;
-        k++;
+        uint64_t carry = 0;
+        for (int w = 0; w < 4; w++) { /* bit b of (w << 1 | carry): whether byte b - 1 is in the class */
+            edge[w] |= cl->w[w] ^ (cl->w[w] << 1 | carry);
+            carry = cl->w[w] >> 63;
+        }
     }
-    int dead = -1;
+    int dead = -1, g = 0;
     for (int b = 0; b < 256 && !alone; b++) {
-        if (!sig[b] && dead < 0) { /* the bytes no stack takes: one group, dead */
-            dead = n_grp;
-            seen[n_grp++] = 0;
+        if (edge[b >> 6] >> (b & 63) & 1) {
+            uint64_t sig = 0;
+            for (int j = 0; j < k; j++) sig |= (uint64_t)gclass_has(&r->g->classes[cls[j]], (unsigned)b) << j;
+            g = 0;
+            while (g < n_grp && seen[g] != sig) g++;
+            if (g == n_grp) seen[n_grp++] = sig;
+            if (!sig) dead = g;
         }
-        if (b && sig[b] == sig[b - 1]) { /* classes are mostly ranges: the byte before's group */
-            grp[b] = grp[b - 1];
-            continue;
-        }
-        int g = 0;
-        while (g < n_grp && seen[g] != sig[b]) g++;
-        if (g == n_grp) seen[n_grp++] = sig[b];
         grp[b] = (uint8_t)g;
     }
     if (alone) { /* (otherwise at most 256 groups: one a byte at most) */
@@ -324,7 +332,7 @@ static rec_row *trans_row(rec *r, int s)
     rec_row *t = malloc(sizeof *t + (size_t)n_grp * sizeof *t->next);
     if (!t) return NULL;
     memcpy(t->grp, grp, sizeof grp);
-    for (int g = 0; g < n_grp; g++) t->next[g] = !alone && g == dead ? REC_DEAD : REC_UNKNOWN;
+    for (int j = 0; j < n_grp; j++) t->next[j] = !alone && j == dead ? REC_DEAD : REC_UNKNOWN;
     r->st_trans[s] = t;
     r->bytes += sizeof *t + (size_t)n_grp * sizeof *t->next;
     return t;
