@@ -3,6 +3,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 
 #include "grammar/vocab.h"
@@ -29,6 +30,21 @@ static uint64_t fnv(uint64_t h, const void *p, size_t n)
     const unsigned char *s = p;
     for (size_t i = 0; i < n; i++) h = (h ^ s[i]) * 0x100000001b3ull;
     return h;
+}
+
+/* A table the mask walk reads at random (the trie's child records: 10 MB for
+ * Qwen3's vocabulary), on 2 MB pages where the kernel gives them (madvise; a
+ * hint, the memory is the same without): the walk's cache misses are then not
+ * also TLB misses. Freed with free(). */
+static void *walk_table_alloc(size_t bytes)
+{
+    const size_t huge = (size_t)2 << 20;
+    if (bytes < huge / 2) return malloc(bytes ? bytes : 1);
+    size_t rounded = (bytes + huge - 1) / huge * huge;
+    void *p = NULL;
+    if (posix_memalign(&p, huge, rounded)) return NULL;
+    madvise(p, rounded, MADV_HUGEPAGE);
+    return p;
 }
 
 static void vocab_free(gvocab *v)
@@ -387,7 +403,7 @@ static q3_status build(const q3_tokenizer *tok, int32_t n_ids, int32_t eot, int3
     gclass *shrunk = realloc(v->unions, (size_t)(v->n_unions ? v->n_unions : 1) * sizeof *v->unions);
     if (shrunk) v->unions = shrunk;
     /* packed: kid k of the node lists stands for node t.kid[k] */
-    v->kids = malloc((size_t)(n_nodes > 1 ? n_nodes - 1 : 1) * sizeof *v->kids);
+    v->kids = walk_table_alloc((size_t)(n_nodes > 1 ? n_nodes - 1 : 1) * sizeof *v->kids);
     if (!v->kids) goto oom;
     for (int32_t k = 0; k < n_nodes - 1; k++) {
         int32_t x = t.kid[k];
