@@ -1,4 +1,5 @@
 /* Token masks (mask.h). */
+#include <stdlib.h>
 #include <string.h>
 
 #include "grammar/mask.h"
@@ -23,6 +24,19 @@ static void put_range(uint64_t *m, int32_t lo, int32_t hi, int on)
 
 static inline void set_range(uint64_t *m, int32_t lo, int32_t hi) { put_range(m, lo, hi, 1); }
 
+/* Copies src's bits [lo, hi) into m. */
+static void copy_range(uint64_t *m, const uint64_t *src, int32_t lo, int32_t hi)
+{
+    if (lo >= hi) return;
+    int32_t wl = lo >> 6, wh = (hi - 1) >> 6;
+    uint64_t first = ~0ull << (lo & 63), last = ~0ull >> (63 - ((hi - 1) & 63));
+    if (wl == wh) first &= last;
+    m[wl] = (m[wl] & ~first) | (src[wl] & first);
+    if (wl == wh) return;
+    if (wh > wl + 1) memcpy(m + wl + 1, src + wl + 1, (size_t)(wh - wl - 1) * sizeof *m);
+    m[wh] = (m[wh] & ~last) | (src[wh] & last);
+}
+
 static inline int subset(const gclass *a, const gclass *b)
 {
     return !((a->w[0] & ~b->w[0]) | (a->w[1] & ~b->w[1]) | (a->w[2] & ~b->w[2]) | (a->w[3] & ~b->w[3]));
@@ -43,6 +57,10 @@ static inline int subset(const gclass *a, const gclass *b)
 #define TEXT_LAZY_MIN 64
 /* The same for a counted run's (run_from): computed for a child with this many tokens below. */
 #define RUN_LAZY_MIN 64
+/* A child that leads to a state looping on its byte takes that state's whole
+ * mask (loop_mask) when it has at least this many tokens below; fewer are
+ * walked (a whole mask costs a walk of its own the first time). */
+#define LOOP_COPY_MIN 256
 
 /* ---- JSON string text -----------------------------------------------------------
  * Where the next characters may be any JSON string text (UTF-8 but controls,
@@ -311,8 +329,54 @@ static q3_status mask_text_loop(rec *r, const gvocab *v, int s, uint64_t *mask)
     return Q3_OK;
 }
 
+/* ---- a child that loops --------------------------------------------------------
+ * When a token's first byte c leads from S to T and from T back to T, every
+ * token c.rest (the root's child c and its subtree) is allowed from S exactly
+ * when rest is allowed from T, which is when c.rest is allowed from T (T
+ * reads c and is T again). So the root's child takes its bits, one range of
+ * ranks, from T's whole mask (deeper children do not: their tokens begin with
+ * the bytes before c):
+ * the free text after the first letter of a key that some named key starts
+ * with, the digits after a number's first, the characters of an email's local
+ * part. T's mask is computed once (a walk of its own, which does not nest
+ * further) and kept in the recognizer's memo, where T's own turn finds it. */
+
+static const uint64_t *memo_find(const rec *r, int s)
+{
+    for (int i = 0; i < REC_MEMO; i++)
+        if (r->memo_state[i] == s + 1) return r->memo_mask[i];
+    return NULL;
+}
+
+/* T's whole mask (trie bits), from the memo or computed into it; NULL on failure. */
+static const uint64_t *loop_mask(rec *r, const gvocab *v, int T)
+{
+    const uint64_t *m = memo_find(r, T);
+    if (m) return m;
+    int i = r->memo_next;
+    size_t words = gvocab_mask_words(v);
+    if (!r->memo_mask[i]) {
+        r->memo_mask[i] = malloc(words * sizeof *r->memo_mask[i]);
+        if (!r->memo_mask[i]) return NULL;
+        r->bytes += words * sizeof *r->memo_mask[i];
+    }
+    r->memo_state[i] = 0; /* reused: empty until whole */
+    r->memo_depth++;
+    q3_status st = mask_trie(r, v, T, -1, r->memo_mask[i]);
+    r->memo_depth--;
+    if (st) return NULL;
+    r->memo_state[i] = T + 1;
+    r->memo_next = (i + 1) % REC_MEMO;
+    return r->memo_mask[i];
+}
+
 q3_status mask_trie(rec *r, const gvocab *v, int s, int keep, uint64_t *mask)
 {
+    const uint64_t *memo = memo_find(r, s);
+    if (memo) { /* whole: it overrides what keep would keep */
+        memcpy(mask, memo, gvocab_mask_words(v) * sizeof *mask);
+        return Q3_OK;
+    }
     if (keep < 0) {
         int t = text_tails(r, v, s);
         if (t < 0) return q3_fail(Q3_ERR_NOMEM, "out of memory");
@@ -362,6 +426,17 @@ q3_status mask_trie(rec *r, const gvocab *v, int s, int keep, uint64_t *mask)
         if (T < 0) {
             if (T == REC_ERROR) return q3_fail(Q3_ERR_NOMEM, "token mask: %s", "the recognizer failed");
             continue; /* the child's subtree is never touched */
+        }
+        if (depth == 0 && T != S && e->kids_hi > e->kids_lo && !r->memo_depth &&
+            (e->rank_hi - e->rank_lo >= LOOP_COPY_MIN || memo_find(r, T))) {
+            int TT = rec_next(r, T, c);
+            if (TT == REC_ERROR) return q3_fail(Q3_ERR_NOMEM, "token mask: %s", "the recognizer failed");
+            if (TT == T) {
+                const uint64_t *whole = loop_mask(r, v, T);
+                if (!whole) return q3_fail(Q3_ERR_NOMEM, "out of memory");
+                copy_range(mask, whole, e->rank_lo, e->rank_hi);
+                continue;
+            }
         }
         if (T == S) {
             const gclass *loop = rec_loop(r, S);

@@ -242,6 +242,7 @@ void rec_free(rec *r)
     free(r->key_chains);
     free(r->cmp_key[0]);
     free(r->cmp_key[1]);
+    for (int i = 0; i < REC_MEMO; i++) free(r->memo_mask[i]);
     memset(r, 0, sizeof *r);
 }
 

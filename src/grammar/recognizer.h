@@ -21,6 +21,9 @@
 
 enum { REC_DEAD = -1, REC_UNKNOWN = -2, REC_ERROR = -3 };
 
+/* Whole masks mask.c keeps per recognizer (see rec's memo_mask). */
+#define REC_MEMO 4
+
 /* A state's transitions: grp[b], the group of byte b (bytes the state's
  * stacks take alike, so that lead to one state), and next[g], the state after
  * a byte of group g: REC_UNKNOWN until asked, REC_DEAD, or a state. */
@@ -52,6 +55,12 @@ typedef struct rec {
                                  and the tails walked from it (-1: not computed) */
     int32_t *st_run;          /* [cap_states] mask.c's memo of a counted run: an index into runs
                                  (REC_UNKNOWN: not computed) */
+    /* mask.c's memo of whole masks (mask_trie's trie bits) of states that a
+       child of the trie leads to and loops on: REC_MEMO of them, round robin;
+       memo_state[i] holds the state + 1 (0: empty) */
+    int32_t memo_state[REC_MEMO];
+    uint64_t *memo_mask[REC_MEMO];
+    int memo_next, memo_depth;
     struct rec_run {
         int32_t next;         /* the state some byte leads to, */
         int32_t reach;        /* how many bytes it reads the same as the state for (0: none), */
