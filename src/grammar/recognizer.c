@@ -314,17 +314,24 @@ static rec_row *trans_row(rec *r, int s)
             carry = cl->w[w] >> 63;
         }
     }
-    int dead = -1, g = 0;
-    for (int b = 0; b < 256 && !alone; b++) {
-        if (edge[b >> 6] >> (b & 63) & 1) {
-            uint64_t sig = 0;
-            for (int j = 0; j < k; j++) sig |= (uint64_t)gclass_has(&r->g->classes[cls[j]], (unsigned)b) << j;
-            g = 0;
-            while (g < n_grp && seen[g] != sig) g++;
-            if (g == n_grp) seen[n_grp++] = sig;
-            if (!sig) dead = g;
+    int dead = -1;
+    for (int b = 0; b < 256 && !alone;) { /* b: an edge; its run of bytes goes to the next */
+        uint64_t sig = 0;
+        for (int j = 0; j < k; j++) sig |= (uint64_t)gclass_has(&r->g->classes[cls[j]], (unsigned)b) << j;
+        int g = 0;
+        while (g < n_grp && seen[g] != sig) g++;
+        if (g == n_grp) seen[n_grp++] = sig;
+        if (!sig) dead = g;
+        int next = 256;
+        for (int w = (b + 1) >> 6; w < 4 && b + 1 < 256; w++) {
+            uint64_t m = edge[w] & (w == (b + 1) >> 6 ? ~0ull << ((b + 1) & 63) : ~0ull);
+            if (m) {
+                next = w * 64 + __builtin_ctzll(m);
+                break;
+            }
         }
-        grp[b] = (uint8_t)g;
+        memset(grp + b, g, (size_t)(next - b));
+        b = next;
     }
     if (alone) { /* (otherwise at most 256 groups: one a byte at most) */
         n_grp = 256;
