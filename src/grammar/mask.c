@@ -370,6 +370,31 @@ static const uint64_t *loop_mask(rec *r, const gvocab *v, int T)
     return r->memo_mask[i];
 }
 
+/* After a dead child with byte c among kids [k, kend) (sorted by byte): the
+ * first sibling whose byte some stack of S takes (the row's live bytes), or
+ * kend; the ones between are dead too. A state that takes few bytes (a count
+ * used up, a closing quote owed) makes most children dead. */
+static int32_t next_live(const rec *r, int S, const gkid *kids, int32_t k, int32_t kend, unsigned c)
+{
+    if (kend - k < 8) return k; /* a few: tried in turn */
+    const gclass *live = &r->st_trans[S]->live;
+    unsigned nb = 256;
+    for (unsigned w = (c + 1) >> 6; w < 4 && c + 1 < 256; w++) {
+        uint64_t m = live->w[w] & (w == (c + 1) >> 6 ? ~0ull << ((c + 1) & 63) : ~0ull);
+        if (m) {
+            nb = w * 64 + (unsigned)__builtin_ctzll(m);
+            break;
+        }
+    }
+    if (nb == 256) return kend;
+    while (k < kend) { /* the first with lab >= nb */
+        int32_t mid = k + (kend - k) / 2;
+        if (kids[mid].lab < nb) k = mid + 1;
+        else kend = mid;
+    }
+    return k;
+}
+
 q3_status mask_trie(rec *r, const gvocab *v, int s, int keep, uint64_t *mask)
 {
     const uint64_t *memo = memo_find(r, s);
@@ -425,6 +450,11 @@ q3_status mask_trie(rec *r, const gvocab *v, int s, int keep, uint64_t *mask)
         int T = rec_next(r, S, c);
         if (T < 0) {
             if (T == REC_ERROR) return q3_fail(Q3_ERR_NOMEM, "token mask: %s", "the recognizer failed");
+            if (keep < 0 || depth + 1 > keep) { /* the dead siblings after it: untouched, or cleared whole */
+                int32_t k = f[depth].k, j = next_live(r, S, kids, k, f[depth].kend, c);
+                if (keep >= 0 && j > k) put_range(mask, kids[k].rank_lo, kids[j - 1].rank_hi, 0);
+                f[depth].k = j;
+            }
             continue; /* the child's subtree is never touched */
         }
         if (depth == 0 && T != S && e->kids_hi > e->kids_lo && !r->memo_depth &&

@@ -293,6 +293,7 @@ static rec_row *trans_row(rec *r, int s)
     uint8_t grp[256];
     int32_t cls[64];
     uint64_t seen[256], edge[4] = {1, 0, 0, 0}; /* byte 0 and where some class starts or stops */
+    gclass live = {{0}};
     int k = 0, n_grp = 0, alone = 0;
     for (int i = 0; i < r->st_len[s] && !alone; i++) {
         int x = r->pool[r->st_off[s] + i];
@@ -308,6 +309,7 @@ static rec_row *trans_row(rec *r, int s)
         }
         cls[k++] = sym.arg;
         const gclass *cl = &r->g->classes[sym.arg];
+        for (int w = 0; w < 4; w++) live.w[w] |= cl->w[w];
         uint64_t carry = 0;
         for (int w = 0; w < 4; w++) { /* bit b of (w << 1 | carry): whether byte b - 1 is in the class */
             edge[w] |= cl->w[w] ^ (cl->w[w] << 1 | carry);
@@ -340,6 +342,8 @@ static rec_row *trans_row(rec *r, int s)
     rec_row *t = malloc(sizeof *t + (size_t)n_grp * sizeof *t->next);
     if (!t) return NULL;
     memcpy(t->grp, grp, sizeof grp);
+    if (alone) memset(&live, 0xFF, sizeof live); /* not gathered: every byte may live */
+    t->live = live;
     for (int j = 0; j < n_grp; j++) t->next[j] = !alone && j == dead ? REC_DEAD : REC_UNKNOWN;
     r->st_trans[s] = t;
     r->bytes += sizeof *t + (size_t)n_grp * sizeof *t->next;

@@ -28,6 +28,7 @@ enum { REC_DEAD = -1, REC_UNKNOWN = -2, REC_ERROR = -3 };
  * stacks take alike, so that lead to one state), and next[g], the state after
  * a byte of group g: REC_UNKNOWN until asked, REC_DEAD, or a state. */
 typedef struct rec_row {
+    gclass live;    /* the bytes some stack takes (the others are dead) */
     uint8_t grp[256];
     int32_t next[]; /* one a group */
 } rec_row;
