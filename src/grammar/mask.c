@@ -234,14 +234,22 @@ static int same_upto(rec *r, int a, int b, int upto)
  * u = the least count left in t). Then, by induction on the bytes, from s
  * every string of up to u + 1 bytes that lead from s to t is alive: the state
  * after i of them reads as s for u + 1 - i more bytes. Memoized for the first
- * t asked: 1 with *cls (the bytes s's stacks take as they take c, so that
- * lead to t too) and *reach (u), 0 when t is not that state or reads
- * differently, or -1 (out of memory). */
-static int run_from(rec *r, int s, unsigned c, int t, const gclass **cls, int32_t *reach)
+ * t asked: 1 with *reach (u) when t is that state, reads the same, and the
+ * subtree's bytes `under` are all bytes that s's stacks take as they take c
+ * (so that lead to t too); 0 when not, or -1 (out of memory). The bytes are
+ * compared first: comparing the states' keys costs more, and is done once. */
+static int run_from(rec *r, int s, unsigned c, int t, const gclass *under, int32_t *reach)
 {
     if (r->st_run[s] == REC_UNKNOWN) {
         int k = rec_run_add(r);
         if (k < 0 || rec_group(r, s, c, &r->runs[k].cls)) return -1;
+        r->runs[k].next = t;
+        r->runs[k].reach = REC_UNKNOWN;
+        r->st_run[s] = k;
+    }
+    struct rec_run *x = &r->runs[r->st_run[s]];
+    if (x->next != t || !subset(under, &x->cls)) return 0;
+    if (x->reach == REC_UNKNOWN) {
         int32_t u = 0, least = 0;
         uint64_t h;
         if (r->st_len[s] == r->st_len[t] && rec_state_key(r, t, 0, &r->cmp_key[0], &r->cmp_key_cap[0], &h, &least) < 0)
@@ -251,13 +259,10 @@ static int run_from(rec *r, int s, unsigned c, int t, const gclass **cls, int32_
             if (same < 0) return -1;
             u = same ? least : 0;
         }
-        r->runs[k].next = t;
-        r->runs[k].reach = u;
-        r->st_run[s] = k;
+        x = &r->runs[r->st_run[s]];
+        x->reach = u;
     }
-    const struct rec_run *x = &r->runs[r->st_run[s]];
-    if (x->next != t || x->reach <= 0) return 0;
-    *cls = &x->cls;
+    if (x->reach <= 0) return 0;
     *reach = x->reach;
     return 1;
 }
@@ -477,11 +482,10 @@ q3_status mask_trie(rec *r, const gvocab *v, int s, int keep, uint64_t *mask)
             }
         } else if (e->kids_hi > e->kids_lo && r->g->sym_rep &&
                    (r->st_run[S] != REC_UNKNOWN || e->rank_hi - e->rank_lo >= RUN_LAZY_MIN)) {
-            const gclass *cls;
             int32_t reach;
-            int run = run_from(r, S, c, T, &cls, &reach);
+            int run = run_from(r, S, c, T, &v->unions[e->uni], &reach);
             if (run < 0) return q3_fail(Q3_ERR_NOMEM, "out of memory");
-            if (run && (int32_t)e->below <= reach && subset(&v->unions[e->uni], cls)) {
+            if (run && (int32_t)e->below <= reach) {
                 set_range(mask, e->rank_lo, e->rank_hi);
                 continue;
             }

@@ -64,7 +64,7 @@ typedef struct rec {
     int memo_next, memo_depth;
     struct rec_run {
         int32_t next;         /* the state some byte leads to, */
-        int32_t reach;        /* how many bytes it reads the same as the state for (0: none), */
+        int32_t reach;        /* how many bytes it reads the same as the state for (0: none; REC_UNKNOWN: not compared yet), */
         gclass cls;           /* and the bytes that lead to it */
     } *runs;
     int n_runs;
