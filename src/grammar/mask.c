@@ -2,6 +2,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "grammar/class_table.h"
 #include "grammar/mask.h"
 #include "util/error.h"
 
@@ -400,20 +401,14 @@ static int32_t next_live(const rec *r, int S, const gkid *kids, int32_t k, int32
     return k;
 }
 
-q3_status mask_trie(rec *r, const gvocab *v, int s, int keep, uint64_t *mask)
+/* The walk: the children kids[k0 .. kend0) tried from state s (root: they are
+ * the trie's root children; else children deeper in the trie, whose tokens
+ * begin with the bytes above them), and below them depth first; root children
+ * whose byte is in skip are left alone. Sets the allowed tokens' bits (and with
+ * keep >= 0 clears the decided ones: see mask_trie). */
+static q3_status walk(rec *r, const gvocab *v, int s, int32_t k0, int32_t kend0, int root, const gclass *skip, int keep,
+                      uint64_t *mask)
 {
-    const uint64_t *memo = memo_find(r, s);
-    if (memo) { /* whole: it overrides what keep would keep */
-        memcpy(mask, memo, gvocab_mask_words(v) * sizeof *mask);
-        return Q3_OK;
-    }
-    if (keep < 0) {
-        int t = text_tails(r, v, s);
-        if (t < 0) return q3_fail(Q3_ERR_NOMEM, "out of memory");
-        if (t) return mask_text_loop(r, v, s, mask);
-    }
-    if (keep < 0) memset(mask, 0, gvocab_mask_words(v) * sizeof *mask);
-    else put_range(mask, v->n_trie_ranks, v->n_ids, 0);
     /* a frame: a node whose children are being tried (kids k .. kend), the
        state after its bytes, and how many characters of JSON string text may
        follow that state (REC_UNKNOWN until a child needs it) */
@@ -423,8 +418,8 @@ q3_status mask_trie(rec *r, const gvocab *v, int s, int keep, uint64_t *mask)
     } f[MAX_DEPTH];
     const gkid *kids = v->kids;
     int depth = 0;
-    f[0].k = 0;
-    f[0].kend = v->n_root_kids;
+    f[0].k = k0;
+    f[0].kend = kend0;
     f[0].state = s;
     f[0].text = REC_UNKNOWN;
     for (;;) {
@@ -440,6 +435,7 @@ q3_status mask_trie(rec *r, const gvocab *v, int s, int keep, uint64_t *mask)
         }
         unsigned c = e->lab;
         int S = f[depth].state;
+        if (depth == 0 && skip && gclass_has(skip, c)) continue;
         int q = utf8_text_next(U_B, c);
         if (q >= 0 && (e->uok >> q & 1)) { /* every token below goes on with text only */
             if (f[depth].text == REC_UNKNOWN &&
@@ -462,7 +458,7 @@ q3_status mask_trie(rec *r, const gvocab *v, int s, int keep, uint64_t *mask)
             }
             continue; /* the child's subtree is never touched */
         }
-        if (depth == 0 && T != S && e->kids_hi > e->kids_lo && !r->memo_depth &&
+        if (depth == 0 && root && T != S && e->kids_hi > e->kids_lo && !r->memo_depth &&
             (e->rank_hi - e->rank_lo >= LOOP_COPY_MIN || memo_find(r, T))) {
             int TT = rec_next(r, T, c);
             if (TT == REC_ERROR) return q3_fail(Q3_ERR_NOMEM, "token mask: %s", "the recognizer failed");
@@ -502,6 +498,63 @@ q3_status mask_trie(rec *r, const gvocab *v, int s, int keep, uint64_t *mask)
         }
     }
     return Q3_OK;
+}
+
+/* Bytes in a class before its table (class_table.h) is used for a state that
+ * loops on it: a smaller class leaves most tokens to the walk anyway. */
+#define CLASS_TABLE_MIN 16
+
+/* The mask of a state s that every byte of t's class leads back to (t->cls is
+ * s's loop class): every token whose bytes are all in the class, the root's
+ * other children walked, and the exits of each byte s takes walked from s
+ * (the bytes before an exit are in the class, so lead back to s). */
+static q3_status mask_class_loop(rec *r, const gvocab *v, int s, const gclass_table *t, uint64_t *mask)
+{
+    memcpy(mask, t->in_cls, gvocab_mask_words(v) * sizeof *mask);
+    q3_status st = walk(r, v, s, 0, v->n_root_kids, 1, &t->cls, -1, mask);
+    if (st) return st;
+    for (unsigned b = 0; b < 256; b++) {
+        if (gclass_has(&t->cls, b) || t->exit_lo[b] == t->exit_lo[b + 1]) continue;
+        int T = rec_next(r, s, b);
+        if (T == REC_ERROR) return q3_fail(Q3_ERR_NOMEM, "token mask: %s", "the recognizer failed");
+        if (T < 0) continue;
+        for (int32_t i = t->exit_lo[b]; i < t->exit_lo[b + 1]; i++)
+            if ((st = walk(r, v, s, t->exits[i], t->exits[i] + 1, 0, NULL, -1, mask))) return st;
+    }
+    return Q3_OK;
+}
+
+/* Whether s loops on a class big enough for a table: its table, or NULL. */
+static q3_status class_loop(rec *r, const gvocab *v, int s, const gclass_table **out)
+{
+    *out = NULL;
+    const gclass *loop = rec_loop(r, s);
+    if (!loop) return q3_fail(Q3_ERR_NOMEM, "out of memory");
+    int n = 0;
+    for (int w = 0; w < 4; w++) n += __builtin_popcountll(loop->w[w]);
+    if (n < CLASS_TABLE_MIN) return Q3_OK;
+    return gclass_table_get(v, loop, out);
+}
+
+q3_status mask_trie(rec *r, const gvocab *v, int s, int keep, uint64_t *mask)
+{
+    const uint64_t *memo = memo_find(r, s);
+    if (memo) { /* whole: it overrides what keep would keep */
+        memcpy(mask, memo, gvocab_mask_words(v) * sizeof *mask);
+        return Q3_OK;
+    }
+    if (keep < 0) {
+        int t = text_tails(r, v, s);
+        if (t < 0) return q3_fail(Q3_ERR_NOMEM, "out of memory");
+        if (t) return mask_text_loop(r, v, s, mask);
+        const gclass_table *ct;
+        q3_status st = class_loop(r, v, s, &ct);
+        if (st) return st;
+        if (ct) return mask_class_loop(r, v, s, ct, mask);
+    }
+    if (keep < 0) memset(mask, 0, gvocab_mask_words(v) * sizeof *mask);
+    else put_range(mask, v->n_trie_ranks, v->n_ids, 0);
+    return walk(r, v, s, 0, v->n_root_kids, 1, NULL, keep, mask);
 }
 
 int mask_feed(rec *r, int st, const unsigned char *s, size_t n, size_t *n_ok)
