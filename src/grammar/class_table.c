@@ -66,7 +66,10 @@ static q3_status build(const gvocab *v, const gclass *cls, gclass_table **out)
     t->cls = *cls;
     int32_t n = 0;
     for (int32_t k = 0; k < v->n_root_kids; k++)
-        if (gclass_has(cls, v->kids[k].lab)) stack[n++] = k;
+        if (gclass_has(cls, v->kids[k].lab)) {
+            stack[n++] = k;
+            if (1 + (int32_t)v->kids[k].below > t->max_len) t->max_len = 1 + (int32_t)v->kids[k].below;
+        }
     while (n) { /* each node's path is all in cls */
         const gkid *e = &v->kids[stack[--n]];
         if (subset(&v->unions[e->uni], cls)) { /* so is every token below */

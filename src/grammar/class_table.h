@@ -27,6 +27,7 @@ typedef struct gclass_table {
     uint64_t *in_cls;     /* [gvocab_mask_words] the trie tokens whose bytes are all in cls */
     int32_t *exits;       /* indices into v->kids */
     int32_t exit_lo[257]; /* byte b's exits: exits[exit_lo[b] .. exit_lo[b + 1]) */
+    int32_t max_len;      /* the longest trie token that starts with a byte of cls */
     size_t bytes;         /* memory held */
 } gclass_table;
 

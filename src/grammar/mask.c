@@ -236,9 +236,10 @@ static int same_upto(rec *r, int a, int b, int upto)
  * every string of up to u + 1 bytes that lead from s to t is alive: the state
  * after i of them reads as s for u + 1 - i more bytes. Memoized for the first
  * t asked: 1 with *reach (u) when t is that state, reads the same, and the
- * subtree's bytes `under` are all bytes that s's stacks take as they take c
- * (so that lead to t too); 0 when not, or -1 (out of memory). The bytes are
- * compared first: comparing the states' keys costs more, and is done once. */
+ * subtree's bytes `under` (unless NULL) are all bytes that s's stacks take as
+ * they take c (so that lead to t too: r->runs[r->st_run[s]].cls); 0 when not,
+ * or -1 (out of memory). The bytes are compared first: comparing the states'
+ * keys costs more, and is done once. */
 static int run_from(rec *r, int s, unsigned c, int t, const gclass *under, int32_t *reach)
 {
     if (r->st_run[s] == REC_UNKNOWN) {
@@ -249,7 +250,7 @@ static int run_from(rec *r, int s, unsigned c, int t, const gclass *under, int32
         r->st_run[s] = k;
     }
     struct rec_run *x = &r->runs[r->st_run[s]];
-    if (x->next != t || !subset(under, &x->cls)) return 0;
+    if (x->next != t || (under && !subset(under, &x->cls))) return 0;
     if (x->reach == REC_UNKNOWN) {
         int32_t u = 0, least = 0;
         uint64_t h;
@@ -500,14 +501,15 @@ static q3_status walk(rec *r, const gvocab *v, int s, int32_t k0, int32_t kend0,
     return Q3_OK;
 }
 
-/* Bytes in a class before its table (class_table.h) is used for a state that
- * loops on it: a smaller class leaves most tokens to the walk anyway. */
+/* Bytes in a state's group before a table of them (class_table.h) is tried:
+ * a smaller class leaves most tokens to the walk anyway. */
 #define CLASS_TABLE_MIN 16
 
-/* The mask of a state s that every byte of t's class leads back to (t->cls is
- * s's loop class): every token whose bytes are all in the class, the root's
- * other children walked, and the exits of each byte s takes walked from s
- * (the bytes before an exit are in the class, so lead back to s). */
+/* The mask of a state s that every byte of t's class leads back to (or that
+ * starts a long enough run of it: class_table_of): every token whose bytes
+ * are all in the class, the root's other children walked, and the exits of
+ * each byte s takes walked from s (the bytes before an exit are in the class,
+ * so lead back to s, or to a state that reads as s). */
 static q3_status mask_class_loop(rec *r, const gvocab *v, int s, const gclass_table *t, uint64_t *mask)
 {
     memcpy(mask, t->in_cls, gvocab_mask_words(v) * sizeof *mask);
@@ -524,16 +526,47 @@ static q3_status mask_class_loop(rec *r, const gvocab *v, int s, const gclass_ta
     return Q3_OK;
 }
 
-/* Whether s loops on a class big enough for a table: its table, or NULL. */
-static q3_status class_loop(rec *r, const gvocab *v, int s, const gclass_table **out)
+/* The table (class_table.h) that gives s's mask through mask_class_loop, or
+ * NULL. The class tried is s's largest group of bytes (they lead to one
+ * state t; at least CLASS_TABLE_MIN of them): when t is s, s loops on it;
+ * when t starts a counted run (run_from) that reaches at least as far as the
+ * longest token that starts in the class, every such token reads from s as
+ * from a state that loops on it, and the bytes before an exit lead to a state
+ * that reads as s for the rest of the token. */
+static q3_status class_table_of(rec *r, const gvocab *v, int s, const gclass_table **out)
 {
     *out = NULL;
-    const gclass *loop = rec_loop(r, s);
-    if (!loop) return q3_fail(Q3_ERR_NOMEM, "out of memory");
-    int n = 0;
-    for (int w = 0; w < 4; w++) n += __builtin_popcountll(loop->w[w]);
-    if (n < CLASS_TABLE_MIN) return Q3_OK;
-    return gclass_table_get(v, loop, out);
+    if (rec_next(r, s, 0) == REC_ERROR) /* makes the row */
+        return q3_fail(Q3_ERR_NOMEM, "token mask: %s", "the recognizer failed");
+    const rec_row *row = r->st_trans[s];
+    int n[256] = {0}, best = -1;
+    for (unsigned b = 0; b < 256; b++)
+        if (gclass_has(&row->live, b) && ++n[row->grp[b]] >= CLASS_TABLE_MIN &&
+            (best < 0 || n[row->grp[b]] > n[row->grp[best]]))
+            best = (int)b;
+    if (best < 0) return Q3_OK;
+    gclass cls = {{0}};
+    unsigned c = 256;
+    for (unsigned b = 0; b < 256; b++)
+        if (row->grp[b] == row->grp[best] && gclass_has(&row->live, b)) {
+            gclass_add(&cls, b);
+            if (c == 256) c = b;
+        }
+    int t = rec_next(r, s, c);
+    if (t == REC_ERROR) return q3_fail(Q3_ERR_NOMEM, "token mask: %s", "the recognizer failed");
+    if (t < 0) return Q3_OK;
+    int32_t reach = INT32_MAX - 1;
+    if (t != s) {
+        if (!r->g->sym_rep) return Q3_OK; /* no counted positions: no run */
+        int run = run_from(r, s, c, t, &cls, &reach);
+        if (run < 0) return q3_fail(Q3_ERR_NOMEM, "out of memory");
+        if (!run) return Q3_OK;
+    }
+    const gclass_table *ct;
+    q3_status st = gclass_table_get(v, &cls, &ct);
+    if (st) return st;
+    if (ct && ct->max_len <= reach + 1) *out = ct;
+    return Q3_OK;
 }
 
 q3_status mask_trie(rec *r, const gvocab *v, int s, int keep, uint64_t *mask)
@@ -548,7 +581,7 @@ q3_status mask_trie(rec *r, const gvocab *v, int s, int keep, uint64_t *mask)
         if (t < 0) return q3_fail(Q3_ERR_NOMEM, "out of memory");
         if (t) return mask_text_loop(r, v, s, mask);
         const gclass_table *ct;
-        q3_status st = class_loop(r, v, s, &ct);
+        q3_status st = class_table_of(r, v, s, &ct);
         if (st) return st;
         if (ct) return mask_class_loop(r, v, s, ct, mask);
     }

@@ -4,8 +4,14 @@
  * trying a node's children by their records alone (vocab.h's gkid): a dead
  * state cuts its subtree without touching it; a subtree whose every byte loops the state
  * back to itself (the inside of a string, a run of digits) is allowed whole,
- * as one range of ranks, without walking it. mask_brute feeds each token's
- * bytes one by one through the uncached recognizer: the oracle. */
+ * as one range of ranks, without walking it. Some states skip most of the
+ * walk: inside a free JSON string the mask is the text tokens plus the others
+ * judged by their tails (vocab.h); a state that loops on (or starts a long
+ * counted run of) a byte class of its own, an email's local part or a domain
+ * label, takes that class's table (class_table.h); a root child whose byte
+ * leads to a state that loops on it takes that state's whole mask. mask_brute
+ * feeds each token's bytes one by one through the uncached recognizer: the
+ * oracle. */
 #ifndef Q3_GRAMMAR_MASK_H
 #define Q3_GRAMMAR_MASK_H
 
