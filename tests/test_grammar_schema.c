@@ -568,6 +568,62 @@ static void test_oracle_runs(void)
     }
 }
 
+/* Byte class tables (class_table.h): a state that loops on a class of its
+ * own, or starts a counted run of one that reaches past the longest token
+ * starting in it, takes its mask from the class's tokens and exits. Each mask
+ * against the oracle, and whether the table was taken. */
+static void test_oracle_classes(void)
+{
+    static const char *words = "root ::= \"hello\" ( \" \" [a-z]+ ){1,3} \"!\"\n";
+    static const char *fields = "root ::= [^,]* \",\" [0-9]+\n";
+    const struct {
+        q3_grammar_kind kind;
+        const char *text, *prefix;
+        int table;
+    } cases[] = {
+        {Q3_GRAMMAR_JSON_SCHEMA, "{\"type\":\"string\",\"format\":\"email\"}", "\"ada", 1},  /* local part: a loop */
+        {Q3_GRAMMAR_JSON_SCHEMA, "{\"type\":\"string\",\"format\":\"email\"}", "\"", 0},     /* its first character */
+        {Q3_GRAMMAR_JSON_SCHEMA, "{\"type\":\"string\",\"format\":\"email\"}", "\"a.b", 1},
+        {Q3_GRAMMAR_JSON_SCHEMA, "{\"type\":\"string\",\"format\":\"email\"}", "\"ada@exam", 1}, /* a label: a run */
+        {Q3_GRAMMAR_JSON_SCHEMA, "{\"type\":\"string\",\"format\":\"email\"}", "\"ada@example.o", 1},
+        {Q3_GRAMMAR_REGEX, "[a-z]{0,40}-[0-9]{3}", "abc", 1},
+        {Q3_GRAMMAR_REGEX, "[a-z]{0,40}-[0-9]{3}", "abcdefghijklmnopqrstuvwxyz", 0}, /* 14 left: short of the longest */
+        {Q3_GRAMMAR_GBNF, words, "hello ab", 1},
+        {Q3_GRAMMAR_GBNF, words, "hello ab cd ef", 1}, /* the last word: no space after it */
+        {Q3_GRAMMAR_GBNF, fields, "x", 1},              /* every byte but a comma */
+        {Q3_GRAMMAR_GBNF, fields, "x,1", 0},            /* digits: ten, too few for a table */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        q3_grammar *G = compile(cases[i].kind, cases[i].text);
+        if (!G) continue;
+        mask_share *share = G->share;
+        G->share = NULL;
+        q3_matcher *m;
+        if (q3_matcher_new(G, 0, &m) == Q3_OK) {
+            const gvocab *v = G->v;
+            uint64_t *brute = malloc(gvocab_mask_words(v) * 8);
+            const uint64_t *mask;
+            const gclass_table *ct = NULL;
+            size_t ok;
+            int bad = q3_matcher_accept_bytes(m, cases[i].prefix, strlen(cases[i].prefix), &ok) ||
+                      matcher_rank_mask(m, &mask) || mask_brute(&m->r, v, m->state, brute) ||
+                      mask_class_table(&m->r, v, m->state, &ct);
+            CHECK(!bad, "class case %zu: no mask", i);
+            if (!bad) {
+                int32_t r = first_difference(v, mask, brute);
+                CHECK(r < 0, "class case %zu (%s after '%s'): token %d differs from the oracle", i, cases[i].text,
+                      cases[i].prefix, r < 0 ? -1 : v->id_of_rank[r]);
+                CHECK((ct != NULL) == cases[i].table, "class case %zu (after '%s'): the class table %s", i,
+                      cases[i].prefix, ct ? "was taken" : "was not taken");
+            }
+            free(brute);
+            q3_matcher_free(m);
+        }
+        G->share = share;
+        q3_grammar_free(G);
+    }
+}
+
 static void test_oracle(void)
 {
     const char *schemas[] = {
@@ -700,6 +756,7 @@ int main(void)
     test_oracle_strings();
     test_oracle_tails();
     test_oracle_runs();
+    test_oracle_classes();
     test_oracle_counts();
     q3_tokenizer_free(tok);
     TEST_DONE();

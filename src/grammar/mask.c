@@ -506,7 +506,7 @@ static q3_status walk(rec *r, const gvocab *v, int s, int32_t k0, int32_t kend0,
 #define CLASS_TABLE_MIN 16
 
 /* The mask of a state s that every byte of t's class leads back to (or that
- * starts a long enough run of it: class_table_of): every token whose bytes
+ * starts a long enough run of it: mask_class_table): every token whose bytes
  * are all in the class, the root's other children walked, and the exits of
  * each byte s takes walked from s (the bytes before an exit are in the class,
  * so lead back to s, or to a state that reads as s). */
@@ -526,14 +526,13 @@ static q3_status mask_class_loop(rec *r, const gvocab *v, int s, const gclass_ta
     return Q3_OK;
 }
 
-/* The table (class_table.h) that gives s's mask through mask_class_loop, or
- * NULL. The class tried is s's largest group of bytes (they lead to one
+/* mask.h. The class tried is s's largest group of bytes (they lead to one
  * state t; at least CLASS_TABLE_MIN of them): when t is s, s loops on it;
  * when t starts a counted run (run_from) that reaches at least as far as the
  * longest token that starts in the class, every such token reads from s as
  * from a state that loops on it, and the bytes before an exit lead to a state
  * that reads as s for the rest of the token. */
-static q3_status class_table_of(rec *r, const gvocab *v, int s, const gclass_table **out)
+q3_status mask_class_table(rec *r, const gvocab *v, int s, const gclass_table **out)
 {
     *out = NULL;
     if (rec_next(r, s, 0) == REC_ERROR) /* makes the row */
@@ -581,7 +580,7 @@ q3_status mask_trie(rec *r, const gvocab *v, int s, int keep, uint64_t *mask)
         if (t < 0) return q3_fail(Q3_ERR_NOMEM, "out of memory");
         if (t) return mask_text_loop(r, v, s, mask);
         const gclass_table *ct;
-        q3_status st = class_table_of(r, v, s, &ct);
+        q3_status st = mask_class_table(r, v, s, &ct);
         if (st) return st;
         if (ct) return mask_class_loop(r, v, s, ct, mask);
     }

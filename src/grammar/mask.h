@@ -17,6 +17,7 @@
 
 #include <stdint.h>
 
+#include "grammar/class_table.h"
 #include "grammar/recognizer.h"
 #include "grammar/vocab.h"
 
@@ -29,6 +30,10 @@
  * to them. Q3_OK, or the recognizer's failure. */
 q3_status mask_trie(rec *r, const gvocab *v, int s, int keep, uint64_t *mask);
 q3_status mask_brute(rec *r, const gvocab *v, int s, uint64_t *mask);
+
+/* The byte class table (class_table.h) that gives s's whole mask, or *out
+ * NULL when s takes none (mask_trie's choice). */
+q3_status mask_class_table(rec *r, const gvocab *v, int s, const gclass_table **out);
 
 /* The state after the bytes s[0..n) from state st: a state, REC_DEAD or REC_ERROR.
  * *n_ok: how many bytes were taken before it died (n if it did not). */
