@@ -70,8 +70,10 @@ static q3_status build(const gvocab *v, const gclass *cls, gclass_table **out)
             stack[n++] = k;
             if (1 + (int32_t)v->kids[k].below > t->max_len) t->max_len = 1 + (int32_t)v->kids[k].below;
         }
+    int32_t nodes = 0;
     while (n) { /* each node's path is all in cls */
         const gkid *e = &v->kids[stack[--n]];
+        if (++nodes > GCLASS_MAX_NODES || n_found / 2 > GCLASS_MAX_EXITS) goto none;
         if (subset(&v->unions[e->uni], cls)) { /* so is every token below */
             set_range(t->in_cls, e->rank_lo, e->rank_hi);
             continue;
@@ -83,6 +85,7 @@ static q3_status build(const gvocab *v, const gclass *cls, gclass_table **out)
         }
     }
     size_t n_exits = n_found / 2;
+    if (n_exits > GCLASS_MAX_EXITS) goto none;
     t->exits = malloc((n_exits ? n_exits : 1) * sizeof *t->exits);
     if (!t->exits) goto oom;
     for (size_t i = 0; i < n_exits; i++) t->exit_lo[found[2 * i] + 1]++;
@@ -91,6 +94,14 @@ static q3_status build(const gvocab *v, const gclass *cls, gclass_table **out)
     memcpy(fill, t->exit_lo, sizeof fill);
     for (size_t i = 0; i < n_exits; i++) t->exits[fill[found[2 * i]]++] = found[2 * i + 1];
     t->bytes = sizeof *t + words * sizeof *t->in_cls + n_exits * sizeof *t->exits;
+    free(stack);
+    free(found);
+    *out = t;
+    return Q3_OK;
+none: /* no table: the answer is kept all the same */
+    free(t->in_cls);
+    t->in_cls = NULL;
+    t->bytes = sizeof *t;
     free(stack);
     free(found);
     *out = t;
@@ -109,7 +120,7 @@ q3_status gclass_table_get(const gvocab *v, const gclass *cls, const gclass_tabl
     pthread_mutex_lock(&tables_lock);
     for (int i = 0; i < n_tables; i++)
         if (tables[i].v == v && !memcmp(&tables[i].t->cls, cls, sizeof *cls)) {
-            *out = tables[i].t;
+            *out = tables[i].t->in_cls ? tables[i].t : NULL;
             pthread_mutex_unlock(&tables_lock);
             return Q3_OK;
         }
@@ -120,7 +131,7 @@ q3_status gclass_table_get(const gvocab *v, const gclass *cls, const gclass_tabl
             tables[n_tables].v = v;
             tables[n_tables].t = t;
             n_tables++;
-            *out = t;
+            *out = t->in_cls ? t : NULL;
         }
     }
     pthread_mutex_unlock(&tables_lock);

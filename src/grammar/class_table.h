@@ -11,7 +11,11 @@
  * Built on first use for each (vocabulary, class): a walk of the trie's nodes
  * in the class that have some other byte below (the nodes whose bytes are all
  * in the class are taken whole by their rank range); kept until the process
- * ends, at most GCLASS_TABLES of them. */
+ * ends, at most GCLASS_TABLES of them. A class whose walk meets more than
+ * GCLASS_MAX_NODES such nodes or more than GCLASS_MAX_EXITS exits (most of
+ * printable ASCII: the inside of an unanchored pattern) gets no table: its
+ * exits would cost more than the walk they replace, and its build a few
+ * milliseconds; that answer is kept too. */
 #ifndef Q3_GRAMMAR_CLASS_TABLE_H
 #define Q3_GRAMMAR_CLASS_TABLE_H
 
@@ -21,10 +25,13 @@
 #include "grammar/vocab.h"
 
 #define GCLASS_TABLES 64
+#define GCLASS_MAX_NODES 8192
+#define GCLASS_MAX_EXITS 4096
 
 typedef struct gclass_table {
     gclass cls;
-    uint64_t *in_cls;     /* [gvocab_mask_words] the trie tokens whose bytes are all in cls */
+    uint64_t *in_cls;     /* [gvocab_mask_words] the trie tokens whose bytes are all in cls
+                             (NULL: the class has no table, too many nodes or exits) */
     int32_t *exits;       /* indices into v->kids */
     int32_t exit_lo[257]; /* byte b's exits: exits[exit_lo[b] .. exit_lo[b + 1]) */
     int32_t max_len;      /* the longest trie token that starts with a byte of cls */
@@ -32,8 +39,8 @@ typedef struct gclass_table {
 } gclass_table;
 
 /* cls's table over v's trie, built on first use (thread-safe) and kept until
- * the process ends; *out NULL when GCLASS_TABLES are kept already (the caller
- * walks instead). Q3_OK or Q3_ERR_NOMEM. */
+ * the process ends; *out NULL when the class has none or GCLASS_TABLES are
+ * kept already (the caller walks instead). Q3_OK or Q3_ERR_NOMEM. */
 q3_status gclass_table_get(const gvocab *v, const gclass *cls, const gclass_table **out);
 
 #endif
