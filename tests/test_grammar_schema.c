@@ -576,6 +576,7 @@ static void test_oracle_classes(void)
 {
     static const char *words = "root ::= \"hello\" ( \" \" [a-z]+ ){1,3} \"!\"\n";
     static const char *fields = "root ::= [^,]* \",\" [0-9]+\n";
+    static const char *names = "root ::= [a-zA-Z_]+ \"=\" [0-9]+\n";
     const struct {
         q3_grammar_kind kind;
         const char *text, *prefix;
@@ -590,7 +591,9 @@ static void test_oracle_classes(void)
         {Q3_GRAMMAR_REGEX, "[a-z]{0,40}-[0-9]{3}", "abcdefghijklmnopqrstuvwxyz", 0}, /* 14 left: short of the longest */
         {Q3_GRAMMAR_GBNF, words, "hello ab", 1},
         {Q3_GRAMMAR_GBNF, words, "hello ab cd ef", 1}, /* the last word: no space after it */
-        {Q3_GRAMMAR_GBNF, fields, "x", 1},              /* every byte but a comma */
+        {Q3_GRAMMAR_GBNF, fields, "x", 0},              /* every byte but a comma: too many nodes for a table */
+        {Q3_GRAMMAR_GBNF, names, "x", 1},               /* letters and underscores */
+        {Q3_GRAMMAR_GBNF, names, "ab_c=4", 0},          /* digits: ten, too few for a table */
         {Q3_GRAMMAR_GBNF, fields, "x,1", 0},            /* digits: ten, too few for a table */
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
