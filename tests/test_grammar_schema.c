@@ -594,6 +594,11 @@ static void test_oracle_classes(void)
         {Q3_GRAMMAR_GBNF, fields, "x", 0},              /* every byte but a comma: too many nodes for a table */
         {Q3_GRAMMAR_GBNF, names, "x", 1},               /* letters and underscores */
         {Q3_GRAMMAR_GBNF, names, "ab_c=4", 0},          /* digits: ten, too few for a table */
+        /* keys beside named ones: a character past ASCII is one shared rule for every prefix */
+        {Q3_GRAMMAR_JSON_SCHEMA, "{\"properties\":{\"ab\":{},\"ac\":{\"type\":\"integer\"}}}", "{\"a", 0},
+        {Q3_GRAMMAR_JSON_SCHEMA, "{\"properties\":{\"ab\":{},\"ac\":{\"type\":\"integer\"}}}", "{\"a\xc3", 0},
+        {Q3_GRAMMAR_JSON_SCHEMA, "{\"properties\":{\"ab\":{},\"ac\":{\"type\":\"integer\"}}}", "{\"a\xe4\xb8", 0},
+        {Q3_GRAMMAR_JSON_SCHEMA, "{\"properties\":{\"\xc3\xa9t\xc3\xa9\":{}}}", "{\"\xc3", 0}, /* a name past ASCII */
         {Q3_GRAMMAR_GBNF, fields, "x,1", 0},            /* digits: ten, too few for a table */
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {

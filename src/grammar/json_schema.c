@@ -764,7 +764,7 @@ static int key_except(js *j, const char *const *names, int n)
     size_t cap = 1;
     for (int i = 0; i < n; i++) cap += strlen(names[i]);
     pre *ps = malloc(cap * sizeof *ps);
-    cp_range *kids = malloc((cap + 4) * sizeof *kids);
+    cp_range *kids = malloc((cap + 5) * sizeof *kids);
     if (!ps || !kids) {
         free(ps);
         free(kids);
@@ -772,6 +772,7 @@ static int key_except(js *j, const char *const *names, int n)
         return any;
     }
     size_t np = 0;
+    int multi_tail = -1;
     ps[np++] = (pre){0, 0, gb_rule(b, NULL, "key")};
     for (size_t k = 0; k < np; k++) {
         pre P = ps[k];
@@ -800,10 +801,27 @@ static int key_except(js *j, const char *const *names, int n)
             gb_alt(b, r);
             gb_byte(b, r, '"');
         }
-        /* another plain character: not ", \, a control, nor a child */
+        /* another plain character: not ", \, a control, nor a child. Where every
+           child is ASCII, a character past ASCII is one shared rule called last
+           (multi_tail), so that the states inside its bytes are the same
+           whatever the prefix, not a set of them for each prefix */
+        int ascii = 1;
+        for (size_t q = 0; q < nk; q++) ascii &= kids[q].hi < 0x80;
         kids[nk++] = (cp_range){0, 0x1F};
         kids[nk++] = (cp_range){'"', '"'};
         kids[nk++] = (cp_range){'\\', '\\'};
+        if (ascii) {
+            if (multi_tail < 0) {
+                static const cp_range past_ascii = {0x80, 0x10FFFF};
+                multi_tail = gb_rule(b, NULL, "key_multi_tail");
+                gb_alt(b, multi_tail);
+                gb_ref(b, multi_tail, gb_codepoints(b, &past_ascii, 1, 0));
+                gb_ref(b, multi_tail, tail);
+            }
+            kids[nk++] = (cp_range){0x80, 0x10FFFF};
+            gb_alt(b, r);
+            gb_ref(b, r, multi_tail);
+        }
         gb_alt(b, r);
         gb_ref(b, r, gb_codepoints(b, kids, nk, 1));
         gb_ref(b, r, tail);
