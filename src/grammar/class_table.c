@@ -13,31 +13,12 @@ static struct {
 } tables[GCLASS_TABLES];
 static int n_tables;
 
-static inline int subset(const gclass *a, const gclass *b)
-{
-    return !((a->w[0] & ~b->w[0]) | (a->w[1] & ~b->w[1]) | (a->w[2] & ~b->w[2]) | (a->w[3] & ~b->w[3]));
-}
-
 static void table_free(gclass_table *t)
 {
     if (!t) return;
     free(t->in_cls);
     free(t->exits);
     free(t);
-}
-
-/* Sets ranks [lo, hi). */
-static void set_range(uint64_t *m, int32_t lo, int32_t hi)
-{
-    for (int32_t i = lo; i < hi;) {
-        if (!(i & 63) && i + 64 <= hi) {
-            m[i >> 6] = ~0ull;
-            i += 64;
-        } else {
-            m[i >> 6] |= 1ull << (i & 63);
-            i++;
-        }
-    }
 }
 
 /* Grows a list of int32 pairs (byte, kid) by one; -1 out of memory. */
@@ -74,8 +55,8 @@ static q3_status build(const gvocab *v, const gclass *cls, gclass_table **out)
     while (n) { /* each node's path is all in cls */
         const gkid *e = &v->kids[stack[--n]];
         if (++nodes > GCLASS_MAX_NODES || n_found / 2 > GCLASS_MAX_EXITS) goto none;
-        if (subset(&v->unions[e->uni], cls)) { /* so is every token below */
-            set_range(t->in_cls, e->rank_lo, e->rank_hi);
+        if (gclass_subset(&v->unions[e->uni], cls)) { /* so is every token below */
+            gvocab_mask_put(t->in_cls, e->rank_lo, e->rank_hi, 1);
             continue;
         }
         if (e->tok_rank >= 0) t->in_cls[e->tok_rank >> 6] |= 1ull << (e->tok_rank & 63);

@@ -50,6 +50,11 @@ typedef struct gclass {
 
 static inline int gclass_has(const gclass *c, unsigned b) { return (int)((c->w[b >> 6] >> (b & 63)) & 1); }
 static inline void gclass_add(gclass *c, unsigned b) { c->w[b >> 6] |= 1ull << (b & 63); }
+/* Whether every byte of a is in b. */
+static inline int gclass_subset(const gclass *a, const gclass *b)
+{
+    return !((a->w[0] & ~b->w[0]) | (a->w[1] & ~b->w[1]) | (a->w[2] & ~b->w[2]) | (a->w[3] & ~b->w[3]));
+}
 
 /* A finished grammar: immutable, shared by every matcher made from it. */
 typedef struct q3g {

@@ -8,23 +8,6 @@
 
 static inline void set_bit(uint64_t *m, int32_t r) { m[r >> 6] |= 1ull << (r & 63); }
 
-/* Sets (on = 1) or clears ranks [lo, hi). */
-static void put_range(uint64_t *m, int32_t lo, int32_t hi, int on)
-{
-    if (lo >= hi) return;
-    int32_t wl = lo >> 6, wh = (hi - 1) >> 6;
-    uint64_t first = ~0ull << (lo & 63), last = ~0ull >> (63 - ((hi - 1) & 63));
-    if (wl == wh) first &= last;
-    if (on) m[wl] |= first;
-    else m[wl] &= ~first;
-    if (wl == wh) return;
-    for (int32_t w = wl + 1; w < wh; w++) m[w] = on ? ~0ull : 0;
-    if (on) m[wh] |= last;
-    else m[wh] &= ~last;
-}
-
-static inline void set_range(uint64_t *m, int32_t lo, int32_t hi) { put_range(m, lo, hi, 1); }
-
 /* Copies src's bits [lo, hi) into m. */
 static void copy_range(uint64_t *m, const uint64_t *src, int32_t lo, int32_t hi)
 {
@@ -38,10 +21,6 @@ static void copy_range(uint64_t *m, const uint64_t *src, int32_t lo, int32_t hi)
     m[wh] = (m[wh] & ~last) | (src[wh] & last);
 }
 
-static inline int subset(const gclass *a, const gclass *b)
-{
-    return !((a->w[0] & ~b->w[0]) | (a->w[1] & ~b->w[1]) | (a->w[2] & ~b->w[2]) | (a->w[3] & ~b->w[3]));
-}
 
 #define MAX_DEPTH 1024
 /* How many characters ahead text_budget looks: a subtree whose tokens are
@@ -250,7 +229,7 @@ static int run_from(rec *r, int s, unsigned c, int t, const gclass *under, int32
         r->st_run[s] = k;
     }
     struct rec_run *x = &r->runs[r->st_run[s]];
-    if (x->next != t || (under && !subset(under, &x->cls))) return 0;
+    if (x->next != t || (under && !gclass_subset(under, &x->cls))) return 0;
     if (x->reach == REC_UNKNOWN) {
         int32_t u = 0, least = 0;
         uint64_t h;
@@ -432,7 +411,7 @@ static q3_status walk(rec *r, const gvocab *v, int s, int32_t k0, int32_t kend0,
         const gkid *e = &kids[f[depth].k++];
         if (keep >= 0) { /* the child's byte is the (depth + 1)-th */
             if (depth + 1 + (int)e->below <= keep) continue; /* every token below is kept */
-            if (depth + 1 > keep) put_range(mask, e->rank_lo, e->rank_hi, 0); /* every token below is decided here */
+            if (depth + 1 > keep) gvocab_mask_put(mask, e->rank_lo, e->rank_hi, 0); /* every token below is decided here */
         }
         unsigned c = e->lab;
         int S = f[depth].state;
@@ -445,7 +424,7 @@ static q3_status walk(rec *r, const gvocab *v, int s, int32_t k0, int32_t kend0,
                 if (f[depth].text == REC_ERROR) return q3_fail(Q3_ERR_NOMEM, "out of memory");
             }
             if (f[depth].text > 0 && (int32_t)e->below + 1 <= f[depth].text) { /* and no more of it than may come */
-                set_range(mask, e->rank_lo, e->rank_hi);
+                gvocab_mask_put(mask, e->rank_lo, e->rank_hi, 1);
                 continue;
             }
         }
@@ -454,7 +433,7 @@ static q3_status walk(rec *r, const gvocab *v, int s, int32_t k0, int32_t kend0,
             if (T == REC_ERROR) return q3_fail(Q3_ERR_NOMEM, "token mask: %s", "the recognizer failed");
             if (keep < 0 || depth + 1 > keep) { /* the dead siblings after it: untouched, or cleared whole */
                 int32_t k = f[depth].k, j = next_live(r, S, kids, k, f[depth].kend, c);
-                if (keep >= 0 && j > k) put_range(mask, kids[k].rank_lo, kids[j - 1].rank_hi, 0);
+                if (keep >= 0 && j > k) gvocab_mask_put(mask, kids[k].rank_lo, kids[j - 1].rank_hi, 0);
                 f[depth].k = j;
             }
             continue; /* the child's subtree is never touched */
@@ -473,8 +452,8 @@ static q3_status walk(rec *r, const gvocab *v, int s, int32_t k0, int32_t kend0,
         if (T == S) {
             const gclass *loop = rec_loop(r, S);
             if (!loop) return Q3_ERR_NOMEM;
-            if (subset(&v->unions[e->uni], loop)) {
-                set_range(mask, e->rank_lo, e->rank_hi);
+            if (gclass_subset(&v->unions[e->uni], loop)) {
+                gvocab_mask_put(mask, e->rank_lo, e->rank_hi, 1);
                 continue;
             }
         } else if (e->kids_hi > e->kids_lo && r->g->sym_rep &&
@@ -483,7 +462,7 @@ static q3_status walk(rec *r, const gvocab *v, int s, int32_t k0, int32_t kend0,
             int run = run_from(r, S, c, T, &v->unions[e->uni], &reach);
             if (run < 0) return q3_fail(Q3_ERR_NOMEM, "out of memory");
             if (run && (int32_t)e->below <= reach) {
-                set_range(mask, e->rank_lo, e->rank_hi);
+                gvocab_mask_put(mask, e->rank_lo, e->rank_hi, 1);
                 continue;
             }
         }
@@ -585,7 +564,7 @@ q3_status mask_trie(rec *r, const gvocab *v, int s, int keep, uint64_t *mask)
         if (ct) return mask_class_loop(r, v, s, ct, mask);
     }
     if (keep < 0) memset(mask, 0, gvocab_mask_words(v) * sizeof *mask);
-    else put_range(mask, v->n_trie_ranks, v->n_ids, 0);
+    else gvocab_mask_put(mask, v->n_trie_ranks, v->n_ids, 0);
     return walk(r, v, s, 0, v->n_root_kids, 1, NULL, keep, mask);
 }
 

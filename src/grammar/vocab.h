@@ -91,4 +91,19 @@ q3_status gvocab_get(const q3_tokenizer *tok, int32_t n_ids, int32_t eot, int32_
 /* Words of a mask over a vocabulary's ranks. */
 static inline size_t gvocab_mask_words(const gvocab *v) { return ((size_t)v->n_ids + 63) / 64; }
 
+/* Sets (on = 1) or clears ranks [lo, hi) of a mask. */
+static inline void gvocab_mask_put(uint64_t *m, int32_t lo, int32_t hi, int on)
+{
+    if (lo >= hi) return;
+    int32_t wl = lo >> 6, wh = (hi - 1) >> 6;
+    uint64_t first = ~0ull << (lo & 63), last = ~0ull >> (63 - ((hi - 1) & 63));
+    if (wl == wh) first &= last;
+    if (on) m[wl] |= first;
+    else m[wl] &= ~first;
+    if (wl == wh) return;
+    for (int32_t w = wl + 1; w < wh; w++) m[w] = on ? ~0ull : 0;
+    if (on) m[wh] |= last;
+    else m[wh] &= ~last;
+}
+
 #endif
