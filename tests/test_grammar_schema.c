@@ -362,18 +362,21 @@ static int oracle_walk(q3_grammar *G, uint64_t seed, int steps)
     return bad;
 }
 
-/* The mask after the bytes of prefix against the oracle, and the masks of the
- * states met on the way back to a state seen before (from the matcher's cache). */
-static int oracle_at(q3_grammar *G, const char *prefix)
+/* The mask after the bytes of prefix against the oracle: 0 when they agree,
+ * 1 when not or when there is no mask (the first difference printed). With
+ * keep, the matcher is handed back there (at the prefix's state, or NULL) for
+ * the caller's own checks and its to free. */
+static int oracle_at(q3_grammar *G, const char *prefix, q3_matcher **keep)
 {
     q3_matcher *m;
+    if (keep) *keep = NULL;
     if (q3_matcher_new(G, 0, &m)) return 1;
     const gvocab *v = G->v;
     uint64_t *brute = malloc(gvocab_mask_words(v) * 8);
     int bad = 0;
     const uint64_t *mask;
     size_t ok;
-    if (q3_matcher_accept_bytes(m, prefix, strlen(prefix), &ok) || matcher_rank_mask(m, &mask) ||
+    if (!brute || q3_matcher_accept_bytes(m, prefix, strlen(prefix), &ok) || matcher_rank_mask(m, &mask) ||
         mask_brute(&m->r, v, m->state, brute))
         bad = 1;
     int32_t r = bad ? -1 : first_difference(v, mask, brute);
@@ -383,7 +386,8 @@ static int oracle_at(q3_grammar *G, const char *prefix)
         bad = 1;
     }
     free(brute);
-    q3_matcher_free(m);
+    if (keep) *keep = m;
+    else q3_matcher_free(m);
     return bad;
 }
 
@@ -451,7 +455,7 @@ static void test_oracle_strings(void)
         q3_grammar *G = compile(Q3_GRAMMAR_JSON_SCHEMA, cases[i].schema);
         if (!G) continue;
         for (int k = 0; cases[i].prefixes[k]; k++)
-            CHECK(oracle_at(G, cases[i].prefixes[k]) == 0, "%s after '%s': mask differs from the oracle", cases[i].schema,
+            CHECK(oracle_at(G, cases[i].prefixes[k], NULL) == 0, "%s after '%s': mask differs from the oracle", cases[i].schema,
                   cases[i].prefixes[k]);
         q3_grammar_free(G);
     }
@@ -463,6 +467,39 @@ static void test_oracle_strings(void)
     if (G) {
         CHECK(cache_walk(G, 4242, 64) == 0, "long walk: a remembered mask differs from a fresh one or the oracle");
         q3_grammar_free(G);
+    }
+}
+
+/* One directed state checked against the oracle: a fresh grammar (kind,
+ * text) with its shared masks set aside (every mask computed here, none taken
+ * from another matcher), a matcher moved past prefix, and its mask compared
+ * with the brute force (oracle_at). 1 when they agree (c->m sits at the
+ * state, for the caller's own checks), 0 when not (a check failed);
+ * oracle_done frees it all either way. */
+typedef struct oracle_case {
+    q3_grammar *G;
+    mask_share *share;
+    q3_matcher *m;
+} oracle_case;
+
+static int oracle_case_at(oracle_case *c, q3_grammar_kind kind, const char *text, const char *prefix,
+                          const char *what, size_t i)
+{
+    memset(c, 0, sizeof *c);
+    if (!(c->G = compile(kind, text))) return 0;
+    c->share = c->G->share;
+    c->G->share = NULL;
+    int bad = oracle_at(c->G, prefix, &c->m);
+    CHECK(!bad, "%s %zu (%s after '%.40s'): no mask, or it differs from the oracle", what, i, text, prefix);
+    return !bad;
+}
+
+static void oracle_done(oracle_case *c)
+{
+    q3_matcher_free(c->m);
+    if (c->G) {
+        c->G->share = c->share;
+        q3_grammar_free(c->G);
     }
 }
 
@@ -495,31 +532,11 @@ static void test_oracle_tails(void)
         {Q3_GRAMMAR_GBNF, gbnf, "\"x\n", 1},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
-        q3_grammar *G = compile(cases[i].kind, cases[i].text);
-        if (!G) continue;
-        mask_share *share = G->share;
-        G->share = NULL; /* every mask computed here, none taken from another matcher */
-        q3_matcher *m;
-        if (q3_matcher_new(G, 0, &m) == Q3_OK) {
-            const gvocab *v = G->v;
-            uint64_t *brute = malloc(gvocab_mask_words(v) * 8);
-            const uint64_t *mask;
-            size_t ok;
-            int bad = q3_matcher_accept_bytes(m, cases[i].prefix, strlen(cases[i].prefix), &ok) ||
-                      matcher_rank_mask(m, &mask) || mask_brute(&m->r, v, m->state, brute);
-            CHECK(!bad, "case %zu: no mask", i);
-            if (!bad) {
-                int32_t r = first_difference(v, mask, brute);
-                CHECK(r < 0, "case %zu (%s after '%.20s'): token %d differs from the oracle", i, cases[i].text,
-                      cases[i].prefix, r < 0 ? -1 : v->id_of_rank[r]);
-                CHECK(m->r.st_tails[m->state] == cases[i].tails, "case %zu: text and tails %s", i,
-                      cases[i].tails ? "not taken" : "taken");
-            }
-            free(brute);
-            q3_matcher_free(m);
-        }
-        G->share = share;
-        q3_grammar_free(G);
+        oracle_case c;
+        if (oracle_case_at(&c, cases[i].kind, cases[i].text, cases[i].prefix, "case", i))
+            CHECK(c.m->r.st_tails[c.m->state] == cases[i].tails, "case %zu: text and tails %s", i,
+                  cases[i].tails ? "not taken" : "taken");
+        oracle_done(&c);
     }
 }
 
@@ -539,32 +556,13 @@ static void test_oracle_runs(void)
         {Q3_GRAMMAR_GBNF, "root ::= [a-z]{2,60} \"!\"\n", "ab"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
-        q3_grammar *G = compile(cases[i].kind, cases[i].text);
-        if (!G) continue;
-        mask_share *share = G->share;
-        G->share = NULL;
-        q3_matcher *m;
-        if (q3_matcher_new(G, 0, &m) == Q3_OK) {
-            const gvocab *v = G->v;
-            uint64_t *brute = malloc(gvocab_mask_words(v) * 8);
-            const uint64_t *mask;
-            size_t ok;
-            int bad = q3_matcher_accept_bytes(m, cases[i].prefix, strlen(cases[i].prefix), &ok) ||
-                      matcher_rank_mask(m, &mask) || mask_brute(&m->r, v, m->state, brute);
-            CHECK(!bad, "run case %zu: no mask", i);
-            if (!bad) {
-                int32_t r = first_difference(v, mask, brute);
-                CHECK(r < 0, "run case %zu (%s after '%s'): token %d differs from the oracle", i, cases[i].text,
-                      cases[i].prefix, r < 0 ? -1 : v->id_of_rank[r]);
-                int runs = 0;
-                for (int k = 0; k < m->r.n_runs; k++) runs += m->r.runs[k].reach > 0;
-                CHECK(runs > 0, "run case %zu: no counted run found", i);
-            }
-            free(brute);
-            q3_matcher_free(m);
+        oracle_case c;
+        if (oracle_case_at(&c, cases[i].kind, cases[i].text, cases[i].prefix, "run case", i)) {
+            int runs = 0;
+            for (int k = 0; k < c.m->r.n_runs; k++) runs += c.m->r.runs[k].reach > 0;
+            CHECK(runs > 0, "run case %zu: no counted run found", i);
         }
-        G->share = share;
-        q3_grammar_free(G);
+        oracle_done(&c);
     }
 }
 
@@ -602,33 +600,15 @@ static void test_oracle_classes(void)
         {Q3_GRAMMAR_GBNF, fields, "x,1", 0},            /* digits: ten, too few for a table */
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
-        q3_grammar *G = compile(cases[i].kind, cases[i].text);
-        if (!G) continue;
-        mask_share *share = G->share;
-        G->share = NULL;
-        q3_matcher *m;
-        if (q3_matcher_new(G, 0, &m) == Q3_OK) {
-            const gvocab *v = G->v;
-            uint64_t *brute = malloc(gvocab_mask_words(v) * 8);
-            const uint64_t *mask;
+        oracle_case c;
+        if (oracle_case_at(&c, cases[i].kind, cases[i].text, cases[i].prefix, "class case", i)) {
             const gclass_table *ct = NULL;
-            size_t ok;
-            int bad = q3_matcher_accept_bytes(m, cases[i].prefix, strlen(cases[i].prefix), &ok) ||
-                      matcher_rank_mask(m, &mask) || mask_brute(&m->r, v, m->state, brute) ||
-                      mask_class_table(&m->r, v, m->state, &ct);
-            CHECK(!bad, "class case %zu: no mask", i);
-            if (!bad) {
-                int32_t r = first_difference(v, mask, brute);
-                CHECK(r < 0, "class case %zu (%s after '%s'): token %d differs from the oracle", i, cases[i].text,
-                      cases[i].prefix, r < 0 ? -1 : v->id_of_rank[r]);
-                CHECK((ct != NULL) == cases[i].table, "class case %zu (after '%s'): the class table %s", i,
-                      cases[i].prefix, ct ? "was taken" : "was not taken");
-            }
-            free(brute);
-            q3_matcher_free(m);
+            CHECK(mask_class_table(&c.m->r, c.G->v, c.m->state, &ct) == Q3_OK, "class case %zu: %s", i,
+                  q3_last_error());
+            CHECK((ct != NULL) == cases[i].table, "class case %zu (after '%s'): the class table %s", i,
+                  cases[i].prefix, ct ? "was taken" : "was not taken");
         }
-        G->share = share;
-        q3_grammar_free(G);
+        oracle_done(&c);
     }
 }
 
