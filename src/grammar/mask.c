@@ -514,9 +514,8 @@ static q3_status mask_class_loop(rec *r, const gvocab *v, int s, const gclass_ta
 q3_status mask_class_table(rec *r, const gvocab *v, int s, const gclass_table **out)
 {
     *out = NULL;
-    if (rec_next(r, s, 0) == REC_ERROR) /* makes the row */
-        return q3_fail(Q3_ERR_NOMEM, "token mask: %s", "the recognizer failed");
-    const rec_row *row = r->st_trans[s];
+    const rec_row *row = rec_row_of(r, s);
+    if (!row) return q3_fail(Q3_ERR_NOMEM, "out of memory");
     int n[256] = {0}, best = -1;
     for (unsigned b = 0; b < 256; b++)
         if (gclass_has(&row->live, b) && ++n[row->grp[b]] >= CLASS_TABLE_MIN &&

@@ -350,6 +350,8 @@ static rec_row *trans_row(rec *r, int s)
     return t;
 }
 
+const rec_row *rec_row_of(rec *r, int s) { return trans_row(r, s); }
+
 int rec_next_fill(rec *r, int s, unsigned c)
 {
     rec_row *t = trans_row(r, s);

@@ -110,6 +110,8 @@ static inline int rec_next(rec *r, int s, unsigned c)
     }
     return rec_next_fill(r, s, c);
 }
+/* s's transition row (its byte groups and live bytes), made if new; NULL out of memory. */
+const rec_row *rec_row_of(rec *r, int s);
 /* A new entry of runs (its index), or REC_ERROR. */
 int rec_run_add(rec *r);
 /* The bytes that s's stacks take just as they take c (so that lead where c
