@@ -35,12 +35,14 @@
 
 /* How far ahead the K/V reads are prefetched, in bytes of (block, head)
  * units: one unit is a head's 16 K and 16 V slices (8 KB F16, 4.3 KB Q8_0 at
- * head_dim 128), prefetched into L1 just before the unit this many bytes
- * earlier in the loop's order is reduced. Measured with `bench_kernels --only
- * attn-stream --depth 4096` (2-core AMD EPYC, Zen with 48 KB L1d): it halves
- * the CPU time per token of the previous scheme (the whole next block of
- * every head, into L2), which issued 64 KB of prefetches at once; 8 to 32 KB
- * measured alike within the machine's noise. */
+ * head_dim 128), prefetched into L2 (hint T1) just before the unit this many
+ * bytes earlier in the loop's order is reduced. Into L2, not L1: a T0
+ * prefetch holds one of the core's few L1 miss buffers until its line comes
+ * from memory, so 16 KB of them in flight stalled the loads of the unit being
+ * reduced. Measured with `bench_kernels --only attn-stream --depth 4096`
+ * (2-core AMD EPYC, 28 layers, CPU time per token, the two hints interleaved
+ * in one process): F16 cache 68-75 -> 35-40 ms, Q8_0 55-61 -> 37-42 ms; 8 to
+ * 128 KB ahead measured alike within the machine's noise. */
 #define PREFETCH_BYTES 16384
 
 /* ---- workspace ------------------------------------------------------------------------ */
@@ -145,14 +147,14 @@ static void load_rows(const q3_cpu_attn *a, const char *const *rows, size_t off,
     if (nb < KEY_BLOCK) memset(dst + (size_t)nb * hdp, 0, (size_t)(KEY_BLOCK - nb) * hdp * sizeof(float));
 }
 
-/* Prefetches into L1 the K and V slices (len bytes from off) of rows [t0, t1):
+/* Prefetches into L2 the K and V slices (len bytes from off) of rows [t0, t1):
  * every cache line they touch. */
 static void prefetch_slices(const q3_cpu_attn *a, int t0, int t1, size_t off, size_t len)
 {
     for (int t = t0; t < t1; t++)
         for (int v = 0; v < 2; v++) {
             uintptr_t p = (uintptr_t)(kv_row(a, v, t) + off), end = p + len;
-            for (p &= ~(uintptr_t)63; p < end; p += 64) _mm_prefetch((const char *)p, _MM_HINT_T0);
+            for (p &= ~(uintptr_t)63; p < end; p += 64) _mm_prefetch((const char *)p, _MM_HINT_T1);
         }
 }
 
