@@ -40,9 +40,10 @@
  * prefetch holds one of the core's few L1 miss buffers until its line comes
  * from memory, so 16 KB of them in flight stalled the loads of the unit being
  * reduced. Measured with `bench_kernels --only attn-stream --depth 4096`
- * (2-core AMD EPYC, 28 layers, CPU time per token, the two hints interleaved
- * in one process): F16 cache 68-75 -> 35-40 ms, Q8_0 55-61 -> 37-42 ms; 8 to
- * 128 KB ahead measured alike within the machine's noise. */
+ * (2-core AMD EPYC Zen 4 VM, 32 KB L1d; 28 layers, CPU time per token, the
+ * two hints interleaved in one process): F16 cache 71-76 -> 39-42 ms, Q8_0
+ * 57-62 -> 39 ms; 16 KB ahead the best of 4 to 256 KB. A Zen 5 VM (48 KB L1d)
+ * measured T0 and T1 alike. bench/README.md has the rest. */
 #define PREFETCH_BYTES 16384
 
 /* ---- workspace ------------------------------------------------------------------------ */
