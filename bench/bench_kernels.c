@@ -14,10 +14,12 @@
  * pool jobs (synchronisations) per token.
  * attn-stream: one token's decode attention over 28 layers of distinct K/V
  * (streamed from memory, as at depth in a real token); --depth N: only that
- * depth.
+ * depth; --gqa G: G query heads a KV head (default 2, Qwen3-0.6B's; 4 for
+ * Qwen3-4B and 8B, 8 for Qwen3-32B), 8 KV heads of 128 values either way.
  *
  *   build/bench/bench_kernels [--reps N] [--bw GBS] [--peak GFLOPS] [--isa amx|avx512|avx2] [--wtype bf16|f16]
  *                             [--only gemm|gemv|token|prefill|attn|attn-stream|e2e] [--model DIR] [--gen N] [--depth N] [--layers N]
+ *                             [--gqa G]
  */
 #include <math.h>
 #include <stdio.h>
@@ -46,6 +48,7 @@ static double cpu_now(void)
 }
 
 static int g_layers; /* attn-stream: layers (default 28) */
+static int g_gqa = 2; /* attn-stream: query heads a KV head */
 
 static uint64_t rng = 0x2545f4914f6cdd1dull;
 static float frand(void)
@@ -360,7 +363,8 @@ static int cmp_double(const void *a, const void *b)
  * checked against ref first. */
 static void bench_attention_stream(const char *only_isa, int depth)
 {
-    enum { NH = 16, NKV = 8, HD = 128, MAXL = 28 };
+    enum { NKV = 8, HD = 128, MAXL = 28, MAX_GQA = 8 };
+    const int NH = NKV * g_gqa;
     const int NL = g_layers > 0 && g_layers < MAXL ? g_layers : MAXL;
     int depths[] = {1024, 4096};
     if (depth > 0) depths[0] = depths[1] = depth;
@@ -394,14 +398,14 @@ static void bench_attention_stream(const char *only_isa, int depth)
         for (int l = 0; l < NL; l++)
             ops[l] = (q3_op){.kind = Q3_OP_ATTENTION, .layer = l, .out = 3, .in = {0, -1, -1}, .reads_state = true};
         q3_graph g = {.cfg = &cfg, .rows = 1, .ops = ops, .n_ops = NL, .values = values, .n_values = 4};
-        float *buf[4], ref_out[NH * HD];
+        float *buf[4], ref_out[NKV * MAX_GQA * HD];
         for (int v = 0; v < 4; v++) {
             buf[v] = malloc((size_t)values[v].cols * sizeof(float));
             for (int i = 0; i < values[v].cols; i++) buf[v][i] = frand();
         }
         q3_exec e = {.g = &g, .buf = buf, .n_real = 1, .pos = &rpos, .kv = &kv, .table = tables};
         g_ref->b->run(g_ref->impl, &e, &ops[NL - 1]);
-        memcpy(ref_out, buf[3], sizeof ref_out);
+        memcpy(ref_out, buf[3], (size_t)NH * HD * sizeof(float));
         double bytes = 2.0 * (pos + 1.0) * (double)kv.row_bytes * NL;
         for (size_t i = 0; i < sizeof isa_names / sizeof *isa_names; i++) {
             if (only_isa && strcmp(only_isa, isa_names[i])) continue;
@@ -421,9 +425,9 @@ static void bench_attention_stream(const char *only_isa, int depth)
             qsort(cs, (size_t)reps, sizeof *cs, cmp_double);
             /* CPU time: the threads' time on a core (spinning included), which a
                busy machine does not inflate the way it does wall time */
-            printf("  decode attention %-7s kv %-4s depth %-5d x %d layers: best %7.3f ms, p50 %7.3f ms per token "
+            printf("  decode attention %-7s kv %-4s gqa %d depth %-5d x %d layers: best %7.3f ms, p50 %7.3f ms per token "
                    "(CPU time p50 %7.3f ms); %5.1f GB/s of K/V (best) = %3.0f%% of the read bandwidth; max err %.1e\n",
-                   isa_names[i], q3_dtype_name(kvt), pos, NL, ts[0] * 1e3, ts[reps / 2] * 1e3, cs[reps / 2] * 1e3,
+                   isa_names[i], q3_dtype_name(kvt), g_gqa, pos, NL, ts[0] * 1e3, ts[reps / 2] * 1e3, cs[reps / 2] * 1e3,
                    bytes / ts[0] * 1e-9, 100 * bytes / ts[0] * 1e-9 / g_bw, err);
             free(ts);
             free(cs);
@@ -559,10 +563,17 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--gen") && i + 1 < argc) gen = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--depth") && i + 1 < argc) depth = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--layers") && i + 1 < argc) g_layers = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--gqa") && i + 1 < argc) {
+            g_gqa = atoi(argv[++i]);
+            if (g_gqa < 1 || g_gqa > 8) {
+                fprintf(stderr, "--gqa takes 1 to 8 query heads a KV head\n");
+                return 2;
+            }
+        }
         else {
             fprintf(stderr, "usage: %s [--reps N] [--bw GBS] [--peak GFLOPS] [--isa amx|avx512|avx2] "
                             "[--wtype bf16|f16] [--only gemm|gemv|token|prefill|attn|attn-stream|e2e] [--model DIR] [--gen N] [--depth N] "
-                            "[--layers N]\n", argv[0]);
+                            "[--layers N] [--gqa G]\n", argv[0]);
             return 2;
         }
     }

@@ -147,6 +147,8 @@ static void make_body(int client, int k, char *buf, size_t cap, int stream)
 static const char *path_of(const char *body) { return strstr(body, "\"prompt\"") ? "/v1/completions" : "/v1/chat/completions"; }
 
 /* The text of a non-stream answer. */
+/* The answer's text; NULL (and what came instead on stderr) when the
+ * request failed. */
 static char *answer_text(const char *body)
 {
     int st;
@@ -154,6 +156,11 @@ static char *answer_text(const char *body)
     const char *c = jstr(j, "choices.0.message.content");
     if (!c) c = jstr(j, "choices.0.text");
     char *out = st == 200 && c ? strdup(c) : NULL;
+    if (!out) {
+        char *got = j ? cJSON_PrintUnformatted(j) : NULL;
+        fprintf(stderr, "%s failed: status %d, %s\n", path_of(body), st, got ? got : "no JSON body");
+        free(got);
+    }
     cJSON_Delete(j);
     return out;
 }
@@ -184,6 +191,9 @@ static void *client_main(void *arg)
             stream_result *s = calloc(1, sizeof *s);
             stream_request(path_of(body), body, s);
             if (s->status == 200 && s->ok_framing && s->done_last) got = strdup(s->content);
+            else
+                fprintf(stderr, "client %d request %d (stream) failed: status %d, framing %s, %d events, [DONE] %s, finish \"%s\"\n",
+                        c, k, s->status, s->ok_framing ? "ok" : "bad", s->n_events, s->done_last ? "last" : "missing", s->finish);
             free(s);
         } else {
             got = answer_text(body);
