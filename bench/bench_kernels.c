@@ -48,6 +48,7 @@ static double cpu_now(void)
 }
 
 static int g_layers; /* attn-stream: layers (default 28) */
+#define MAX_GQA 8 /* attn-stream: query heads a KV head at most */
 static int g_gqa = 2; /* attn-stream: query heads a KV head */
 
 static uint64_t rng = 0x2545f4914f6cdd1dull;
@@ -363,7 +364,7 @@ static int cmp_double(const void *a, const void *b)
  * checked against ref first. */
 static void bench_attention_stream(const char *only_isa, int depth)
 {
-    enum { NKV = 8, HD = 128, MAXL = 28, MAX_GQA = 8 };
+    enum { NKV = 8, HD = 128, MAXL = 28 };
     const int NH = NKV * g_gqa;
     const int NL = g_layers > 0 && g_layers < MAXL ? g_layers : MAXL;
     int depths[] = {1024, 4096};
@@ -565,8 +566,8 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--layers") && i + 1 < argc) g_layers = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--gqa") && i + 1 < argc) {
             g_gqa = atoi(argv[++i]);
-            if (g_gqa < 1 || g_gqa > 8) {
-                fprintf(stderr, "--gqa takes 1 to 8 query heads a KV head\n");
+            if (g_gqa < 1 || g_gqa > MAX_GQA) {
+                fprintf(stderr, "--gqa takes 1 to %d query heads a KV head\n", MAX_GQA);
                 return 2;
             }
         }

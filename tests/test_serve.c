@@ -146,9 +146,8 @@ static void make_body(int client, int k, char *buf, size_t cap, int stream)
 
 static const char *path_of(const char *body) { return strstr(body, "\"prompt\"") ? "/v1/completions" : "/v1/chat/completions"; }
 
-/* The text of a non-stream answer. */
-/* The answer's text; NULL (and what came instead on stderr) when the
- * request failed. */
+/* The text of a non-stream answer; NULL (and what came instead on stderr)
+ * when the request failed. */
 static char *answer_text(const char *body)
 {
     int st;

@@ -21,7 +21,6 @@ static void copy_range(uint64_t *m, const uint64_t *src, int32_t lo, int32_t hi)
     m[wh] = (m[wh] & ~last) | (src[wh] & last);
 }
 
-
 #define MAX_DEPTH 1024
 /* How many characters ahead text_budget looks: a subtree whose tokens are
  * longer (240 of Qwen3's tokens are) is walked instead, down to where what is
