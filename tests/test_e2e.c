@@ -78,9 +78,11 @@ int main(void)
 
     /* every present unit with its default KV cache, then the cpu unit with a Q8_0
        cache. This random model's greedy paths pass through near-ties (top-2 gaps
-       of 1e-3..6e-3, where Q8_0 K/V move logits by up to ~1e-2: 3 of the 10 cases
-       keep all 24 ids, 8 with a BF16 cache, 10 with F16); with Q8_0 a case must
-       keep the reference's ids up to a step where the reference's gap is < 0.01 */
+       of 1e-3..1.4e-2), where a Q8_0 cache (keys dotted with a Q8_0 query) moves
+       logits by up to 0.07 (`q3 compare -m tests/data/golden/e2e --kv q8_0
+       --kv-ref f16`: KL mean 1.4e-5, top-1 agreement 92%): 2 of the 10 cases keep
+       all 24 ids (8 with a BF16 cache, 10 with F16); with Q8_0 a case must keep
+       the reference's ids up to a step where the reference's gap is < 0.02 */
     int n_units = 0;
     while (q3_backends[n_units]) n_units++;
     int q8_kept = 0, q8_cases = 0;
@@ -145,7 +147,7 @@ int main(void)
                     if (k < n_want)
                         printf("%s [%s, kv %s]: diverges at step %d of %d (reference's top-2 gap there %g)\n", name,
                                b->name, kv, k, n_want, gap);
-                    CHECK((k == n_want && r.n_ids == n_want) || (k < n_want && gap < 0.01),
+                    CHECK((k == n_want && r.n_ids == n_want) || (k < n_want && gap < 0.02),
                           "%s [%s, kv %s]: diverges at step %d of %d where the reference's gap is %g", name, b->name,
                           kv, k, n_want, gap);
                 } else {

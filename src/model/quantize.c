@@ -42,6 +42,15 @@ void q3_quantize_q8_0(const float *src, void *dst, size_t n)
     }
 }
 
+void q3_round_q8_0(const float *src, float *dst, size_t n)
+{
+    for (size_t b = 0; b < n / QK; b++) {
+        uint8_t blk[Q3_Q8_0_BYTES];
+        q3_quantize_q8_0(src + b * QK, blk, QK);
+        q3_row_to_f32(Q3_Q8_0, blk, dst + b * QK, QK);
+    }
+}
+
 void q3_quantize_q4_0(const float *src, void *dst, size_t n)
 {
     uint8_t *out = dst;

@@ -20,6 +20,11 @@
  * receives n / 32 * 34 bytes. Inputs are expected finite; a NaN becomes 0. */
 void q3_quantize_q8_0(const float *src, void *dst, size_t n);
 
+/* The values Q8_0 blocks of src hold: dst[i] = d * q of q3_quantize_q8_0, with
+ * d as stored (f16). n must be a multiple of 32. Attention over a Q8_0 KV
+ * cache takes its query this way (see backend/cpu/attention_avx512.c). */
+void q3_round_q8_0(const float *src, float *dst, size_t n);
+
 /* Q4_0: per block, max = the value of largest magnitude (first one on ties,
  * sign kept), d = max / -8, q = min(15, trunc(x * (1/d) + 8.5)), value j in
  * the low nibble of byte j and value j + 16 in its high nibble, d as f16.

@@ -11,6 +11,7 @@
 
 #include "backend/cpu/kernels.h"
 #include "backend/cpu/simd_avx2.h"
+#include "model/quantize.h"
 
 #define KEY_BLOCK 8
 #define LOG2E 1.4426950408889634f
@@ -123,9 +124,14 @@ static void attend_head(const q3_cpu_attn *a, void *scratch, int kvh, int row0, 
     const __m256 qscale = _mm256_set1_ps(a->scale * LOG2E);
 
     int kmax = 0;
+    float qround[hd];
     for (int i = 0; i < nq; i++) {
         int r = row0 + i / G, h = kvh * G + i % G;
         const float *src = a->q + (size_t)r * a->ldq + (size_t)h * hd;
+        if (a->kv_dtype == Q3_Q8_0) { /* a Q8_0 cache's keys meet the query as Q8_0 too */
+            q3_round_q8_0(src, qround, (size_t)hd);
+            src = qround;
+        }
         for (int c = 0; c < hdp; c += 8) {
             __m256 v = _mm256_maskload_ps(src + c, q3_mask8(hd - c));
             _mm256_store_ps(w.q + (size_t)i * hdp + c, _mm256_mul_ps(v, qscale));

@@ -17,6 +17,9 @@
  *    q' = q * scale * log2(e) and keys past the query's causal limit get p = 0;
  *  - super-block states are folded left to right by merge_state, and the
  *    output is acc / l.
+ * A Q8_0 cache takes integer key dot products against the query quantized
+ * to Q8_0 and scales each value block through the probabilities (the
+ * section "Q8_0 caches" below says how); the rest is the same.
  * Nothing in it depends on which other rows or heads share a run, or on
  * which thread reduced a super-block: decode hands super-blocks to threads
  * (reading whole cache rows, every KV head of the range at once: a head's
@@ -58,6 +61,11 @@ typedef struct head_ws {
     float *m, *l, *corr; /* [nqp] current super-block: running max, running sum, this block's rescale */
     float *tm, *tl;      /* [nqp] folded total */
     int *n_keys;  /* [nqp] keys each query sees (0 for padding queries) */
+    /* Q8_0 caches (see "Q8_0 caches" below); hdq = head_dim rounded up to 64 */
+    int8_t *qi;   /* [nqp][hdq] the query quantized, zero padded */
+    int32_t *qb;  /* [nqp][hdq / 64][16] -128 * the sum of each lane's 4 qi */
+    float *qd;    /* [nqp][hdq / 64][16] the scale of each lane's block * scale * log2(e) */
+    float *pd;    /* [nqp][hdq / 32][KEY_BLOCK] probabilities times each key's value block scale */
 } head_ws;
 
 typedef struct attn_ws {
@@ -72,7 +80,13 @@ static int padded_hd(int hd) { return (hd + 15) & ~15; }
 /* Queries of a head padded to whole groups: 2, 4, 8 or a multiple of 16. */
 static int padded_queries(int nq) { return nq <= 2 ? 2 : nq <= 4 ? 4 : nq <= 8 ? 8 : (nq + 15) & ~15; }
 
-static size_t head_floats(int nqp, int hdp) { return (size_t)nqp * hdp * 4 + (size_t)nqp * (KEY_BLOCK + 8) + 64; }
+static int padded_hdq(int hdp) { return (hdp + 63) & ~63; }
+
+static size_t head_floats(int nqp, int hdp)
+{
+    size_t hdq = (size_t)padded_hdq(hdp);
+    return (size_t)nqp * hdp * 4 + (size_t)nqp * (KEY_BLOCK + 8) + (size_t)nqp * hdq * 5 / 4 + 5 * 16;
+}
 
 static size_t avx512_attn_scratch(const q3_cpu_attn *a, int nrows, int n_kvh)
 {
@@ -102,6 +116,11 @@ static attn_ws carve(void *scratch, int n_kvh, int nq, int hdp)
         h->tl = f, f += n;
         h->n_keys = (int *)f, f += n;
         f = (float *)(((uintptr_t)f + 63) & ~(uintptr_t)63);
+        size_t hdq = (size_t)padded_hdq(hdp);
+        h->qi = (int8_t *)f, f += n * hdq / 4;
+        h->qb = (int32_t *)f, f += n * hdq / 4;
+        h->qd = f, f += n * hdq / 4;
+        h->pd = f, f += n * hdq / 2;
     }
     return w;
 }
@@ -124,27 +143,14 @@ Q3_INLINE __m512 load16(q3_dtype t, const char *row, int d, __mmask16 m)
 }
 
 /* The block's keys or values of one head as F32 rows dst[j][d] (row j at
- * rows[j] + off), zero padded to hdp; rows j >= nb are zero. Q8_0 rows
- * (hd % 32 == 0, so hdp == hd) are dequantized a block of 32 at a time. */
+ * rows[j] + off), zero padded to hdp; rows j >= nb are zero. Not for Q8_0
+ * (whose rows are read in place, see "Q8_0 caches"). */
 static void load_rows(const q3_cpu_attn *a, const char *const *rows, size_t off, int nb, float *dst, int hdp)
 {
     const int hd = a->head_dim;
-    if (a->kv_dtype == Q3_Q8_0) {
-        for (int j = 0; j < nb; j++) {
-            const uint8_t *b = (const uint8_t *)rows[j] + off;
-            float *o = dst + (size_t)j * hdp;
-            for (int d = 0; d < hd; d += 32, b += Q3_Q8_0_BYTES) {
-                __m512 lo, hi;
-                q3_load_q8_0x32(b, &lo, &hi);
-                _mm512_store_ps(o + d, lo);
-                _mm512_store_ps(o + d + 16, hi);
-            }
-        }
-    } else {
-        for (int j = 0; j < nb; j++)
-            for (int d = 0; d < hdp; d += 16)
-                _mm512_store_ps(dst + (size_t)j * hdp + d, load16(a->kv_dtype, rows[j] + off, d, q3_mask16(hd - d)));
-    }
+    for (int j = 0; j < nb; j++)
+        for (int d = 0; d < hdp; d += 16)
+            _mm512_store_ps(dst + (size_t)j * hdp + d, load16(a->kv_dtype, rows[j] + off, d, q3_mask16(hd - d)));
     if (nb < KEY_BLOCK) memset(dst + (size_t)nb * hdp, 0, (size_t)(KEY_BLOCK - nb) * hdp * sizeof(float));
 }
 
@@ -165,12 +171,6 @@ static void prefetch_slices(const q3_cpu_attn *a, int t0, int t1, size_t off, si
  * makes them. T, the cache's type, is a constant where it is inlined. */
 Q3_INLINE __m512 row16(const q3_dtype T, const int whole, const q3_cpu_attn *a, const char *row, int c)
 {
-    if (T == Q3_Q8_0) {
-        const uint8_t *b = (const uint8_t *)row + (size_t)(c / 32) * Q3_Q8_0_BYTES;
-        __m512 d = _mm512_set1_ps(_cvtsh_ss((unsigned short)(b[0] | b[1] << 8)));
-        __m128i q = _mm_loadu_si128((const __m128i *)(b + 2 + (c % 32)));
-        return _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)));
-    }
     return load16(T, row, c, whole ? (__mmask16)0xffff : q3_mask16(a->head_dim - c));
 }
 
@@ -267,6 +267,183 @@ Q3_INLINE void pv_update(const int direct, const q3_dtype T, const int full, con
     }
 }
 
+/* ---- Q8_0 caches ---------------------------------------------------------------------------- */
+
+/* A Q8_0 cache's keys are dotted with the query quantized as the cache's
+ * rows are (Q8_0 blocks of 32: q3_quantize_q8_0's ints qi and f16 scales dq),
+ * in integers, as llama.cpp's flash attention does for a Q8_0 K cache: a
+ * key's score is scale * log2(e) * sum_b dq_b dk_b sum_{c in b} qi[c] k[c].
+ * Blocks go two to a vector (one 64-byte vpdpbusd a pair, unsigned k + 128
+ * against signed qi, the 128 * sum qi taken off by starting each lane from
+ * qb), then acc = fma(float(sums), dk_pair * qd_pair, acc) over the pairs in
+ * order, its lanes summed by q3_reduce4's tree. A value block's scale goes
+ * into the probabilities instead of into every value: acc += (p_j * dv_jb) *
+ * float(v_j[c]). With 2 query heads a KV head (Qwen3-0.6B) the F32 route's
+ * scale multiplications took the FMA pipes as much as its dot products did;
+ * a query's 64 cached key values now cost one vpdpbusd, a conversion, a
+ * multiplication and an FMA instead of four FMAs and a share of four
+ * multiplications. Decode and prefill read Q8_0 rows in place (never
+ * staged), so both take the same steps: the same bits. */
+
+/* Key or value block pair p of a head's slice at b: its 64 ints (the second
+ * block's zero when the slice ends after the first), plus 128 (as unsigned). */
+Q3_INLINE __m512i q8_pair_u8(const uint8_t *b, int two)
+{
+    __m256i lo = _mm256_loadu_si256((const __m256i *)(b + 2));
+    __m256i hi = two ? _mm256_loadu_si256((const __m256i *)(b + Q3_Q8_0_BYTES + 2)) : _mm256_setzero_si256();
+    return _mm512_xor_si512(_mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1), _mm512_set1_epi8((char)0x80));
+}
+
+Q3_INLINE uint16_t q8_scale_bits(const uint8_t *b) { return (uint16_t)(b[0] | b[1] << 8); }
+
+/* The pair's two scales, each over its block's 8 lanes (0 for a missing second block). */
+Q3_INLINE __m512 q8_pair_scales(const uint8_t *b, int two)
+{
+    __m128i lo = _mm_set1_epi16((short)q8_scale_bits(b));
+    __m128i hi = two ? _mm_set1_epi16((short)q8_scale_bits(b + Q3_Q8_0_BYTES)) : _mm_setzero_si128();
+    return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1));
+}
+
+/* Query i of a head (nq real ones; the rest zero): qi, qb, qd from src. */
+static void q8_query(head_ws *h, int i, const float *src, int hd, int hdq, float qscale)
+{
+    int8_t *qi = h->qi + (size_t)i * hdq;
+    int32_t *qb = h->qb + (size_t)i * hdq / 4;
+    float *qd = h->qd + (size_t)i * hdq / 4;
+    memset(qi, 0, (size_t)hdq);
+    memset(qd, 0, (size_t)hdq / 4 * sizeof(float));
+    for (int d = 0; src && d < hd; d += 32) {
+        uint8_t blk[Q3_Q8_0_BYTES];
+        q3_store_q8_0x32(src + d, blk);
+        memcpy(qi + d, blk + 2, 32);
+        float s = _cvtsh_ss(q8_scale_bits(blk)) * qscale;
+        for (int l = 0; l < 8; l++) qd[d / 4 + l] = s;
+    }
+    for (int p = 0; p < hdq / 64; p++) {
+        __m512i sum = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8((char)0x80),
+                                          _mm512_load_si512(qi + p * 64));
+        _mm512_store_si512(qb + p * 16, _mm512_sub_epi32(_mm512_setzero_si512(), sum));
+    }
+}
+
+/* scores() for a Q8_0 cache: keys read in place, QT queries x KT keys at a time. */
+Q3_INLINE void scores_q8(const int full, const int QT, const int KT, head_ws *h, const block_rows *keys, int q0, int hd)
+{
+    const int hdq = padded_hdq(hd);
+    for (int j0 = 0; j0 < KEY_BLOCK; j0 += KT) {
+        __m512 acc[8][4];
+#pragma GCC unroll 8
+        for (int i = 0; i < QT; i++)
+#pragma GCC unroll 4
+            for (int j = 0; j < KT; j++) acc[i][j] = _mm512_setzero_ps();
+        if (full || j0 < keys->nb) {
+            for (int pr = 0; pr < hdq / 64; pr++) {
+                const int two = pr * 64 + 32 < hd;
+                __m512i ku[4];
+                __m512 ks[4];
+#pragma GCC unroll 4
+                for (int j = 0; j < KT; j++) {
+                    if (full || j0 + j < keys->nb) {
+                        const uint8_t *b = (const uint8_t *)keys->rows[j0 + j] + keys->off + (size_t)pr * 2 * Q3_Q8_0_BYTES;
+                        ku[j] = q8_pair_u8(b, two);
+                        ks[j] = q8_pair_scales(b, two);
+                    } else {
+                        ku[j] = _mm512_setzero_si512();
+                        ks[j] = _mm512_setzero_ps();
+                    }
+                }
+#pragma GCC unroll 8
+                for (int i = 0; i < QT; i++) {
+                    const size_t q = (size_t)(q0 + i);
+                    __m512i qv = _mm512_load_si512(h->qi + q * hdq + pr * 64);
+                    __m512i qb = _mm512_load_si512(h->qb + q * hdq / 4 + pr * 16);
+                    __m512 qd = _mm512_load_ps(h->qd + q * hdq / 4 + pr * 16);
+#pragma GCC unroll 4
+                    for (int j = 0; j < KT; j++)
+                        acc[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_dpbusd_epi32(qb, ku[j], qv)),
+                                                    _mm512_mul_ps(ks[j], qd), acc[i][j]);
+                }
+            }
+        }
+        float *p = h->p + (size_t)q0 * KEY_BLOCK + j0;
+        if (KT == 4) {
+#pragma GCC unroll 8
+            for (int i = 0; i < QT; i++)
+                _mm_store_ps(p + (size_t)i * KEY_BLOCK, q3_reduce4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]));
+        } else {
+#pragma GCC unroll 4
+            for (int i = 0; i < QT; i += 2) {
+                __m128 r = q3_reduce4(acc[i][0], acc[i][1], acc[i + 1][0], acc[i + 1][1]);
+                _mm_storel_pi((__m64 *)(p + (size_t)i * KEY_BLOCK), r);
+                _mm_storeh_pi((__m64 *)(p + (size_t)(i + 1) * KEY_BLOCK), r);
+            }
+        }
+    }
+}
+
+/* pd[q][b][j] = p[q][j] * (value j's block b scale), for the nqp queries. */
+static void q8_value_probs(head_ws *h, const block_rows *vals, int nqp, int hd)
+{
+    const int hdq = padded_hdq(hd), nblk = hd / 32;
+    for (int b = 0; b < nblk; b++) {
+        uint16_t bits[KEY_BLOCK] = {0};
+        for (int j = 0; j < vals->nb; j++)
+            bits[j] = q8_scale_bits((const uint8_t *)vals->rows[j] + vals->off + (size_t)b * Q3_Q8_0_BYTES);
+        __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)bits));
+        for (int i = 0; i < nqp; i++)
+            _mm512_store_ps(h->pd + ((size_t)i * hdq / 32 + b) * KEY_BLOCK,
+                            _mm512_mul_ps(_mm512_load_ps(h->p + (size_t)i * KEY_BLOCK), dv));
+    }
+}
+
+/* pv_update() for a Q8_0 cache: acc[q] = acc[q] * corr[q] + sum_{j < nb}
+ * pd[q][b][j] * v[j] (ints as F32), CH 16-value chunks at a time (each
+ * accumulator still takes its keys in order: CH changes no bits) so that a
+ * small group's FMA chains are not bound by the FMA's latency. */
+Q3_INLINE void pv_update_q8(const int full, const int QG, const int CH, head_ws *h, const block_rows *vals, int q0,
+                            int hd)
+{
+    const int hdq = padded_hdq(hd), hdp = padded_hd(hd);
+    for (int c = 0; c < hd; c += 16 * CH) {
+        __m512 acc[16];
+        float *a = h->acc + (size_t)q0 * hdp + c;
+#pragma GCC unroll 4
+        for (int k = 0; k < CH; k++)
+#pragma GCC unroll 16
+            for (int i = 0; i < QG; i++)
+                acc[k * QG + i] = _mm512_mul_ps(_mm512_load_ps(a + (size_t)i * hdp + 16 * k), _mm512_set1_ps(h->corr[q0 + i]));
+        const float *pd = h->pd + (size_t)q0 * hdq / 32 * KEY_BLOCK;
+        const int nb = full ? KEY_BLOCK : vals->nb;
+#pragma GCC unroll 16
+        for (int j = 0; j < nb; j++) {
+            const uint8_t *row = (const uint8_t *)vals->rows[j] + vals->off;
+#pragma GCC unroll 4
+            for (int k = 0; k < CH; k++) {
+                const int d = c + 16 * k;
+                __m128i q = _mm_loadu_si128((const __m128i *)(row + (size_t)(d / 32) * Q3_Q8_0_BYTES + 2 + d % 32));
+                __m512 vv = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q));
+#pragma GCC unroll 16
+                for (int i = 0; i < QG; i++)
+                    acc[k * QG + i] = _mm512_fmadd_ps(_mm512_set1_ps(pd[((size_t)i * hdq / 32 + d / 32) * KEY_BLOCK + j]),
+                                                      vv, acc[k * QG + i]);
+            }
+        }
+#pragma GCC unroll 4
+        for (int k = 0; k < CH; k++)
+#pragma GCC unroll 16
+            for (int i = 0; i < QG; i++) _mm512_store_ps(a + (size_t)i * hdp + 16 * k, acc[k * QG + i]);
+    }
+}
+
+/* pv_update_q8 for a group of QG queries: 4 chunks at a time for 2 queries,
+ * 2 for 4 (where head_dim allows), 1 for more. */
+Q3_INLINE void pv_group_q8(const int full, const int QG, head_ws *h, const block_rows *vals, int q0, int hd)
+{
+    if (QG == 2 && hd % 64 == 0) pv_update_q8(full, QG, QG == 2 ? 4 : 1, h, vals, q0, hd);
+    else if (QG == 4) pv_update_q8(full, QG, QG == 4 ? 2 : 1, h, vals, q0, hd); /* hd % 32 == 0 */
+    else pv_update_q8(full, QG, 1, h, vals, q0, hd);
+}
+
 /* Calls CALL(QG, q0) over the nqp (padded) queries in groups of QG. */
 #define FOR_QUERY_GROUPS(nqp, CALL)                                                                               \
     for (int q0 = 0; q0 < (nqp); q0 += 16) {                                                                       \
@@ -289,30 +466,14 @@ Q3_INLINE void pv_update(const int direct, const q3_dtype T, const int full, con
 /* Whether a run reads its keys and values direct (converted in registers
  * where they are used) rather than staged as F32 rows: a decode run (a query
  * head group of up to 16, e.g. 2 for Qwen3-0.6B, 8 for the larger Qwen3s),
- * or a prefill run of at most 4 queries per KV head. */
+ * or a prefill run of at most 4 queries per KV head. (Q8_0 rows are always
+ * read in place.) */
 static bool reads_direct(const q3_cpu_attn *a, int nqp) { return nqp <= 4 || (!a->k_chunk && nqp <= 16); }
 
-/* One block of nb keys from t0 for one head's queries; T the cache's type
- * and full (nb == KEY_BLOCK and head_dim % 16 == 0) constants where it is
- * inlined, so the direct reads' loops hold no test of either. */
-Q3_INLINE void block_update_t(const q3_dtype T, const int full, const q3_cpu_attn *a, attn_ws *w, head_ws *h,
-                              const char *const *krows, const char *const *vrows, int t0, int nb)
+/* The online softmax step of a block: the scores in p become probabilities
+ * (0 past each query's causal limit), m, l and corr move on. */
+static void softmax_block(head_ws *h, int nqp, int t0, int nb)
 {
-    const int hd = a->head_dim, hdp = padded_hd(hd), nqp = w->nqp;
-    const size_t off = (size_t)h->kvh * q3_cpu_attn_head_bytes(a);
-    const bool direct = reads_direct(a, nqp);
-    block_rows keys = {.staged = w->kb, .a = a, .rows = krows, .off = off, .nb = nb};
-    block_rows vals = {.staged = w->vb, .a = a, .rows = vrows, .off = off, .nb = nb};
-    if (direct) {
-#define SCORES(QT, KT, q0) scores(1, T, full, QT, KT, h, &keys, q0, hdp)
-        FOR_SCORE_GROUPS(1, nqp, SCORES)
-#undef SCORES
-    } else {
-        load_rows(a, krows, off, nb, w->kb, hdp);
-#define SCORES(QT, KT, q0) scores(0, T, full, QT, KT, h, &keys, q0, hdp)
-        FOR_SCORE_GROUPS(0, nqp, SCORES)
-#undef SCORES
-    }
     for (int i = 0; i < nqp; i++) {
         float *p = h->p + (size_t)i * KEY_BLOCK;
         int valid = h->n_keys[i] - t0;
@@ -332,6 +493,30 @@ Q3_INLINE void block_update_t(const q3_dtype T, const int full, const q3_cpu_att
         h->m[i] = m_new;
         h->corr[i] = corr;
     }
+}
+
+/* One block of nb keys from t0 for one head's queries; T the cache's type
+ * (not Q8_0) and full (nb == KEY_BLOCK and head_dim % 16 == 0) constants
+ * where it is inlined, so the direct reads' loops hold no test of either. */
+Q3_INLINE void block_update_t(const q3_dtype T, const int full, const q3_cpu_attn *a, attn_ws *w, head_ws *h,
+                              const char *const *krows, const char *const *vrows, int t0, int nb)
+{
+    const int hd = a->head_dim, hdp = padded_hd(hd), nqp = w->nqp;
+    const size_t off = (size_t)h->kvh * q3_cpu_attn_head_bytes(a);
+    const bool direct = reads_direct(a, nqp);
+    block_rows keys = {.staged = w->kb, .a = a, .rows = krows, .off = off, .nb = nb};
+    block_rows vals = {.staged = w->vb, .a = a, .rows = vrows, .off = off, .nb = nb};
+    if (direct) {
+#define SCORES(QT, KT, q0) scores(1, T, full, QT, KT, h, &keys, q0, hdp)
+        FOR_SCORE_GROUPS(1, nqp, SCORES)
+#undef SCORES
+    } else {
+        load_rows(a, krows, off, nb, w->kb, hdp);
+#define SCORES(QT, KT, q0) scores(0, T, full, QT, KT, h, &keys, q0, hdp)
+        FOR_SCORE_GROUPS(0, nqp, SCORES)
+#undef SCORES
+    }
+    softmax_block(h, nqp, t0, nb);
     if (direct) {
 #define PV(QG, q0) pv_update(1, T, full, QG, h, &vals, q0, hdp)
         FOR_QUERY_GROUPS(nqp, PV)
@@ -340,6 +525,24 @@ Q3_INLINE void block_update_t(const q3_dtype T, const int full, const q3_cpu_att
     }
     load_rows(a, vrows, off, nb, w->vb, hdp);
 #define PV(QG, q0) pv_update(0, T, full, QG, h, &vals, q0, hdp)
+    FOR_QUERY_GROUPS(nqp, PV)
+#undef PV
+}
+
+/* block_update_t for a Q8_0 cache: its rows read in place by any run. */
+Q3_INLINE void block_update_q8(const int full, const q3_cpu_attn *a, attn_ws *w, head_ws *h,
+                               const char *const *krows, const char *const *vrows, int t0, int nb)
+{
+    const int hd = a->head_dim, nqp = w->nqp;
+    const size_t off = (size_t)h->kvh * q3_cpu_attn_head_bytes(a);
+    block_rows keys = {.a = a, .rows = krows, .off = off, .nb = nb};
+    block_rows vals = {.a = a, .rows = vrows, .off = off, .nb = nb};
+#define SCORES(QT, KT, q0) scores_q8(full, QT, KT, h, &keys, q0, hd)
+    FOR_SCORE_GROUPS(1, nqp, SCORES)
+#undef SCORES
+    softmax_block(h, nqp, t0, nb);
+    q8_value_probs(h, &vals, nqp, hd);
+#define PV(QG, q0) pv_group_q8(full, QG, h, &vals, q0, hd)
     FOR_QUERY_GROUPS(nqp, PV)
 #undef PV
 }
@@ -356,9 +559,17 @@ BLOCK_UPDATE_T(Q3_BF16, 1)
 BLOCK_UPDATE_T(Q3_BF16, 0)
 BLOCK_UPDATE_T(Q3_F32, 1)
 BLOCK_UPDATE_T(Q3_F32, 0)
-BLOCK_UPDATE_T(Q3_Q8_0, 1)
-BLOCK_UPDATE_T(Q3_Q8_0, 0)
 #undef BLOCK_UPDATE_T
+static void block_update_Q3_Q8_0_1(const q3_cpu_attn *a, attn_ws *w, head_ws *h, const char *const *krows,
+                                   const char *const *vrows, int t0, int nb)
+{
+    block_update_q8(1, a, w, h, krows, vrows, t0, nb);
+}
+static void block_update_Q3_Q8_0_0(const q3_cpu_attn *a, attn_ws *w, head_ws *h, const char *const *krows,
+                                   const char *const *vrows, int t0, int nb)
+{
+    block_update_q8(0, a, w, h, krows, vrows, t0, nb);
+}
 
 static void block_update(const q3_cpu_attn *a, attn_ws *w, head_ws *h, const char *const *krows,
                          const char *const *vrows, int t0, int nb)
@@ -425,6 +636,8 @@ static void avx512_attention(const q3_cpu_attn *a, void *scratch, int kvh0, int 
         for (int i = 0; i < nqp; i++) {
             int r = row0 + i / G, qh = h->kvh * G + i % G;
             const float *src = a->q + (size_t)r * a->ldq + (size_t)qh * hd;
+            if (a->kv_dtype == Q3_Q8_0) q8_query(h, i, i < w.nq ? src : NULL, hd, padded_hdq(hdp), a->scale * LOG2E);
+            else
             for (int c = 0; c < nch; c++) {
                 __m512 v = i < w.nq ? _mm512_maskz_loadu_ps(q3_mask16(hd - c * 16), src + c * 16) : _mm512_setzero_ps();
                 _mm512_store_ps(h->qr + (size_t)i * hdp + c * 16, _mm512_mul_ps(v, qscale));

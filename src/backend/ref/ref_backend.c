@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "backend/backend.h"
+#include "model/quantize.h"
 #include "model/rope.h"
 #include "util/error.h"
 
@@ -194,10 +195,12 @@ static q3_status attention(const q3_exec *e, const q3_op *op)
     double *score = malloc((size_t)max_keys * sizeof *score);
     float *key = malloc((size_t)kv_dim * 2 * sizeof *key), *val = key ? key + kv_dim : NULL;
     double *acc = malloc((size_t)hd * sizeof *acc);
-    if (!score || !key || !acc) {
+    float *qround = malloc((size_t)hd * sizeof *qround);
+    if (!score || !key || !acc || !qround) {
         free(score);
         free(key);
         free(acc);
+        free(qround);
         return oom(op);
     }
     double scale = 1.0 / sqrt((double)hd);
@@ -211,6 +214,10 @@ static q3_status attention(const q3_exec *e, const q3_op *op)
             int kh = h / group;
             size_t head_off = n_cached ? (size_t)kh * q3_dtype_row_bytes(kv->dtype, (size_t)hd) : 0; /* Q8_0: hd % 32 == 0 */
             const float *qh = q + h * hd;
+            if (kv && kv->dtype == Q3_Q8_0 && !packed) { /* a Q8_0 cache's keys meet the query as Q8_0 too */
+                q3_round_q8_0(qh, qround, (size_t)hd);
+                qh = qround;
+            }
             double mx = -INFINITY;
             for (int t = 0; t < n_keys; t++) {
                 const float *kr;
@@ -247,6 +254,7 @@ static q3_status attention(const q3_exec *e, const q3_op *op)
     free(score);
     free(key);
     free(acc);
+    free(qround);
     return Q3_OK;
 }
 
