@@ -72,6 +72,7 @@ typedef struct attn_ws {
     int nq, nqp;  /* queries per head, and rounded up to whole groups */
     float *kb;    /* [KEY_BLOCK][hdp] the block's keys in F32 (one head at a time) */
     float *vb;    /* [KEY_BLOCK][hdp] the block's values in F32 */
+    float *dv;    /* Q8_0: [hdp / 32][KEY_BLOCK] the block's value scales */
     head_ws *h;   /* [n_kvh] */
 } attn_ws;
 
@@ -91,7 +92,7 @@ static size_t head_floats(int nqp, int hdp)
 static size_t avx512_attn_scratch(const q3_cpu_attn *a, int nrows, int n_kvh)
 {
     int nqp = padded_queries(nrows * (a->n_heads / a->n_kv_heads)), hdp = padded_hd(a->head_dim);
-    size_t floats = (size_t)KEY_BLOCK * hdp * 2 + (size_t)n_kvh * head_floats(nqp, hdp);
+    size_t floats = (size_t)KEY_BLOCK * hdp * 2 + (size_t)(hdp + 31) / 32 * KEY_BLOCK + (size_t)n_kvh * head_floats(nqp, hdp);
     return floats * sizeof(float) + (size_t)n_kvh * sizeof(head_ws) + 256;
 }
 
@@ -102,6 +103,7 @@ static attn_ws carve(void *scratch, int n_kvh, int nq, int hdp)
     float *f = (float *)(((uintptr_t)(w.h + n_kvh) + 63) & ~(uintptr_t)63);
     w.kb = f, f += (size_t)KEY_BLOCK * hdp;
     w.vb = f, f += (size_t)KEY_BLOCK * hdp;
+    w.dv = f, f += (size_t)(hdp + 31) / 32 * KEY_BLOCK;
     size_t n = (size_t)w.nqp;
     for (int i = 0; i < n_kvh; i++) {
         head_ws *h = &w.h[i];
@@ -381,19 +383,27 @@ Q3_INLINE void scores_q8(const int full, const int QT, const int KT, head_ws *h,
     }
 }
 
-/* pd[q][b][j] = p[q][j] * (value j's block b scale), for the nqp queries. */
-static void q8_value_probs(head_ws *h, const block_rows *vals, int nqp, int hd)
+/* The block's value scales, dv[b][j] for value j's block b (0 for j >= nb):
+ * read before the keys' dot products so that the value rows' first lines are
+ * on their way while those run. */
+static void q8_value_scales(const block_rows *vals, int hd, float *dv)
 {
-    const int hdq = padded_hdq(hd), nblk = hd / 32;
-    for (int b = 0; b < nblk; b++) {
+    for (int b = 0; b < hd / 32; b++) {
         uint16_t bits[KEY_BLOCK] = {0};
         for (int j = 0; j < vals->nb; j++)
             bits[j] = q8_scale_bits((const uint8_t *)vals->rows[j] + vals->off + (size_t)b * Q3_Q8_0_BYTES);
-        __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)bits));
+        _mm512_store_ps(dv + b * KEY_BLOCK, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)bits)));
+    }
+}
+
+/* pd[q][b][j] = p[q][j] * dv[b][j], for the nqp queries. */
+static void q8_value_probs(head_ws *h, const float *dv, int nqp, int hd)
+{
+    const int hdq = padded_hdq(hd);
+    for (int b = 0; b < hd / 32; b++)
         for (int i = 0; i < nqp; i++)
             _mm512_store_ps(h->pd + ((size_t)i * hdq / 32 + b) * KEY_BLOCK,
-                            _mm512_mul_ps(_mm512_load_ps(h->p + (size_t)i * KEY_BLOCK), dv));
-    }
+                            _mm512_mul_ps(_mm512_load_ps(h->p + (size_t)i * KEY_BLOCK), _mm512_load_ps(dv + b * KEY_BLOCK)));
 }
 
 /* pv_update() for a Q8_0 cache: acc[q] = acc[q] * corr[q] + sum_{j < nb}
@@ -537,11 +547,12 @@ Q3_INLINE void block_update_q8(const int full, const q3_cpu_attn *a, attn_ws *w,
     const size_t off = (size_t)h->kvh * q3_cpu_attn_head_bytes(a);
     block_rows keys = {.a = a, .rows = krows, .off = off, .nb = nb};
     block_rows vals = {.a = a, .rows = vrows, .off = off, .nb = nb};
+    q8_value_scales(&vals, hd, w->dv);
 #define SCORES(QT, KT, q0) scores_q8(full, QT, KT, h, &keys, q0, hd)
     FOR_SCORE_GROUPS(0, nqp, SCORES) /* 4 x 4 (2 x 4): 8 x 2 measured 6-10% slower at 8 queries a KV head */
 #undef SCORES
     softmax_block(h, nqp, t0, nb);
-    q8_value_probs(h, &vals, nqp, hd);
+    q8_value_probs(h, w->dv, nqp, hd);
 #define PV(QG, q0) pv_group_q8(full, QG, h, &vals, q0, hd)
     FOR_QUERY_GROUPS(nqp, PV)
 #undef PV
