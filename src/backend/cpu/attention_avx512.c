@@ -287,7 +287,7 @@ Q3_INLINE void pv_update(const int direct, const q3_dtype T, const int full, con
  * multiplications. Decode and prefill read Q8_0 rows in place (never
  * staged), so both take the same steps: the same bits. */
 
-/* Key or value block pair p of a head's slice at b: its 64 ints (the second
+/* Key block pair p of a head's slice at b: its 64 ints (the second
  * block's zero when the slice ends after the first), plus 128 (as unsigned). */
 Q3_INLINE __m512i q8_pair_u8(const uint8_t *b, int two)
 {
