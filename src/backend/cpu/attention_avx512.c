@@ -482,7 +482,7 @@ static bool reads_direct(const q3_cpu_attn *a, int nqp) { return nqp <= 4 || (!a
 
 /* The online softmax step of a block: the scores in p become probabilities
  * (0 past each query's causal limit), m, l and corr move on. */
-static void softmax_block(head_ws *h, int nqp, int t0, int nb)
+Q3_INLINE void softmax_block(head_ws *h, int nqp, int t0, int nb)
 {
     for (int i = 0; i < nqp; i++) {
         float *p = h->p + (size_t)i * KEY_BLOCK;
