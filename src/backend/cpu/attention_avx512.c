@@ -200,12 +200,30 @@ Q3_INLINE __m512 chunk16(const int direct, const q3_dtype T, const int full, con
     return full || j < src->nb ? row16(T, full, src->a, src->rows[j] + src->off, c) : _mm512_setzero_ps();
 }
 
+/* The QT x KT dot products' lanes summed by q3_reduce4's tree (which sums
+ * each of its 4 inputs alike: the grouping changes no bits) into the scores
+ * p[q][j] (rows KEY_BLOCK apart): 4 keys a reduction, or two queries' two keys. */
+Q3_INLINE void store_scores(const int QT, const int KT, __m512 acc[8][4], float *p)
+{
+    if (KT == 4) {
+#pragma GCC unroll 8
+        for (int i = 0; i < QT; i++)
+            _mm_store_ps(p + (size_t)i * KEY_BLOCK, q3_reduce4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]));
+        return;
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < QT; i += 2) {
+        __m128 r = q3_reduce4(acc[i][0], acc[i][1], acc[i + 1][0], acc[i + 1][1]);
+        _mm_storel_pi((__m64 *)(p + (size_t)i * KEY_BLOCK), r);
+        _mm_storeh_pi((__m64 *)(p + (size_t)(i + 1) * KEY_BLOCK), r);
+    }
+}
+
 /* Scores of the QT queries from q0 against the block's 16 keys, KT keys at a
  * time (QT x KT <= 16 accumulators: 2 or 4 queries x 4 keys, or 8 x 2, so
  * that a direct key chunk converted in registers serves a whole GQA group of
  * up to 8 query heads): for each (query, key), acc = fma(q'[c], k[c], acc)
- * over the chunks c in order, then its lanes summed by q3_reduce4's tree
- * (which sums each of its 4 inputs alike: the grouping changes no bits);
+ * over the chunks c in order, then its lanes summed (store_scores);
  * p[q][j] = the score (0 for keys j >= nb: masked by the caller). */
 Q3_INLINE void scores(const int direct, const q3_dtype T, const int full, const int QT, const int KT, head_ws *h,
                       const block_rows *keys, int q0, int hdp)
@@ -230,19 +248,7 @@ Q3_INLINE void scores(const int direct, const q3_dtype T, const int full, const 
                 }
             }
         }
-        float *p = h->p + (size_t)q0 * KEY_BLOCK + j0;
-        if (KT == 4) {
-#pragma GCC unroll 8
-            for (int i = 0; i < QT; i++)
-                _mm_store_ps(p + (size_t)i * KEY_BLOCK, q3_reduce4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]));
-        } else { /* two queries' two keys a reduction */
-#pragma GCC unroll 4
-            for (int i = 0; i < QT; i += 2) {
-                __m128 r = q3_reduce4(acc[i][0], acc[i][1], acc[i + 1][0], acc[i + 1][1]);
-                _mm_storel_pi((__m64 *)(p + (size_t)i * KEY_BLOCK), r);
-                _mm_storeh_pi((__m64 *)(p + (size_t)(i + 1) * KEY_BLOCK), r);
-            }
-        }
+        store_scores(QT, KT, acc, h->p + (size_t)q0 * KEY_BLOCK + j0);
     }
 }
 
@@ -367,19 +373,7 @@ Q3_INLINE void scores_q8(const int full, const int QT, const int KT, head_ws *h,
                 }
             }
         }
-        float *p = h->p + (size_t)q0 * KEY_BLOCK + j0;
-        if (KT == 4) {
-#pragma GCC unroll 8
-            for (int i = 0; i < QT; i++)
-                _mm_store_ps(p + (size_t)i * KEY_BLOCK, q3_reduce4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]));
-        } else {
-#pragma GCC unroll 4
-            for (int i = 0; i < QT; i += 2) {
-                __m128 r = q3_reduce4(acc[i][0], acc[i][1], acc[i + 1][0], acc[i + 1][1]);
-                _mm_storel_pi((__m64 *)(p + (size_t)i * KEY_BLOCK), r);
-                _mm_storeh_pi((__m64 *)(p + (size_t)(i + 1) * KEY_BLOCK), r);
-            }
-        }
+        store_scores(QT, KT, acc, h->p + (size_t)q0 * KEY_BLOCK + j0);
     }
 }
 
@@ -446,7 +440,9 @@ Q3_INLINE void pv_update_q8(const int full, const int QG, const int CH, head_ws 
 }
 
 /* pv_update_q8 for a group of QG queries: 4 chunks at a time for 2 queries,
- * 2 for 4 (where head_dim allows), 1 for more. */
+ * 2 for 4 (where head_dim allows), 1 for more. (The chunk counts are spelled
+ * as conditionals on QG so that no instance has QG * CH above its 16
+ * accumulators, even in a branch the constant QG rules out.) */
 Q3_INLINE void pv_group_q8(const int full, const int QG, head_ws *h, const block_rows *vals, int q0, int hd)
 {
     if (QG == 2 && hd % 64 == 0) pv_update_q8(full, QG, QG == 2 ? 4 : 1, h, vals, q0, hd);
@@ -647,11 +643,13 @@ static void avx512_attention(const q3_cpu_attn *a, void *scratch, int kvh0, int 
         for (int i = 0; i < nqp; i++) {
             int r = row0 + i / G, qh = h->kvh * G + i % G;
             const float *src = a->q + (size_t)r * a->ldq + (size_t)qh * hd;
-            if (a->kv_dtype == Q3_Q8_0) q8_query(h, i, i < w.nq ? src : NULL, hd, padded_hdq(hdp), a->scale * LOG2E);
-            else
-            for (int c = 0; c < nch; c++) {
-                __m512 v = i < w.nq ? _mm512_maskz_loadu_ps(q3_mask16(hd - c * 16), src + c * 16) : _mm512_setzero_ps();
-                _mm512_store_ps(h->qr + (size_t)i * hdp + c * 16, _mm512_mul_ps(v, qscale));
+            if (a->kv_dtype == Q3_Q8_0) {
+                q8_query(h, i, i < w.nq ? src : NULL, hd, padded_hdq(hdp), a->scale * LOG2E);
+            } else {
+                for (int c = 0; c < nch; c++) {
+                    __m512 v = i < w.nq ? _mm512_maskz_loadu_ps(q3_mask16(hd - c * 16), src + c * 16) : _mm512_setzero_ps();
+                    _mm512_store_ps(h->qr + (size_t)i * hdp + c * 16, _mm512_mul_ps(v, qscale));
+                }
             }
             h->tm[i] = -INFINITY;
             h->tl[i] = 0;
