@@ -20,12 +20,13 @@
  * time and bytes.
  *
  * With --model M (a Qwen3 folder or GGUF with the Qwen3 vocabulary): decode
- * throughput constrained (a JSON Schema with a free string, so the answers run
- * to max_tokens) against unconstrained, at B = 1 and B = 8 sequences, as
+ * throughput constrained (a JSON Schema with two free strings, so the answers
+ * run to max_tokens) against unconstrained, at B = 1 and B = 8 sequences, as
  * process CPU time per generated token (the machine is shared: wall time would
- * count other processes), --threads T (default 2); unconstrained and
- * constrained runs alternate, --decode-repeats N times (default 3), and the
- * medians are compared. */
+ * count other processes), --threads T (default 2). The two runs are open side
+ * by side and take turns step by step (64 tokens a sequence, --decode-repeats
+ * N pairs of runs, default 3): a slow spell of the machine meets both alike.
+ * Printed: the ratio of the sums and the median of the per-step-pair ratios. */
 #include <cjson/cJSON.h>
 #include <dirent.h>
 #include <math.h>
@@ -237,66 +238,83 @@ static double cpu_now(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* CPU seconds per generated token for B sequences of max_tokens each, constrained by G or not. */
-static double decode_cost(q3_model *model, int B, q3_grammar *G, int threads, int max_tokens, double *wall_per_tok)
+/* One decode run of B sequences (constrained by G or not), stepped from outside so that two runs can
+ * take turns step by step. */
+typedef struct {
+    q3_ctx *c;
+    q3_sampler *smp[8];
+    q3_matcher *m[8];
+    q3_gen *g[8];
+    int B;
+} drun;
+
+static void drun_close(drun *d)
 {
+    for (int b = 0; b < d->B; b++) {
+        q3_gen_free(d->g[b]);
+        q3_matcher_free(d->m[b]);
+        q3_sampler_free(d->smp[b]);
+    }
+    q3_ctx_free(d->c);
+    memset(d, 0, sizeof *d);
+}
+
+/* B sequences with the same chat prompt, prefilled (untimed). 0 on success. */
+static int drun_open(drun *d, q3_model *model, int B, q3_grammar *G, int threads, int max_tokens)
+{
+    memset(d, 0, sizeof *d);
     q3_ctx_opts co = q3_ctx_opts_default();
     co.max_seqs = B;
     co.n_ctx = 512;
     co.n_threads = threads;
-    q3_ctx *c;
-    if (q3_ctx_new(model, &co, &c)) return NAN;
-    q3_sampler *smp[8] = {0};
-    q3_matcher *m[8] = {0};
-    q3_gen *g[8] = {0};
+    if (q3_ctx_new(model, &co, &d->c)) return -1;
+    d->B = B;
     int32_t *ids = NULL;
     size_t n = 0;
     q3_chat_message msg = {"user", "Write a short note."};
     q3_chat_opts cho = q3_chat_opts_default();
     cho.enable_thinking = 0;
-    q3_chat_tokenize(tok, &msg, 1, &cho, &ids, &n);
+    if (q3_chat_tokenize(tok, &msg, 1, &cho, &ids, &n)) return -1;
     for (int b = 0; b < B; b++) {
         q3_sampler_params sp = q3_sampler_defaults(0);
         sp.seed = (uint64_t)b + 1;
         int seq;
         q3_gen_opts o = q3_gen_opts_default();
         o.max_tokens = max_tokens;
-        if (G) q3_matcher_new(G, 0, &m[b]);
-        o.grammar = m[b];
-        q3_sampler_new(&sp, q3_model_vocab_size(model), &smp[b]);
-        q3_seq_new(c, &seq);
-        q3_gen_new(c, seq, smp[b], tok, &o, &g[b]);
-        q3_gen_prompt(g[b], ids, n);
-    }
-    /* prefill first, untimed */
-    for (int busy = 1; busy;) {
-        busy = 0;
-        for (int b = 0; b < B; b++) busy |= q3_gen_prefilling(g[b]);
-        if (busy) q3_gen_step(g, B);
-    }
-    int before = 0;
-    for (int b = 0; b < B; b++) before += q3_gen_result_get(g[b])->n_ids;
-    double t0 = cpu_now();
-    struct timespec w0, w1;
-    clock_gettime(CLOCK_MONOTONIC, &w0);
-    for (int live = 1; live;) {
-        live = 0;
-        for (int b = 0; b < B; b++) live |= !q3_gen_done(g[b]);
-        if (live && q3_gen_step(g, B)) break;
-    }
-    double cpu = cpu_now() - t0;
-    clock_gettime(CLOCK_MONOTONIC, &w1);
-    int made = -before;
-    for (int b = 0; b < B; b++) made += q3_gen_result_get(g[b])->n_ids;
-    for (int b = 0; b < B; b++) {
-        q3_gen_free(g[b]);
-        q3_matcher_free(m[b]);
-        q3_sampler_free(smp[b]);
+        if (G && q3_matcher_new(G, 0, &d->m[b])) return -1;
+        o.grammar = d->m[b];
+        if (q3_sampler_new(&sp, q3_model_vocab_size(model), &d->smp[b]) || q3_seq_new(d->c, &seq) ||
+            q3_gen_new(d->c, seq, d->smp[b], tok, &o, &d->g[b]) || q3_gen_prompt(d->g[b], ids, n))
+            return -1;
     }
     free(ids);
-    q3_ctx_free(c);
-    *wall_per_tok = ((double)(w1.tv_sec - w0.tv_sec) + 1e-9 * (double)(w1.tv_nsec - w0.tv_nsec)) / made;
-    return made > 0 ? cpu / made : NAN;
+    for (int busy = 1; busy;) {
+        busy = 0;
+        for (int b = 0; b < B; b++) busy |= q3_gen_prefilling(d->g[b]);
+        if (busy && q3_gen_step(d->g, B)) return -1;
+    }
+    return 0;
+}
+
+static double wall_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* One decode step of every live sequence: its process CPU and wall seconds; returns the tokens it
+ * made (the sequences live before it), 0 when none is live or the step failed. */
+static int drun_step(drun *d, double *cpu, double *wall)
+{
+    int live = 0;
+    for (int b = 0; b < d->B; b++) live += !q3_gen_done(d->g[b]);
+    if (!live) return 0;
+    double c0 = cpu_now(), w0 = wall_now();
+    if (q3_gen_step(d->g, d->B)) return 0;
+    *cpu = cpu_now() - c0;
+    *wall = wall_now() - w0;
+    return live;
 }
 
 int main(int argc, char **argv)
@@ -316,7 +334,7 @@ int main(int argc, char **argv)
                    "Token-mask p50/p99/max over the realistic schemas (walked N times, default 3) and the\n"
                    "JSON Schema Test Suite's draft 4 schemas (DIR, default %s), compile time, memory;\n"
                    "with --model, decode CPU time constrained vs not at B = 1 and 8 (T threads, default 2),\n"
-                   "the runs alternating N times (default 3), medians compared.\n",
+                   "the two runs taking turns step by step, N pairs of runs (default 3).\n",
                    suite_dir);
             return 0;
         } else if (argv[i][0] == '-') {
@@ -390,21 +408,37 @@ int main(int argc, char **argv)
         printf("decode, %s, %d threads: CPU ms per generated token (wall ms), constrained vs not\n", model_path, threads);
         int bs[2] = {1, 8};
         for (int k = 0; k < 2; k++) {
-            /* unconstrained and constrained runs in turn, the median of each: the load moves */
-            vec u = {0}, cst = {0}, wu = {0}, wc = {0};
+            /* an unconstrained and a constrained run side by side, taking turns step by step (who goes
+             * first alternating), so that the machine's load meets both alike; per pair of steps the
+             * CPU seconds per token of each, and over all pairs the sums */
+            vec ratio = {0};
+            double cu = 0, cc = 0, wu = 0, wc = 0;
+            long tu = 0, tc = 0;
             for (int r = 0; r < decode_repeats; r++) {
-                double w;
-                push(&u, decode_cost(model, bs[k], NULL, threads, 32, &w));
-                push(&wu, w);
-                push(&cst, decode_cost(model, bs[k], G, threads, 32, &w));
-                push(&wc, w);
+                drun du, dc;
+                if (drun_open(&du, model, bs[k], NULL, threads, 64) || drun_open(&dc, model, bs[k], G, threads, 64)) {
+                    fprintf(stderr, "bench_grammar: %s\n", q3_last_error());
+                    return 1;
+                }
+                for (int i = 0;; i++) {
+                    double c1, w1, c2, w2;
+                    int n1, n2;
+                    if (i % 2 == 0) n1 = drun_step(&du, &c1, &w1), n2 = n1 ? drun_step(&dc, &c2, &w2) : 0;
+                    else n2 = drun_step(&dc, &c2, &w2), n1 = n2 ? drun_step(&du, &c1, &w1) : 0;
+                    if (!n1 || !n2) break;
+                    push(&ratio, (c1 / n1) / (c2 / n2));
+                    cu += c1, wu += w1, tu += n1;
+                    cc += c2, wc += w2, tc += n2;
+                }
+                drun_close(&du);
+                drun_close(&dc);
             }
-            double mu = pct(&u, 0.5), mc = pct(&cst, 0.5);
-            printf("  B=%d: unconstrained %.2f ms (%.2f), constrained %.2f ms (%.2f): throughput ratio %.3f "
-                   "(medians of %d runs each; wall ratio %.3f)\n",
-                   bs[k], 1e3 * mu, 1e3 * pct(&wu, 0.5), 1e3 * mc, 1e3 * pct(&wc, 0.5), mu / mc, decode_repeats,
-                   pct(&wu, 0.5) / pct(&wc, 0.5));
-            free(u.v), free(cst.v), free(wu.v), free(wc.v);
+            printf("  B=%d: unconstrained %.2f ms (%.2f), constrained %.2f ms (%.2f): throughput ratio %.3f, "
+                   "per step pair p50 %.3f (%zu pairs in %d runs; wall ratio %.3f)\n",
+                   bs[k], 1e3 * cu / (double)tu, 1e3 * wu / (double)tu, 1e3 * cc / (double)tc, 1e3 * wc / (double)tc,
+                   (cu / (double)tu) / (cc / (double)tc), pct(&ratio, 0.5), ratio.n, decode_repeats,
+                   (wu / (double)tu) / (wc / (double)tc));
+            free(ratio.v);
         }
         q3_grammar_free(G);
         q3_model_close(model);
