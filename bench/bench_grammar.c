@@ -281,11 +281,12 @@ static int drun_open(drun *d, q3_model *model, int B, q3_grammar *G, int threads
         int seq;
         q3_gen_opts o = q3_gen_opts_default();
         o.max_tokens = max_tokens;
-        if (G && q3_matcher_new(G, 0, &d->m[b])) return -1;
-        o.grammar = d->m[b];
-        if (q3_sampler_new(&sp, q3_model_vocab_size(model), &d->smp[b]) || q3_seq_new(d->c, &seq) ||
-            q3_gen_new(d->c, seq, d->smp[b], tok, &o, &d->g[b]) || q3_gen_prompt(d->g[b], ids, n))
+        if ((G && q3_matcher_new(G, 0, &d->m[b])) || (o.grammar = d->m[b],
+            q3_sampler_new(&sp, q3_model_vocab_size(model), &d->smp[b]) || q3_seq_new(d->c, &seq) ||
+            q3_gen_new(d->c, seq, d->smp[b], tok, &o, &d->g[b]) || q3_gen_prompt(d->g[b], ids, n))) {
+            free(ids);
             return -1;
+        }
     }
     free(ids);
     for (int busy = 1; busy;) {
@@ -416,8 +417,11 @@ int main(int argc, char **argv)
             long tu = 0, tc = 0;
             for (int r = 0; r < decode_repeats; r++) {
                 drun du, dc;
+                memset(&dc, 0, sizeof dc);
                 if (drun_open(&du, model, bs[k], NULL, threads, 64) || drun_open(&dc, model, bs[k], G, threads, 64)) {
                     fprintf(stderr, "bench_grammar: %s\n", q3_last_error());
+                    drun_close(&du);
+                    drun_close(&dc);
                     return 1;
                 }
                 for (int i = 0;; i++) {
