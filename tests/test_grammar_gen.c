@@ -56,6 +56,8 @@ typedef struct run {
     int seq;
 } run;
 
+static int start_logprobs; /* start() asks for log-probabilities (the mask then goes on after the raw row is read) */
+
 static int start(q3_ctx *c, run *r, q3_grammar *G, unsigned flags, uint64_t seed, const char *prompt, int max_tokens)
 {
     memset(r, 0, sizeof *r);
@@ -76,6 +78,7 @@ static int start(q3_ctx *c, run *r, q3_grammar *G, unsigned flags, uint64_t seed
     o.max_tokens = max_tokens;
     o.grammar = r->m;
     o.split_channels = 1;
+    o.logprobs = start_logprobs;
     int rc = q3_gen_new(c, r->seq, r->smp, tok, &o, &r->g) || q3_gen_prompt(r->g, ids, n) ? -1 : 0;
     free(ids);
     return rc;
@@ -182,6 +185,7 @@ static void test_batch_invariance(q3_grammar *G, q3_grammar *G2)
     q3_ctx_opts co = q3_ctx_opts_default();
     co.max_seqs = 4;
     co.n_ctx = 512;
+    co.n_threads = 2; /* two threads: a batch's masks are computed and applied on them (masks_in_parallel) */
     q3_ctx *c;
     if (q3_ctx_new(model, &co, &c)) {
         CHECK(0, "ctx: %s", q3_last_error());
@@ -206,6 +210,23 @@ static void test_batch_invariance(q3_grammar *G, q3_grammar *G2)
         const q3_gen_result *res = q3_gen_result_get(rs[1].g);
         CHECK(res->n_ids == n_alone && !memcmp(res->ids, ids, (size_t)n_alone * sizeof *ids),
               "a constrained sequence made other tokens in a batch (%d vs %d alone)", res->n_ids, n_alone);
+    }
+    for (int i = 0; i < 3; i++) finish(c, &rs[i]);
+    /* the same sequence twice beside another constrained one: with log-probabilities (its mask goes on
+       after the raw row is read, in the step's serial part) and without (on the step's threads) */
+    start_logprobs = 1;
+    ok = !start(c, &rs[0], G, 0, 77, "One record please.", 120);
+    start_logprobs = 0;
+    ok = ok && !start(c, &rs[1], G2, 0, 3, "Another thing.", 120) && !start(c, &rs[2], G, 0, 77, "One record please.", 120);
+    CHECK(ok, "start: %s", q3_last_error());
+    if (ok) {
+        step_all(rs, 3);
+        for (int i = 0; i < 3; i += 2) {
+            const q3_gen_result *res = q3_gen_result_get(rs[i].g);
+            CHECK(res->n_ids == n_alone && !memcmp(res->ids, ids, (size_t)n_alone * sizeof *ids),
+                  "a constrained sequence (log-probabilities %s) made other tokens in a batch (%d vs %d alone)",
+                  i ? "off" : "on", res->n_ids, n_alone);
+        }
     }
     for (int i = 0; i < 3; i++) finish(c, &rs[i]);
     q3_ctx_free(c);

@@ -65,6 +65,7 @@ struct q3_gen {
     q3_gen_result r;
     int32_t pending;          /* the sampled token the next step decodes; -1: none */
     int done;
+    int masked;               /* this step's grammar mask is on logits already (masks_in_parallel) */
     /* preemption (q3_gen_preempt): the sequence's K/V were freed; they come back
        from the prefix cache, a prefill of the prompt's rest, then decode rows
        replaying the generated ids, so each position is computed as before */
@@ -429,6 +430,8 @@ static void logprob_of(const float *raw, int V, int32_t id, int K, q3_token_logp
 /* New logits for g: process, sample, record, stream, and decide whether it goes on. */
 static q3_status after_logits(q3_gen *g)
 {
+    int masked = g->masked;
+    g->masked = 0;
     if (g->o.interrupt && *g->o.interrupt) {
         finish_text(g);
         end(g, Q3_STOP_INTERRUPT);
@@ -456,7 +459,7 @@ static q3_status after_logits(q3_gen *g)
             return Q3_OK;
         }
     }
-    if (g->o.grammar) {
+    if (g->o.grammar && !masked) {
         q3_status st = q3_matcher_apply(g->o.grammar, g->logits, g->vocab);
         if (st) {
             snprintf(g->error, sizeof g->error, "grammar: %s", q3_last_error()[0] ? q3_last_error() : q3_status_name(st));
@@ -575,23 +578,28 @@ static q3_status resume(q3_gen *g)
 
 static void mask_row(void *ctx, int i)
 {
-    q3_gen *const *rows = ctx;
+    q3_gen *g = ((q3_gen *const *)ctx)[i];
     const uint64_t *mask;
-    (void)matcher_rank_mask(rows[i]->o.grammar, &mask); /* a failure is met again, and reported, in after_logits */
+    if (matcher_rank_mask(g->o.grammar, &mask)) return; /* a failure is met again, and reported, in after_logits */
+    /* where nothing reads the row before the mask (no processor, no log-probabilities), the mask goes
+       on here too, on this thread: what after_logits would do, in parallel */
+    if (!g->o.on_logits && !g->o.logprobs && !q3_matcher_apply(g->o.grammar, g->logits, g->vocab)) g->masked = 1;
 }
 
-/* Computes the masks of the constrained rows among rows[0..n) on the decode
- * unit's threads, so that after_logits finds each ready (a matcher keeps its
- * current mask). Each row has its own matcher; an unconstrained row is not
- * visited. Nothing to do for fewer than two constrained rows or one thread. */
-static void masks_in_parallel(q3_ctx *c, q3_gen *const *rows, int n)
+/* Computes (and where it can, applies) the masks of the constrained rows
+ * among rows[0..n) on the decode unit's threads, so that after_logits finds
+ * each ready (a matcher keeps its current mask). Each row has its own
+ * matcher and logits; an unconstrained row, or one replaying its history
+ * (replay[r]: no logits), is not visited. Nothing to do for fewer than two
+ * constrained rows or one thread. */
+static void masks_in_parallel(q3_ctx *c, q3_gen *const *rows, const int *replay, int n)
 {
     q3_unit *u = c->decode_unit;
     if (!u->b->parallel_for || u->n_threads < 2) return;
     q3_gen *con[256];
     int k = 0;
     for (int i = 0; i < n; i++)
-        if (rows[i]->o.grammar) con[k++] = rows[i];
+        if (rows[i]->o.grammar && !replay[i]) con[k++] = rows[i];
     if (k >= 2) u->b->parallel_for(u->impl, mask_row, con, k);
 }
 
@@ -637,6 +645,7 @@ q3_status q3_gen_step_budget(q3_gen *const *gens, int n, int budget)
         q3_gen *g = gens[i];
         if (g->ctx != c) return q3_fail(Q3_ERR_INVALID, "generators of different contexts in one step");
         if (g->done) continue;
+        g->masked = 0; /* set again only by this step's masks_in_parallel */
         q3_status cst = check_seq(g);
         if (cst) return cst;
         if (g->resume && (cst = resume(g))) return cst;
@@ -690,7 +699,7 @@ q3_status q3_gen_step_budget(q3_gen *const *gens, int n, int budget)
             if (pg->prompt_done == pg->n_prompt && (st = after_logits(pg))) return st;
         }
     }
-    masks_in_parallel(c, row_gen, s.n_decode);
+    masks_in_parallel(c, row_gen, row_replay, s.n_decode);
     for (int r = 0; r < s.n_decode; r++) {
         q3_gen *g = row_gen[r];
         g->r.decode_s += dt;
