@@ -284,10 +284,36 @@ static void test_cache_and_apply(void)
         agree &= (logits[id] == 1.0f) == b;
     }
     CHECK(agree && allowed > 100000, "apply and mask agree inside a string (%d allowed)", allowed);
-    free(bits);
-    free(logits);
     q3_matcher_free(m);
     q3_grammar_free(A);
+    /* apply's paths: the ten digits (kept, the row forbidden, put back), ~17 thousand (past its
+       4,096 kept: the zero bits forbidden one by one), ~69 thousand (over a quarter of the row) */
+    const char *regexes[] = {"[0-9]+", "[a-z][a-z]*", "[a-zA-Z ][a-zA-Z ]*"};
+    int sizes[3] = {0};
+    for (int r = 0; r < 3; r++) {
+        q3_grammar *R = compile(Q3_GRAMMAR_REGEX, regexes[r]);
+        if (!R || q3_matcher_new(R, 0, &m)) {
+            q3_grammar_free(R);
+            continue;
+        }
+        for (int id = 0; id < n_vocab; id++) logits[id] = (float)(id % 7);
+        q3_matcher_mask(m, bits, n_vocab);
+        q3_matcher_apply(m, logits, n_vocab);
+        agree = 1, allowed = 0;
+        for (int id = 0; id < n_vocab; id++) {
+            int b = (int)(bits[id >> 5] >> (id & 31) & 1);
+            allowed += b;
+            agree &= b ? logits[id] == (float)(id % 7) : logits[id] == -INFINITY;
+        }
+        sizes[r] = allowed;
+        CHECK(agree && allowed > 0, "apply and mask agree for /%s/ (%d allowed)", regexes[r], allowed);
+        q3_matcher_free(m);
+        q3_grammar_free(R);
+    }
+    CHECK(sizes[0] <= 4096 && sizes[1] > 4096 && sizes[1] < n_vocab / 4 && sizes[2] >= n_vocab / 4,
+          "the regexes reach each of apply's paths (%d, %d, %d allowed)", sizes[0], sizes[1], sizes[2]);
+    free(bits);
+    free(logits);
 }
 
 int main(void)
