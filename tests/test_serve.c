@@ -30,24 +30,28 @@ static cJSON *post_json(const char *path, const char *body, int *status)
     return j;
 }
 
-static const char *jstr(const cJSON *o, const char *path)
+/* The item at a dotted path (numbers index arrays); NULL if none. strtok_r: the load test's client
+ * threads read their answers at once (strtok's one hidden position made some of them miss a field
+ * that was there). */
+static const cJSON *jget(const cJSON *o, const char *path)
 {
-    /* dotted path; numbers index arrays */
-    char buf[256];
+    char buf[256], *save = NULL;
     snprintf(buf, sizeof buf, "%s", path);
     const cJSON *cur = o;
-    for (char *tok = strtok(buf, "."); tok && cur; tok = strtok(NULL, "."))
+    for (char *tok = strtok_r(buf, ".", &save); tok && cur; tok = strtok_r(NULL, ".", &save))
         cur = (*tok >= '0' && *tok <= '9') ? cJSON_GetArrayItem(cur, atoi(tok)) : cJSON_GetObjectItemCaseSensitive(cur, tok);
+    return cur;
+}
+
+static const char *jstr(const cJSON *o, const char *path)
+{
+    const cJSON *cur = jget(o, path);
     return cJSON_IsString(cur) ? cur->valuestring : NULL;
 }
 
 static double jnum(const cJSON *o, const char *path)
 {
-    char buf[256];
-    snprintf(buf, sizeof buf, "%s", path);
-    const cJSON *cur = o;
-    for (char *tok = strtok(buf, "."); tok && cur; tok = strtok(NULL, "."))
-        cur = (*tok >= '0' && *tok <= '9') ? cJSON_GetArrayItem(cur, atoi(tok)) : cJSON_GetObjectItemCaseSensitive(cur, tok);
+    const cJSON *cur = jget(o, path);
     return cJSON_IsNumber(cur) ? cur->valuedouble : -1;
 }
 
