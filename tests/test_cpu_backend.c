@@ -7,9 +7,11 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/cpu_features.h"
+#include "backend/cpu/threadpool.h"
 #include "q3.h"
 #include "test.h"
 
@@ -807,6 +809,70 @@ static void test_refuses(void)
     CHECK(q3_backend_cpu.kv_default == Q3_F16 || q3_backend_cpu.kv_default == Q3_BF16, "kv_default");
 }
 
+/* ---- the pool on a busy machine ----------------------------------------------------- */
+
+typedef struct {
+    int max_ith; /* the highest thread index that ran an item */
+    int sum;     /* items done */
+} pool_probe;
+
+static void sleep_us(long us)
+{
+    struct timespec ts = {us / 1000000, (us % 1000000) * 1000};
+    nanosleep(&ts, NULL);
+}
+
+/* A worker's item takes 6 ms (as if it lost its core while holding it), the
+ * caller's 0.5 ms. */
+static void late_worker_item(void *ctx, int item, int ith)
+{
+    pool_probe *pp = ctx;
+    (void)item;
+    sleep_us(ith ? 6000 : 500);
+    __atomic_fetch_add(&pp->sum, 1, __ATOMIC_RELAXED);
+    for (int m = __atomic_load_n(&pp->max_ith, __ATOMIC_RELAXED); ith > m;)
+        if (__atomic_compare_exchange_n(&pp->max_ith, &m, ith, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) break;
+}
+
+static void quick_item(void *ctx, int item, int ith)
+{
+    late_worker_item(ctx, item, 0); /* 0.5 ms whoever runs it; records ith below */
+    pool_probe *pp = ctx;
+    for (int m = __atomic_load_n(&pp->max_ith, __ATOMIC_RELAXED); ith > m;)
+        if (__atomic_compare_exchange_n(&pp->max_ith, &m, ith, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) break;
+}
+
+/* Joins that keep waiting for a late worker put the pool's caller on its own
+ * for a while: every item still runs, once, on thread 0. */
+static void test_pool_solo(void)
+{
+    q3_pool *p = q3_pool_new(2);
+    CHECK(p != NULL, "pool of 2");
+    if (!p || q3_pool_size(p) < 2) {
+        q3_pool_free(p);
+        return;
+    }
+    pool_probe pp = {0};
+    q3_pool_job late = {.item = late_worker_item, .ctx = &pp, .n_items = 2};
+    int jobs = 0;
+    while (!q3_pool_solo_jobs(p) && jobs < 40) { /* a worker claims an item in most jobs; 3 late ones in a row suffice */
+        q3_pool_run(p, &late);
+        jobs++;
+        pool_probe q = {0};
+        q3_pool_job next = {.item = quick_item, .ctx = &q, .n_items = 4};
+        q3_pool_run(p, &next); /* a job after the late ones: run alone once they add up */
+        CHECK(q.sum == 4, "every item runs once (%d)", q.sum);
+        jobs++;
+    }
+    CHECK(pp.sum == 2 * (jobs / 2), "every late item ran (%d of %d)", pp.sum, 2 * (jobs / 2));
+    CHECK(q3_pool_solo_jobs(p) > 0, "late workers put the caller on its own (%d jobs)", jobs);
+    pool_probe q = {0};
+    q3_pool_job next = {.item = quick_item, .ctx = &q, .n_items = 8};
+    q3_pool_run(p, &next);
+    CHECK(q.sum == 8 && q.max_ith == 0, "alone: all 8 items on the caller (%d, thread %d)", q.sum, q.max_ith);
+    q3_pool_free(p);
+}
+
 int main(void)
 {
     if (!q3_backend_cpu.present(&q3_backend_cpu)) {
@@ -818,6 +884,7 @@ int main(void)
     if (!units[0] || !units[1]) TEST_DONE();
     printf("cpu unit: %s, %d threads\n", q3_cpu_unit_isa(units[1])->name, units[1]->n_threads);
     test_refuses();
+    test_pool_solo();
     const char *isas[] = {"amx", "avx512", "avx2"};
     for (int i = 0; i < 3; i++) {
         if (q3_cpu_unit_force_isa(units[1], isas[i])) {

@@ -32,6 +32,20 @@
  * items are a few to a few tens of microseconds, so a longer wait means a
  * thread holding one lost its core. */
 #define JOIN_SPIN_NS 20000
+/* A join that waited over LONG_JOIN_NS, and over 4x the caller's own share
+ * of the job, waited for a worker that lost its core while it held an item
+ * (a scheduler slice: ~4 ms measured beside a busy loop, where items take
+ * tens of microseconds; a sleeping worker's wake-up stays well under it).
+ * LONG_JOINS such joins, each within LONG_JOIN_WINDOW jobs of the one
+ * before, mean the machine's other work keeps taking a core: the next
+ * SOLO_JOBS jobs (about 7 decode tokens of Qwen3-0.6B) run on the caller
+ * alone, the same items in the same way (so the same bits), and then the
+ * workers are tried again. On a 2-core VM beside one busy loop a 64-token
+ * decode met 89 waits of ~4.2 ms. */
+#define LONG_JOIN_NS 2000000
+#define LONG_JOIN_WINDOW 512
+#define LONG_JOINS 3
+#define SOLO_JOBS 1024
 /* Claim-word index meaning "this job is closed: no more claims". */
 #define CLOSED 0xffffffffu
 
@@ -53,6 +67,10 @@ struct q3_pool {
     _Alignas(64) _Atomic uint32_t done;    /* items finished in the current job (futex word of the join) */
     _Atomic int joiner_sleeps;             /* the caller is in (or entering) futex_wait on done */
     uint64_t jobs;
+    uint64_t last_long;                    /* the job whose join last waited long (caller only) */
+    int long_run;                          /* long joins in a row, each within the window of the last */
+    uint64_t solo;                         /* jobs still to run on the caller alone (caller only) */
+    uint64_t solo_total;                   /* jobs so run since the pool started */
 };
 
 static void futex_wait(_Atomic uint32_t *addr, uint32_t expected)
@@ -198,7 +216,8 @@ void q3_pool_run(q3_pool *p, const q3_pool_job *job)
 {
     p->jobs++;
     if (job->n_items <= 0) return;
-    if (p->nth == 1 || job->n_items == 1) {
+    if (p->nth == 1 || job->n_items == 1 || p->solo) {
+        if (p->nth > 1 && job->n_items > 1) p->solo--, p->solo_total++;
         for (int i = 0; i < job->n_items; i++) {
             if (i == 0 && job->begin) job->begin(job->ctx, 0);
             job->item(job->ctx, i, 0);
@@ -213,7 +232,17 @@ void q3_pool_run(q3_pool *p, const q3_pool_job *job)
     atomic_store_explicit(&p->claim, (uint64_t)gen << 32, memory_order_release);
     atomic_store(&p->generation, gen); /* seq_cst: then sleepers is read */
     if (atomic_load(&p->sleepers) > 0) futex_wake_all(&p->generation);
+    uint64_t t0 = now_ns();
     work(p, gen, 0);
+    uint64_t t1 = now_ns();
     join(p, (uint32_t)job->n_items);
     atomic_store_explicit(&p->claim, (uint64_t)gen << 32 | CLOSED, memory_order_release);
+    uint64_t waited = now_ns() - t1;
+    if (waited > LONG_JOIN_NS && waited > 4 * (t1 - t0)) {
+        p->long_run = p->last_long && p->jobs - p->last_long <= LONG_JOIN_WINDOW ? p->long_run + 1 : 1;
+        p->last_long = p->jobs;
+        if (p->long_run >= LONG_JOINS) p->solo = SOLO_JOBS, p->long_run = 0, p->last_long = 0;
+    }
 }
+
+uint64_t q3_pool_solo_jobs(const q3_pool *p) { return p->solo_total; }

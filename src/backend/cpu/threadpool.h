@@ -10,7 +10,10 @@
  * waiting for the next job (ops follow each other within microseconds),
  * then sleep on a futex so an idle pool costs nothing; the caller, waiting
  * for items other threads hold, spins briefly too and then sleeps, so its
- * core goes idle and the scheduler can move a descheduled worker onto it. */
+ * core goes idle and the scheduler can move a descheduled worker onto it.
+ * When joins keep waiting a scheduler slice for such a worker anyway (the
+ * machine's other work keeps taking a core), the caller runs the next jobs
+ * alone for a while (q3_pool_solo_jobs). */
 #ifndef Q3_BACKEND_CPU_THREADPOOL_H
 #define Q3_BACKEND_CPU_THREADPOOL_H
 
@@ -38,5 +41,9 @@ void q3_pool_run(q3_pool *p, const q3_pool_job *job);
 
 /* Jobs run since the pool started (each ends in a join: one synchronisation). */
 uint64_t q3_pool_jobs(const q3_pool *p);
+
+/* Of those, the jobs of several items the caller ran alone because workers
+ * kept losing their cores (long joins, see threadpool.c). */
+uint64_t q3_pool_solo_jobs(const q3_pool *p);
 
 #endif
