@@ -297,13 +297,6 @@ static int drun_open(drun *d, q3_model *model, int B, q3_grammar *G, int threads
     return 0;
 }
 
-static double wall_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 /* One decode step of every live sequence: its process CPU and wall seconds; returns the tokens it
  * made (the sequences live before it), 0 when none is live or the step failed. */
 static int drun_step(drun *d, double *cpu, double *wall)
@@ -311,10 +304,10 @@ static int drun_step(drun *d, double *cpu, double *wall)
     int live = 0;
     for (int b = 0; b < d->B; b++) live += !q3_gen_done(d->g[b]);
     if (!live) return 0;
-    double c0 = cpu_now(), w0 = wall_now();
+    double c0 = cpu_now(), w0 = q3_now();
     if (q3_gen_step(d->g, d->B)) return 0;
     *cpu = cpu_now() - c0;
-    *wall = wall_now() - w0;
+    *wall = q3_now() - w0;
     return live;
 }
 
