@@ -430,8 +430,6 @@ static void logprob_of(const float *raw, int V, int32_t id, int K, q3_token_logp
 /* New logits for g: process, sample, record, stream, and decide whether it goes on. */
 static q3_status after_logits(q3_gen *g)
 {
-    int masked = g->masked;
-    g->masked = 0;
     if (g->o.interrupt && *g->o.interrupt) {
         finish_text(g);
         end(g, Q3_STOP_INTERRUPT);
@@ -459,7 +457,7 @@ static q3_status after_logits(q3_gen *g)
             return Q3_OK;
         }
     }
-    if (g->o.grammar && !masked) {
+    if (g->o.grammar && !g->masked) { /* masks_in_parallel may have put it on */
         q3_status st = q3_matcher_apply(g->o.grammar, g->logits, g->vocab);
         if (st) {
             snprintf(g->error, sizeof g->error, "grammar: %s", q3_last_error()[0] ? q3_last_error() : q3_status_name(st));
