@@ -822,24 +822,28 @@ static void sleep_us(long us)
     nanosleep(&ts, NULL);
 }
 
-/* A worker's item takes 6 ms (as if it lost its core while holding it), the
- * caller's 0.5 ms. */
-static void late_worker_item(void *ctx, int item, int ith)
+/* An item of us microseconds done by thread ith. */
+static void probe_item(pool_probe *pp, long us, int ith)
 {
-    pool_probe *pp = ctx;
-    (void)item;
-    sleep_us(ith ? 6000 : 500);
+    sleep_us(us);
     __atomic_fetch_add(&pp->sum, 1, __ATOMIC_RELAXED);
     for (int m = __atomic_load_n(&pp->max_ith, __ATOMIC_RELAXED); ith > m;)
         if (__atomic_compare_exchange_n(&pp->max_ith, &m, ith, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) break;
 }
 
+/* A worker's item takes 6 ms (as if it lost its core while holding it), the
+ * caller's 0.5 ms. */
+static void late_worker_item(void *ctx, int item, int ith)
+{
+    (void)item;
+    probe_item(ctx, ith ? 6000 : 500, ith);
+}
+
+/* 0.5 ms whoever runs it. */
 static void quick_item(void *ctx, int item, int ith)
 {
-    late_worker_item(ctx, item, 0); /* 0.5 ms whoever runs it; records ith below */
-    pool_probe *pp = ctx;
-    for (int m = __atomic_load_n(&pp->max_ith, __ATOMIC_RELAXED); ith > m;)
-        if (__atomic_compare_exchange_n(&pp->max_ith, &m, ith, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) break;
+    (void)item;
+    probe_item(ctx, 500, ith);
 }
 
 /* Joins that keep waiting for a late worker put the pool's caller on its own
