@@ -15,11 +15,12 @@
  * attn-stream: one token's decode attention over 28 layers of distinct K/V
  * (streamed from memory, as at depth in a real token); --depth N: only that
  * depth; --gqa G: G query heads a KV head (default 2, Qwen3-0.6B's; 4 for
- * Qwen3-4B and 8B, 8 for Qwen3-32B), 8 KV heads of 128 values either way.
+ * Qwen3-4B and 8B, 8 for Qwen3-32B), 8 KV heads of 128 values either way; --kv f16|q8_0:
+ * that cache type only (attn and attn-stream).
  *
  *   build/bench/bench_kernels [--reps N] [--bw GBS] [--peak GFLOPS] [--isa amx|avx512|avx2] [--wtype bf16|f16]
  *                             [--only gemm|gemv|token|prefill|attn|attn-stream|e2e] [--model DIR] [--gen N] [--depth N] [--layers N]
- *                             [--gqa G]
+ *                             [--gqa G] [--kv f16|q8_0]
  */
 #include <math.h>
 #include <stdio.h>
@@ -50,6 +51,7 @@ static double cpu_now(void)
 static int g_layers; /* attn-stream: layers (default 28) */
 #define MAX_GQA 8 /* attn-stream: query heads a KV head at most */
 static int g_gqa = 2; /* attn-stream: query heads a KV head */
+static int g_kv = -1; /* attn, attn-stream: the one cache type to run (--kv), -1 both */
 
 static uint64_t rng = 0x2545f4914f6cdd1dull;
 static float frand(void)
@@ -291,6 +293,7 @@ static void bench_attention(const char *only_isa)
     for (size_t di = 0; di < sizeof depths / sizeof *depths * 2; di++) {
         int pos = depths[di / 2];
         q3_dtype kvt = kvts[di % 2];
+        if (g_kv >= 0 && (int)kvt != g_kv) continue;
         q3_kv_pool kv;
         int seq, n = pos + ROWS + 1;
         if (q3_kv_pool_init(&kv, &cfg, kvt, q3_kv_blocks_for(n), 1, n) || q3_kv_seq_add(&kv, &seq) ||
@@ -376,6 +379,7 @@ static void bench_attention_stream(const char *only_isa, int depth)
         int pos = depths[di / 2];
         q3_dtype kvt = kvts[di % 2];
         if (depth > 0 && di >= 2) break;
+        if (g_kv >= 0 && (int)kvt != g_kv) continue;
         q3_kv_pool kv;
         int seq, n = pos + 1;
         if (q3_kv_pool_init(&kv, &cfg, kvt, q3_kv_blocks_for(n), 1, n) || q3_kv_seq_add(&kv, &seq) ||
@@ -564,6 +568,8 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--gen") && i + 1 < argc) gen = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--depth") && i + 1 < argc) depth = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--layers") && i + 1 < argc) g_layers = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--kv") && i + 1 < argc && (!strcmp(argv[i + 1], "f16") || !strcmp(argv[i + 1], "q8_0")))
+            g_kv = !strcmp(argv[++i], "f16") ? Q3_F16 : Q3_Q8_0;
         else if (!strcmp(argv[i], "--gqa") && i + 1 < argc) {
             g_gqa = atoi(argv[++i]);
             if (g_gqa < 1 || g_gqa > MAX_GQA) {
@@ -574,7 +580,7 @@ int main(int argc, char **argv)
         else {
             fprintf(stderr, "usage: %s [--reps N] [--bw GBS] [--peak GFLOPS] [--isa amx|avx512|avx2] "
                             "[--wtype bf16|f16] [--only gemm|gemv|token|prefill|attn|attn-stream|e2e] [--model DIR] [--gen N] [--depth N] "
-                            "[--layers N] [--gqa G]\n", argv[0]);
+                            "[--layers N] [--gqa G] [--kv f16|q8_0]\n", argv[0]);
             return 2;
         }
     }
