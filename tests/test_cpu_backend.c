@@ -825,7 +825,7 @@ static void sleep_us(long us)
 /* An item of us microseconds done by thread ith. */
 static void probe_item(pool_probe *pp, long us, int ith)
 {
-    sleep_us(us);
+    if (us) sleep_us(us);
     __atomic_fetch_add(&pp->sum, 1, __ATOMIC_RELAXED);
     for (int m = __atomic_load_n(&pp->max_ith, __ATOMIC_RELAXED); ith > m;)
         if (__atomic_compare_exchange_n(&pp->max_ith, &m, ith, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) break;
@@ -846,6 +846,89 @@ static void quick_item(void *ctx, int item, int ith)
     probe_item(ctx, 500, ith);
 }
 
+/* No wait at all. */
+static void instant_item(void *ctx, int item, int ith)
+{
+    (void)item;
+    probe_item(ctx, 0, ith);
+}
+
+/* Runs jobs whose worker items are late until the pool puts its caller on
+ * its own (at most 40 jobs); then jobs until that stretch ends. Returns the
+ * jobs the stretch ran alone, 0 if none began. */
+static uint64_t solo_stretch(q3_pool *p)
+{
+    uint64_t s0 = q3_pool_shed_jobs(p);
+    pool_probe pp = {0};
+    q3_pool_job late = {.item = late_worker_item, .ctx = &pp, .n_items = 2};
+    for (int i = 0; i < 40 && q3_pool_shed_jobs(p) == s0; i++) q3_pool_run(p, &late);
+    CHECK(q3_pool_active(p) == 1, "a stretch of a 2-thread pool runs the caller alone (%d)", q3_pool_active(p));
+    if (q3_pool_shed_jobs(p) == s0) return 0;
+    pool_probe q = {0};
+    q3_pool_job next = {.item = instant_item, .ctx = &q, .n_items = 2};
+    for (int i = 0; i < 100000; i++) {
+        uint64_t before = q3_pool_shed_jobs(p);
+        q3_pool_run(p, &next);
+        if (q3_pool_shed_jobs(p) == before) break;
+    }
+    return q3_pool_shed_jobs(p) - s0;
+}
+
+/* A stretch alone that begins soon after the last one ended is twice as
+ * long (the other work is still there); one that begins long after is as
+ * long as the first. (Stretches of a 2-thread pool run the caller alone.) */
+static void test_pool_solo_backoff(void)
+{
+    q3_pool *p = q3_pool_new(2);
+    if (!p || q3_pool_size(p) < 2) {
+        q3_pool_free(p);
+        return;
+    }
+    uint64_t first = solo_stretch(p), second = solo_stretch(p), third = solo_stretch(p);
+    CHECK(first > 0 && second == 2 * first && third == 4 * first,
+          "stretches alone back to back double (%llu, %llu, %llu jobs)", (unsigned long long)first,
+          (unsigned long long)second, (unsigned long long)third);
+    pool_probe q = {0};
+    q3_pool_job next = {.item = instant_item, .ctx = &q, .n_items = 2};
+    for (int i = 0; i < 10000; i++) q3_pool_run(p, &next);
+    CHECK(q.sum == 20000, "every item runs once (%d)", q.sum);
+    uint64_t later = solo_stretch(p);
+    CHECK(later == first, "a stretch long after the last is as long as the first (%llu, %llu jobs)",
+          (unsigned long long)later, (unsigned long long)first);
+    q3_pool_free(p);
+}
+
+/* In a pool of 4, joins that keep waiting for late workers take one thread
+ * off after the other: the items then run on the threads left, each once. */
+static void test_pool_shed(void)
+{
+    q3_pool *p = q3_pool_new(4);
+    if (!p || q3_pool_size(p) < 4) {
+        q3_pool_free(p);
+        return;
+    }
+    pool_probe pp = {0};
+    q3_pool_job late = {.item = late_worker_item, .ctx = &pp, .n_items = 4};
+    int jobs = 0, seen[4] = {0, 0, 0, 0}; /* jobs: late items run */
+    for (int want = 3; want >= 1; want--) {
+        while (q3_pool_active(p) > want && jobs < 800) { /* an item each: the caller's short, the others late */
+            late.n_items = q3_pool_active(p);
+            q3_pool_run(p, &late);
+            jobs += late.n_items;
+        }
+        seen[want] = q3_pool_active(p);
+        pool_probe q = {0};
+        q3_pool_job next = {.item = quick_item, .ctx = &q, .n_items = 12};
+        q3_pool_run(p, &next);
+        CHECK(q.sum == 12 && q.max_ith < want, "%d threads on: 12 items on threads below %d (%d, thread %d)", want,
+              want, q.sum, q.max_ith);
+    }
+    CHECK(seen[3] == 3 && seen[2] == 2 && seen[1] == 1, "one thread off at a time (%d, %d, %d; %d late items)", seen[3],
+          seen[2], seen[1], jobs);
+    CHECK(pp.sum == jobs, "every late item ran (%d of %d)", pp.sum, jobs);
+    q3_pool_free(p);
+}
+
 /* Joins that keep waiting for a late worker put the pool's caller on its own
  * for a while: every item still runs, once, on thread 0. */
 static void test_pool_solo(void)
@@ -859,7 +942,7 @@ static void test_pool_solo(void)
     pool_probe pp = {0};
     q3_pool_job late = {.item = late_worker_item, .ctx = &pp, .n_items = 2};
     int jobs = 0;
-    while (!q3_pool_solo_jobs(p) && jobs < 40) { /* a worker claims an item in most jobs; 3 late ones in a row suffice */
+    while (!q3_pool_shed_jobs(p) && jobs < 40) { /* a worker claims an item in most jobs; 3 late ones in a row suffice */
         q3_pool_run(p, &late);
         jobs++;
         pool_probe q = {0};
@@ -869,7 +952,7 @@ static void test_pool_solo(void)
         jobs++;
     }
     CHECK(pp.sum == 2 * (jobs / 2), "every late item ran (%d of %d)", pp.sum, 2 * (jobs / 2));
-    CHECK(q3_pool_solo_jobs(p) > 0, "late workers put the caller on its own (%d jobs)", jobs);
+    CHECK(q3_pool_shed_jobs(p) > 0, "late workers put the caller on its own (%d jobs)", jobs);
     pool_probe q = {0};
     q3_pool_job next = {.item = quick_item, .ctx = &q, .n_items = 8};
     q3_pool_run(p, &next);
@@ -889,6 +972,8 @@ int main(void)
     printf("cpu unit: %s, %d threads\n", q3_cpu_unit_isa(units[1])->name, units[1]->n_threads);
     test_refuses();
     test_pool_solo();
+    test_pool_solo_backoff();
+    test_pool_shed();
     const char *isas[] = {"amx", "avx512", "avx2"};
     for (int i = 0; i < 3; i++) {
         if (q3_cpu_unit_force_isa(units[1], isas[i])) {

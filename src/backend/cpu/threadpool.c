@@ -11,6 +11,7 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdlib.h>
+#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -32,20 +33,36 @@
  * items are a few to a few tens of microseconds, so a longer wait means a
  * thread holding one lost its core. */
 #define JOIN_SPIN_NS 20000
-/* A join that waited over LONG_JOIN_NS, and over 4x the caller's own share
- * of the job, waited for a worker that lost its core while it held an item
- * (a scheduler slice: ~4 ms measured beside a busy loop, where items take
- * tens of microseconds; a sleeping worker's wake-up stays well under it).
- * LONG_JOINS such joins, each within LONG_JOIN_WINDOW jobs of the one
- * before, mean the machine's other work keeps taking a core: the next
- * SOLO_JOBS jobs (about 7 decode tokens of Qwen3-0.6B) run on the caller
- * alone, the same items in the same way (so the same bits), and then the
- * workers are tried again. On a 2-core VM beside one busy loop a 64-token
- * decode met 89 waits of ~4.2 ms. */
+/* Contention. Two signs say the machine's other work keeps taking a core:
+ *  - a join that waited over LONG_JOIN_NS, and over 4x the caller's own share
+ *    of the job: it waited for a worker that lost its core while it held an
+ *    item (a scheduler slice, ~4 ms measured beside a busy loop, where items
+ *    take tens of microseconds; a sleeping worker's wake-up stays well under
+ *    it). On a 2-core VM beside one busy loop a 64-token decode met 89;
+ *  - the caller itself preempted: every PREEMPT_CHECK_JOBS jobs it reads its
+ *    involuntary context switches, and PREEMPT_MIN of them, at least one per
+ *    millisecond of the stretch, count. Beside one busy loop (three threads
+ *    for two cores) Q4_K_M decode met 14-47 a 64-job window, against 0-3
+ *    quiet; such a caller makes no progress while it waits for its core, and
+ *    the long joins alone came too seldom (every ~200 ms) to notice it.
+ * CONTENDED_EVENTS signs, each within CONTENDED_WINDOW jobs of the one
+ * before, take one thread off the pool for the next SHED_JOBS jobs (about 7
+ * decode tokens of Qwen3-0.6B): its highest worker takes no items (on 2
+ * threads the caller runs the jobs alone); the same items run the same way,
+ * so the same bits. Signs during such a stretch take one more thread off
+ * and start it again. When it ends every thread is tried again; a stretch
+ * that starts within SHED_RETRY_WINDOW jobs of the last one's end (the other
+ * work is still there: the retry cost three slices) keeps that one's thread
+ * count and is twice as long, up to SHED_JOBS_MAX (~55 tokens); one that
+ * starts later takes one thread off and SHED_JOBS again. */
 #define LONG_JOIN_NS 2000000
-#define LONG_JOIN_WINDOW 512
-#define LONG_JOINS 3
-#define SOLO_JOBS 1024
+#define PREEMPT_CHECK_JOBS 64
+#define PREEMPT_MIN 8
+#define CONTENDED_WINDOW 512
+#define CONTENDED_EVENTS 3
+#define SHED_JOBS 1024
+#define SHED_JOBS_MAX 8192
+#define SHED_RETRY_WINDOW 2048
 /* Claim-word index meaning "this job is closed: no more claims". */
 #define CLOSED 0xffffffffu
 
@@ -66,11 +83,19 @@ struct q3_pool {
     _Alignas(64) _Atomic int sleepers;     /* workers in (or entering) futex_wait */
     _Alignas(64) _Atomic uint32_t done;    /* items finished in the current job (futex word of the join) */
     _Atomic int joiner_sleeps;             /* the caller is in (or entering) futex_wait on done */
+    _Atomic int active;                    /* threads that take items: [0, active) (set between jobs) */
     uint64_t jobs;
-    uint64_t last_long;                    /* the job whose join last waited long (caller only) */
-    int long_run;                          /* long joins in a row, each within the window of the last */
-    uint64_t solo;                         /* jobs still to run on the caller alone (caller only) */
-    uint64_t solo_total;                   /* jobs so run since the pool started */
+    /* contention (caller only) */
+    uint64_t last_event;                   /* the job of the last sign of contention */
+    int event_run;                         /* signs in a row, each within the window of the one before */
+    uint64_t check_job, check_ns;          /* the last read of the involuntary context switches */
+    long nivcsw;                           /* and what it read */
+    pthread_t check_thread;                /* on which thread (callers may take turns) */
+    uint64_t shed;                         /* jobs still to run with active < nth */
+    uint64_t shed_len;                     /* the last stretch's length (0 before the first) */
+    int shed_active;                       /* and its thread count */
+    uint64_t shed_end;                     /* the job that ended it */
+    uint64_t shed_total;                   /* jobs of several items run with active < nth */
 };
 
 static void futex_wait(_Atomic uint32_t *addr, uint32_t expected)
@@ -143,10 +168,11 @@ static void join(q3_pool *p, uint32_t n)
     }
 }
 
-/* Waits until generation differs from seen; returns the new value. */
-static uint32_t wait_for_job(q3_pool *p, uint32_t seen)
+/* Waits until generation differs from seen (spinning spin_ns, then asleep);
+ * returns the new value. */
+static uint32_t wait_for_job(q3_pool *p, uint32_t seen, uint64_t spin_ns)
 {
-    uint64_t deadline = now_ns() + SPIN_NS;
+    uint64_t deadline = now_ns() + spin_ns;
     for (unsigned i = 1;; i++) {
         uint32_t g = atomic_load_explicit(&p->generation, memory_order_acquire);
         if (g != seen) return g;
@@ -168,9 +194,12 @@ static void *worker_main(void *arg)
     q3_pool *p = w->pool;
     uint32_t seen = 0;
     for (;;) {
-        seen = wait_for_job(p, seen);
+        /* a worker taken off the pool sleeps at once: its spin would take a
+           core the machine's other work needs */
+        bool on = w->ith < atomic_load_explicit(&p->active, memory_order_relaxed);
+        seen = wait_for_job(p, seen, on ? SPIN_NS : 0);
         if (atomic_load(&p->quit)) break;
-        work(p, seen, w->ith);
+        if (w->ith < atomic_load_explicit(&p->active, memory_order_relaxed)) work(p, seen, w->ith);
     }
     return NULL;
 }
@@ -181,6 +210,7 @@ q3_pool *q3_pool_new(int n_threads)
     q3_pool *p = calloc(1, sizeof *p);
     if (!p) return NULL;
     p->nth = n_threads;
+    atomic_store(&p->active, n_threads);
     p->workers = calloc((size_t)n_threads, sizeof *p->workers);
     if (!p->workers) {
         free(p);
@@ -191,6 +221,7 @@ q3_pool *q3_pool_new(int n_threads)
         p->workers[i] = (worker){.pool = p, .ith = i};
         if (pthread_create(&p->workers[i].thread, NULL, worker_main, &p->workers[i]) != 0) {
             p->nth = i; /* run with the threads we got */
+            atomic_store(&p->active, i);
             break;
         }
     }
@@ -212,16 +243,62 @@ int q3_pool_size(const q3_pool *p) { return p->nth; }
 
 uint64_t q3_pool_jobs(const q3_pool *p) { return p->jobs; }
 
+/* Whether the caller was preempted often since the last check (see
+ * "Contention"); reads the count every PREEMPT_CHECK_JOBS jobs. */
+static bool caller_preempted(q3_pool *p)
+{
+    if (p->jobs - p->check_job < PREEMPT_CHECK_JOBS) return false;
+    struct rusage ru;
+    if (getrusage(RUSAGE_THREAD, &ru)) return false;
+    uint64_t t = now_ns();
+    long n = ru.ru_nivcsw - p->nivcsw;
+    bool first = p->check_job == 0 || !pthread_equal(p->check_thread, pthread_self());
+    bool many = n >= PREEMPT_MIN && (uint64_t)n * 1000000u >= t - p->check_ns;
+    p->check_thread = pthread_self();
+    p->check_job = p->jobs;
+    p->check_ns = t;
+    p->nivcsw = ru.ru_nivcsw;
+    return !first && many;
+}
+
+/* After a job: counts a sign of contention (event), ends or starts a stretch
+ * with fewer threads. */
+static void after_job(q3_pool *p, bool event)
+{
+    if (p->shed && --p->shed == 0) {
+        atomic_store_explicit(&p->active, p->nth, memory_order_relaxed);
+        p->shed_end = p->jobs;
+    }
+    if (!event) return;
+    p->event_run = p->last_event && p->jobs - p->last_event <= CONTENDED_WINDOW ? p->event_run + 1 : 1;
+    p->last_event = p->jobs;
+    if (p->event_run < CONTENDED_EVENTS) return;
+    p->event_run = 0;
+    p->last_event = 0;
+    int active = atomic_load_explicit(&p->active, memory_order_relaxed);
+    if (p->shed) { /* still contended with fewer threads: one more off */
+        p->shed_active = active > 1 ? active - 1 : 1;
+    } else if (p->shed_len && p->jobs - p->shed_end <= SHED_RETRY_WINDOW) { /* back soon: as before, for longer */
+        p->shed_len = 2 * p->shed_len < SHED_JOBS_MAX ? 2 * p->shed_len : SHED_JOBS_MAX;
+    } else {
+        p->shed_len = SHED_JOBS;
+        p->shed_active = p->nth - 1;
+    }
+    p->shed = p->shed_len;
+    atomic_store_explicit(&p->active, p->shed_active, memory_order_relaxed);
+}
+
 void q3_pool_run(q3_pool *p, const q3_pool_job *job)
 {
     p->jobs++;
     if (job->n_items <= 0) return;
-    if (p->nth == 1 || job->n_items == 1 || p->solo) {
-        if (p->nth > 1 && job->n_items > 1) p->solo--, p->solo_total++;
+    if (job->n_items > 1 && p->shed) p->shed_total++;
+    if (p->nth == 1 || job->n_items == 1 || atomic_load_explicit(&p->active, memory_order_relaxed) == 1) {
         for (int i = 0; i < job->n_items; i++) {
             if (i == 0 && job->begin) job->begin(job->ctx, 0);
             job->item(job->ctx, i, 0);
         }
+        if (p->nth > 1) after_job(p, caller_preempted(p));
         return;
     }
     /* the claim word is closed since the last job ended: no worker reads job now */
@@ -238,11 +315,10 @@ void q3_pool_run(q3_pool *p, const q3_pool_job *job)
     join(p, (uint32_t)job->n_items);
     atomic_store_explicit(&p->claim, (uint64_t)gen << 32 | CLOSED, memory_order_release);
     uint64_t waited = now_ns() - t1;
-    if (waited > LONG_JOIN_NS && waited > 4 * (t1 - t0)) {
-        p->long_run = p->last_long && p->jobs - p->last_long <= LONG_JOIN_WINDOW ? p->long_run + 1 : 1;
-        p->last_long = p->jobs;
-        if (p->long_run >= LONG_JOINS) p->solo = SOLO_JOBS, p->long_run = 0, p->last_long = 0;
-    }
+    bool long_join = waited > LONG_JOIN_NS && waited > 4 * (t1 - t0);
+    after_job(p, caller_preempted(p) || long_join);
 }
 
-uint64_t q3_pool_solo_jobs(const q3_pool *p) { return p->solo_total; }
+uint64_t q3_pool_shed_jobs(const q3_pool *p) { return p->shed_total; }
+
+int q3_pool_active(const q3_pool *p) { return atomic_load_explicit(&p->active, memory_order_relaxed); }

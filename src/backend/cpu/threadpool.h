@@ -11,9 +11,10 @@
  * then sleep on a futex so an idle pool costs nothing; the caller, waiting
  * for items other threads hold, spins briefly too and then sleeps, so its
  * core goes idle and the scheduler can move a descheduled worker onto it.
- * When joins keep waiting a scheduler slice for such a worker anyway (the
- * machine's other work keeps taking a core), the caller runs the next jobs
- * alone for a while (q3_pool_solo_jobs). */
+ * When joins keep waiting a scheduler slice for such a worker anyway, or the
+ * caller itself keeps losing its core (the machine's other work wants one),
+ * the pool runs the next jobs with one thread fewer for a while
+ * (q3_pool_shed_jobs). */
 #ifndef Q3_BACKEND_CPU_THREADPOOL_H
 #define Q3_BACKEND_CPU_THREADPOOL_H
 
@@ -42,8 +43,12 @@ void q3_pool_run(q3_pool *p, const q3_pool_job *job);
 /* Jobs run since the pool started (each ends in a join: one synchronisation). */
 uint64_t q3_pool_jobs(const q3_pool *p);
 
-/* Of those, the jobs of several items the caller ran alone because workers
- * kept losing their cores (long joins, see threadpool.c). */
-uint64_t q3_pool_solo_jobs(const q3_pool *p);
+/* Of those, the jobs of several items run with fewer threads than the pool
+ * has, because its threads kept losing their cores (see threadpool.c). */
+uint64_t q3_pool_shed_jobs(const q3_pool *p);
+
+/* The threads that take items now (the caller included): the pool's size
+ * unless contention took some off. */
+int q3_pool_active(const q3_pool *p);
 
 #endif
