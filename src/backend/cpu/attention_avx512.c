@@ -36,18 +36,19 @@
 #define SUPER_BLOCK 256
 #define LOG2E 1.4426950408889634f
 
-/* How far ahead the K/V reads are prefetched, in bytes of (block, head)
- * units: one unit is a head's 16 K and 16 V slices (8 KB F16, 4.3 KB Q8_0 at
- * head_dim 128), prefetched into L2 (hint T1) just before the unit this many
- * bytes earlier in the loop's order is reduced. Into L2, not L1: a T0
- * prefetch holds one of the core's few L1 miss buffers until its line comes
- * from memory, so 16 KB of them in flight stalled the loads of the unit being
+/* How far ahead the K/V reads are prefetched, in (block, head) units: one
+ * unit is a head's 16 K and 16 V slices (8 KB F16, 4.3 KB Q8_0 at head_dim
+ * 128), prefetched into L2 (hint T1) while the unit this many units earlier
+ * in the loop's order is reduced, a few rows at a time as that unit's own
+ * rows are used (block_rows.pf). Into L2, not L1: a T0 prefetch holds one of
+ * the core's few L1 miss buffers until its line comes from memory, and a
+ * unit's prefetches issued in one burst stalled the loads of the unit being
  * reduced. Measured with `bench_kernels --only attn-stream --depth 4096`
- * (2-core AMD EPYC Zen 4 VM, 32 KB L1d; 28 layers, CPU time per token, the
- * two hints interleaved in one process): F16 cache 71-76 -> 39-42 ms, Q8_0
- * 57-62 -> 39 ms; 16 KB ahead the best of 4 to 256 KB. A Zen 5 VM (48 KB L1d)
- * measured T0 and T1 alike. bench/README.md has the rest. */
-#define PREFETCH_BYTES 16384
+ * (2-core AMD EPYC Zen 4 VM, 28 layers, best of 10 per token): a burst 16
+ * KB ahead (2 F16 units, 4 Q8_0) read F16 17.5-19.8 ms, Q8_0 14.5-15.1;
+ * spread over the reduction, 4 units ahead, F16 15.8-17.9, Q8_0 11.9-12.9;
+ * 2-3 units and 5-6 were no better. bench/README.md has the rest. */
+#define PREFETCH_UNITS 4
 
 /* ---- workspace ------------------------------------------------------------------------ */
 
@@ -74,6 +75,10 @@ typedef struct attn_ws {
     float *vb;    /* [KEY_BLOCK][hdp] the block's values in F32 */
     float *dv;    /* Q8_0: [hdp / 32][KEY_BLOCK] the block's value scales */
     head_ws *h;   /* [n_kvh] */
+    /* the unit prefetched while this one is reduced (see block_rows) */
+    const char *pf_k, *pf_v;
+    size_t pf_stride;
+    int pf_n;
 } attn_ws;
 
 static int padded_hd(int hd) { return (hd + 15) & ~15; }
@@ -157,13 +162,24 @@ static void load_rows(const q3_cpu_attn *a, const char *const *rows, size_t off,
 }
 
 /* Prefetches into L2 the K and V slices (len bytes from off) of rows [t0, t1):
- * every cache line they touch. */
+ * every cache line they touch. Rows of one KV block (or of the chunk) lie a
+ * row apart, so the address of each is one addition from the last (kv_row's
+ * table lookup once a block: it cost as much as the prefetches themselves). */
 static void prefetch_slices(const q3_cpu_attn *a, int t0, int t1, size_t off, size_t len)
 {
-    for (int t = t0; t < t1; t++)
-        for (int v = 0; v < 2; v++) {
-            uintptr_t p = (uintptr_t)(kv_row(a, v, t) + off), end = p + len;
-            for (p &= ~(uintptr_t)63; p < end; p += 64) _mm_prefetch((const char *)p, _MM_HINT_T1);
+    for (int v = 0; v < 2; v++)
+        for (int t = t0; t < t1;) {
+            /* rows [t, te) lie stride apart */
+            const bool cached = t < a->n_cached;
+            const int te_block = cached ? (t / Q3_KV_BLOCK_TOKENS + 1) * Q3_KV_BLOCK_TOKENS : t1;
+            int te = te_block < t1 ? te_block : t1;
+            if (cached && te > a->n_cached) te = a->n_cached;
+            const size_t stride = cached ? a->row_bytes : a->chunk_row_bytes;
+            const char *row = kv_row(a, v, t) + off;
+            for (; t < te; t++, row += stride) {
+                uintptr_t p = (uintptr_t)row & ~(uintptr_t)63, end = (uintptr_t)row + len;
+                for (; p < end; p += 64) _mm_prefetch((const char *)p, _MM_HINT_T1);
+            }
         }
 }
 
@@ -190,7 +206,25 @@ typedef struct block_rows {
     const char *const *rows;
     size_t off;
     int nb;
+    /* the slices of the unit PREFETCH_UNITS ahead (same side: keys or values):
+       pf_n rows pf_stride apart, prefetched a few rows at a time as this
+       block's rows are used, so that the requests spread over the reduction
+       (a burst of them all at once stalled it) */
+    const char *pf;
+    size_t pf_stride;
+    int pf_n;
 } block_rows;
+
+/* Prefetches into L2 rows [r0, r1) of the ahead unit's slices (of len bytes). */
+Q3_INLINE void prefetch_ahead(const block_rows *src, int r0, int r1, size_t len)
+{
+    if (r1 > src->pf_n) r1 = src->pf_n;
+    for (int r = r0; r < r1; r++) {
+        const char *row = src->pf + (size_t)r * src->pf_stride;
+        for (uintptr_t p = (uintptr_t)row & ~(uintptr_t)63; p < (uintptr_t)row + len; p += 64)
+            _mm_prefetch((const char *)p, _MM_HINT_T1);
+    }
+}
 
 /* full: the block holds KEY_BLOCK keys (no row past nb to test for) and
  * head_dim is a multiple of 16 (no chunk to mask). */
@@ -235,6 +269,7 @@ Q3_INLINE void scores(const int direct, const q3_dtype T, const int full, const 
 #pragma GCC unroll 4
             for (int j = 0; j < KT; j++) acc[i][j] = _mm512_setzero_ps();
         const float *q = h->qr + (size_t)q0 * hdp;
+        if (q0 == 0) prefetch_ahead(keys, j0, j0 + KT, q3_cpu_attn_head_bytes(keys->a));
         if (full || j0 < keys->nb) {
             for (int c = 0; c < hdp; c += 16) {
                 __m512 kv[4];
@@ -259,6 +294,7 @@ Q3_INLINE void pv_update(const int direct, const q3_dtype T, const int full, con
     for (int c = 0; c < hdp; c += 16) {
         __m512 acc[16];
         float *a = h->acc + (size_t)q0 * hdp + c;
+        if (q0 == 0) prefetch_ahead(vals, c * KEY_BLOCK / hdp, (c + 16) * KEY_BLOCK / hdp, q3_cpu_attn_head_bytes(vals->a));
 #pragma GCC unroll 16
         for (int i = 0; i < QG; i++)
             acc[i] = _mm512_mul_ps(_mm512_load_ps(a + (size_t)i * hdp), _mm512_set1_ps(h->corr[q0 + i]));
@@ -344,6 +380,7 @@ Q3_INLINE void scores_q8(const int full, const int QT, const int KT, head_ws *h,
         for (int i = 0; i < QT; i++)
 #pragma GCC unroll 4
             for (int j = 0; j < KT; j++) acc[i][j] = _mm512_setzero_ps();
+        if (q0 == 0) prefetch_ahead(keys, j0, j0 + KT, q3_cpu_attn_head_bytes(keys->a));
         if (full || j0 < keys->nb) {
             for (int pr = 0; pr < hdq / 64; pr++) {
                 const int two = pr * 64 + 32 < hd;
@@ -411,6 +448,9 @@ Q3_INLINE void pv_update_q8(const int full, const int QG, const int CH, head_ws 
     for (int c = 0; c < hd; c += 16 * CH) {
         __m512 acc[16];
         float *a = h->acc + (size_t)q0 * hdp + c;
+        if (q0 == 0)
+            prefetch_ahead(vals, c * KEY_BLOCK / hd, c + 16 * CH >= hd ? KEY_BLOCK : (c + 16 * CH) * KEY_BLOCK / hd,
+                           q3_cpu_attn_head_bytes(vals->a));
 #pragma GCC unroll 4
         for (int k = 0; k < CH; k++)
 #pragma GCC unroll 16
@@ -510,8 +550,10 @@ Q3_INLINE void block_update_t(const q3_dtype T, const int full, const q3_cpu_att
     const int hd = a->head_dim, hdp = padded_hd(hd), nqp = w->nqp;
     const size_t off = (size_t)h->kvh * q3_cpu_attn_head_bytes(a);
     const bool direct = reads_direct(a, nqp);
-    block_rows keys = {.staged = w->kb, .a = a, .rows = krows, .off = off, .nb = nb};
-    block_rows vals = {.staged = w->vb, .a = a, .rows = vrows, .off = off, .nb = nb};
+    block_rows keys = {.staged = w->kb, .a = a, .rows = krows, .off = off, .nb = nb,
+                       .pf = w->pf_k, .pf_stride = w->pf_stride, .pf_n = w->pf_n};
+    block_rows vals = {.staged = w->vb, .a = a, .rows = vrows, .off = off, .nb = nb,
+                       .pf = w->pf_v, .pf_stride = w->pf_stride, .pf_n = w->pf_n};
     if (direct) {
 #define SCORES(QT, KT, q0) scores(1, T, full, QT, KT, h, &keys, q0, hdp)
         FOR_SCORE_GROUPS(1, nqp, SCORES)
@@ -541,8 +583,10 @@ Q3_INLINE void block_update_q8(const int full, const q3_cpu_attn *a, attn_ws *w,
 {
     const int hd = a->head_dim, nqp = w->nqp;
     const size_t off = (size_t)h->kvh * q3_cpu_attn_head_bytes(a);
-    block_rows keys = {.a = a, .rows = krows, .off = off, .nb = nb};
-    block_rows vals = {.a = a, .rows = vrows, .off = off, .nb = nb};
+    block_rows keys = {.a = a, .rows = krows, .off = off, .nb = nb,
+                       .pf = w->pf_k, .pf_stride = w->pf_stride, .pf_n = w->pf_n};
+    block_rows vals = {.a = a, .rows = vrows, .off = off, .nb = nb,
+                       .pf = w->pf_v, .pf_stride = w->pf_stride, .pf_n = w->pf_n};
     q8_value_scales(&vals, hd, w->dv);
 #define SCORES(QT, KT, q0) scores_q8(full, QT, KT, h, &keys, q0, hd)
     FOR_SCORE_GROUPS(0, nqp, SCORES) /* 4 x 4 (2 x 4): 8 x 2 measured 6-10% slower at 8 queries a KV head */
@@ -659,7 +703,7 @@ static void avx512_attention(const q3_cpu_attn *a, void *scratch, int kvh0, int 
     }
 
     const size_t slice = q3_cpu_attn_head_bytes(a);
-    const int pf_units = (int)((PREFETCH_BYTES + 2 * KEY_BLOCK * slice - 1) / (2 * KEY_BLOCK * slice));
+    const int pf_units = PREFETCH_UNITS;
     const int sb0 = part ? sb : 0, sb1 = part ? sb + 1 : (kmax + SUPER_BLOCK - 1) / SUPER_BLOCK;
     for (int s = sb0; s < sb1; s++) {
         int k0 = s * SUPER_BLOCK, k1 = k0 + SUPER_BLOCK < kmax ? k0 + SUPER_BLOCK : kmax;
@@ -681,9 +725,21 @@ static void avx512_attention(const q3_cpu_attn *a, void *scratch, int kvh0, int 
             for (int hi = 0; hi < n_kvh; hi++) {
                 /* the (block, head) unit pf_units ahead in this loop's order */
                 int u = hi + pf_units, pt0 = t0 + u / n_kvh * KEY_BLOCK;
-                if (pt0 < k1)
-                    prefetch_slices(a, pt0, pt0 + KEY_BLOCK < k1 ? pt0 + KEY_BLOCK : k1,
-                                    (size_t)(kvh0 + u % n_kvh) * slice, slice);
+                w.pf_n = 0;
+                if (pt0 < k1) {
+                    const int pt1 = pt0 + KEY_BLOCK < k1 ? pt0 + KEY_BLOCK : k1;
+                    const size_t poff = (size_t)(kvh0 + u % n_kvh) * slice;
+                    /* a key block is a KV block (both 16, aligned): its rows lie a
+                       row apart unless it runs from the cache into the chunk */
+                    if (pt0 < a->n_cached && pt1 > a->n_cached) {
+                        prefetch_slices(a, pt0, pt1, poff, slice);
+                    } else {
+                        w.pf_k = kv_row(a, 0, pt0) + poff;
+                        w.pf_v = kv_row(a, 1, pt0) + poff;
+                        w.pf_stride = pt0 < a->n_cached ? a->row_bytes : a->chunk_row_bytes;
+                        w.pf_n = pt1 - pt0;
+                    }
+                }
                 block_update(a, &w, &w.h[hi], krows, vrows, t0, nb);
             }
         }
