@@ -16,7 +16,7 @@
  * (streamed from memory, as at depth in a real token); --depth N: only that
  * depth; --gqa G: G query heads a KV head (default 2, Qwen3-0.6B's; 4 for
  * Qwen3-4B and 8B, 8 for Qwen3-32B), 8 KV heads of 128 values either way; --kv f16|q8_0:
- * that cache type only (attn and attn-stream).
+ * that cache type only (attn and attn-stream), or the cache of e2e.
  *
  *   build/bench/bench_kernels [--reps N] [--bw GBS] [--peak GFLOPS] [--isa amx|avx512|avx2] [--wtype bf16|f16]
  *                             [--only gemm|gemv|token|prefill|attn|attn-stream|e2e] [--model DIR] [--gen N] [--depth N] [--layers N]
@@ -476,7 +476,8 @@ static void bench_e2e(const char *dir, int gen, int depth, const char *only_isa)
         fprintf(stderr, "%s: %s\n", dir, q3_last_error());
         return;
     }
-    q3_session_opts o = {.n_ctx = depth + 128 + gen + 8, .chunk = 128, .backend = "cpu"};
+    q3_session_opts o = {.n_ctx = depth + 128 + gen + 8, .chunk = 128, .backend = "cpu",
+                         .kv_dtype = g_kv >= 0 ? q3_dtype_name((q3_dtype)g_kv) : NULL};
     q3_session *s;
     if (q3_session_new(m, &o, &s)) {
         fprintf(stderr, "session: %s\n", q3_last_error());
