@@ -33,6 +33,8 @@
 #include "backend/cpu/simd_avx512.h"
 
 #define KEY_BLOCK 16
+/* a key block is one KV block: its rows lie a row apart (the prefetch relies on it) */
+_Static_assert(KEY_BLOCK == Q3_KV_BLOCK_TOKENS, "a key block is one KV block");
 #define SUPER_BLOCK 256
 #define LOG2E 1.4426950408889634f
 
