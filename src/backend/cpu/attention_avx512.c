@@ -71,16 +71,23 @@ typedef struct head_ws {
     float *pd;    /* [nqp][hdq / 32][KEY_BLOCK] probabilities times each key's value block scale */
 } head_ws;
 
+/* The (block, head) unit PREFETCH_UNITS ahead in the reduction's order: its
+ * K (side 0) and V (side 1) slices of len bytes, n rows stride apart from
+ * rows[side]; n = 0 when there is none, or when its rows run from the cache
+ * into the chunk (then prefetched at once, prefetch_slices). */
+typedef struct ahead_unit {
+    const char *rows[2];
+    size_t stride, len;
+    int n;
+} ahead_unit;
+
 typedef struct attn_ws {
     int nq, nqp;  /* queries per head, and rounded up to whole groups */
     float *kb;    /* [KEY_BLOCK][hdp] the block's keys in F32 (one head at a time) */
     float *vb;    /* [KEY_BLOCK][hdp] the block's values in F32 */
     float *dv;    /* Q8_0: [hdp / 32][KEY_BLOCK] the block's value scales */
     head_ws *h;   /* [n_kvh] */
-    /* the unit prefetched while this one is reduced (see block_rows) */
-    const char *pf_k, *pf_v;
-    size_t pf_stride;
-    int pf_n;
+    ahead_unit ahead; /* the unit prefetched while this one is reduced */
 } attn_ws;
 
 static int padded_hd(int hd) { return (hd + 15) & ~15; }
@@ -163,26 +170,18 @@ static void load_rows(const q3_cpu_attn *a, const char *const *rows, size_t off,
     if (nb < KEY_BLOCK) memset(dst + (size_t)nb * hdp, 0, (size_t)(KEY_BLOCK - nb) * hdp * sizeof(float));
 }
 
-/* Prefetches into L2 the K and V slices (len bytes from off) of rows [t0, t1):
- * every cache line they touch. Rows of one KV block (or of the chunk) lie a
- * row apart, so the address of each is one addition from the last (kv_row's
- * table lookup once a block: it cost as much as the prefetches themselves). */
+/* Prefetches into L2 every cache line of [p, p + len). */
+Q3_INLINE void prefetch_lines(const char *p, size_t len)
+{
+    for (uintptr_t l = (uintptr_t)p & ~(uintptr_t)63; l < (uintptr_t)p + len; l += 64)
+        _mm_prefetch((const char *)l, _MM_HINT_T1);
+}
+
+/* Prefetches into L2 the K and V slices (len bytes from off) of rows [t0, t1). */
 static void prefetch_slices(const q3_cpu_attn *a, int t0, int t1, size_t off, size_t len)
 {
-    for (int v = 0; v < 2; v++)
-        for (int t = t0; t < t1;) {
-            /* rows [t, te) lie stride apart */
-            const bool cached = t < a->n_cached;
-            const int te_block = cached ? (t / Q3_KV_BLOCK_TOKENS + 1) * Q3_KV_BLOCK_TOKENS : t1;
-            int te = te_block < t1 ? te_block : t1;
-            if (cached && te > a->n_cached) te = a->n_cached;
-            const size_t stride = cached ? a->row_bytes : a->chunk_row_bytes;
-            const char *row = kv_row(a, v, t) + off;
-            for (; t < te; t++, row += stride) {
-                uintptr_t p = (uintptr_t)row & ~(uintptr_t)63, end = (uintptr_t)row + len;
-                for (; p < end; p += 64) _mm_prefetch((const char *)p, _MM_HINT_T1);
-            }
-        }
+    for (int t = t0; t < t1; t++)
+        for (int v = 0; v < 2; v++) prefetch_lines(kv_row(a, v, t) + off, len);
 }
 
 /* ---- the block update -------------------------------------------------------------------- */
@@ -208,24 +207,20 @@ typedef struct block_rows {
     const char *const *rows;
     size_t off;
     int nb;
-    /* the slices of the unit PREFETCH_UNITS ahead (same side: keys or values):
-       pf_n rows pf_stride apart, prefetched a few rows at a time as this
-       block's rows are used, so that the requests spread over the reduction
-       (a burst of them all at once stalled it) */
-    const char *pf;
-    size_t pf_stride;
-    int pf_n;
+    /* the unit ahead, whose slices on this side (0 keys, 1 values) are
+       prefetched a few rows at a time as this block's rows are used, so that
+       the requests spread over the reduction (a burst of them all at once
+       stalled it) */
+    const ahead_unit *ahead;
+    int side;
 } block_rows;
 
-/* Prefetches into L2 rows [r0, r1) of the ahead unit's slices (of len bytes). */
-Q3_INLINE void prefetch_ahead(const block_rows *src, int r0, int r1, size_t len)
+/* Prefetches into L2 rows [r0, r1) of the ahead unit's slices on src's side. */
+Q3_INLINE void prefetch_ahead(const block_rows *src, int r0, int r1)
 {
-    if (r1 > src->pf_n) r1 = src->pf_n;
-    for (int r = r0; r < r1; r++) {
-        const char *row = src->pf + (size_t)r * src->pf_stride;
-        for (uintptr_t p = (uintptr_t)row & ~(uintptr_t)63; p < (uintptr_t)row + len; p += 64)
-            _mm_prefetch((const char *)p, _MM_HINT_T1);
-    }
+    const ahead_unit *u = src->ahead;
+    if (r1 > u->n) r1 = u->n;
+    for (int r = r0; r < r1; r++) prefetch_lines(u->rows[src->side] + (size_t)r * u->stride, u->len);
 }
 
 /* full: the block holds KEY_BLOCK keys (no row past nb to test for) and
@@ -271,7 +266,7 @@ Q3_INLINE void scores(const int direct, const q3_dtype T, const int full, const 
 #pragma GCC unroll 4
             for (int j = 0; j < KT; j++) acc[i][j] = _mm512_setzero_ps();
         const float *q = h->qr + (size_t)q0 * hdp;
-        if (q0 == 0) prefetch_ahead(keys, j0, j0 + KT, q3_cpu_attn_head_bytes(keys->a));
+        if (q0 == 0) prefetch_ahead(keys, j0, j0 + KT);
         if (full || j0 < keys->nb) {
             for (int c = 0; c < hdp; c += 16) {
                 __m512 kv[4];
@@ -296,7 +291,7 @@ Q3_INLINE void pv_update(const int direct, const q3_dtype T, const int full, con
     for (int c = 0; c < hdp; c += 16) {
         __m512 acc[16];
         float *a = h->acc + (size_t)q0 * hdp + c;
-        if (q0 == 0) prefetch_ahead(vals, c * KEY_BLOCK / hdp, (c + 16) * KEY_BLOCK / hdp, q3_cpu_attn_head_bytes(vals->a));
+        if (q0 == 0) prefetch_ahead(vals, c * KEY_BLOCK / hdp, (c + 16) * KEY_BLOCK / hdp);
 #pragma GCC unroll 16
         for (int i = 0; i < QG; i++)
             acc[i] = _mm512_mul_ps(_mm512_load_ps(a + (size_t)i * hdp), _mm512_set1_ps(h->corr[q0 + i]));
@@ -382,7 +377,7 @@ Q3_INLINE void scores_q8(const int full, const int QT, const int KT, head_ws *h,
         for (int i = 0; i < QT; i++)
 #pragma GCC unroll 4
             for (int j = 0; j < KT; j++) acc[i][j] = _mm512_setzero_ps();
-        if (q0 == 0) prefetch_ahead(keys, j0, j0 + KT, q3_cpu_attn_head_bytes(keys->a));
+        if (q0 == 0) prefetch_ahead(keys, j0, j0 + KT);
         if (full || j0 < keys->nb) {
             for (int pr = 0; pr < hdq / 64; pr++) {
                 const int two = pr * 64 + 32 < hd;
@@ -451,8 +446,7 @@ Q3_INLINE void pv_update_q8(const int full, const int QG, const int CH, head_ws 
         __m512 acc[16];
         float *a = h->acc + (size_t)q0 * hdp + c;
         if (q0 == 0)
-            prefetch_ahead(vals, c * KEY_BLOCK / hd, c + 16 * CH >= hd ? KEY_BLOCK : (c + 16 * CH) * KEY_BLOCK / hd,
-                           q3_cpu_attn_head_bytes(vals->a));
+            prefetch_ahead(vals, c * KEY_BLOCK / hd, c + 16 * CH >= hd ? KEY_BLOCK : (c + 16 * CH) * KEY_BLOCK / hd);
 #pragma GCC unroll 4
         for (int k = 0; k < CH; k++)
 #pragma GCC unroll 16
@@ -552,10 +546,8 @@ Q3_INLINE void block_update_t(const q3_dtype T, const int full, const q3_cpu_att
     const int hd = a->head_dim, hdp = padded_hd(hd), nqp = w->nqp;
     const size_t off = (size_t)h->kvh * q3_cpu_attn_head_bytes(a);
     const bool direct = reads_direct(a, nqp);
-    block_rows keys = {.staged = w->kb, .a = a, .rows = krows, .off = off, .nb = nb,
-                       .pf = w->pf_k, .pf_stride = w->pf_stride, .pf_n = w->pf_n};
-    block_rows vals = {.staged = w->vb, .a = a, .rows = vrows, .off = off, .nb = nb,
-                       .pf = w->pf_v, .pf_stride = w->pf_stride, .pf_n = w->pf_n};
+    block_rows keys = {.staged = w->kb, .a = a, .rows = krows, .off = off, .nb = nb, .ahead = &w->ahead, .side = 0};
+    block_rows vals = {.staged = w->vb, .a = a, .rows = vrows, .off = off, .nb = nb, .ahead = &w->ahead, .side = 1};
     if (direct) {
 #define SCORES(QT, KT, q0) scores(1, T, full, QT, KT, h, &keys, q0, hdp)
         FOR_SCORE_GROUPS(1, nqp, SCORES)
@@ -585,10 +577,8 @@ Q3_INLINE void block_update_q8(const int full, const q3_cpu_attn *a, attn_ws *w,
 {
     const int hd = a->head_dim, nqp = w->nqp;
     const size_t off = (size_t)h->kvh * q3_cpu_attn_head_bytes(a);
-    block_rows keys = {.a = a, .rows = krows, .off = off, .nb = nb,
-                       .pf = w->pf_k, .pf_stride = w->pf_stride, .pf_n = w->pf_n};
-    block_rows vals = {.a = a, .rows = vrows, .off = off, .nb = nb,
-                       .pf = w->pf_v, .pf_stride = w->pf_stride, .pf_n = w->pf_n};
+    block_rows keys = {.a = a, .rows = krows, .off = off, .nb = nb, .ahead = &w->ahead, .side = 0};
+    block_rows vals = {.a = a, .rows = vrows, .off = off, .nb = nb, .ahead = &w->ahead, .side = 1};
     q8_value_scales(&vals, hd, w->dv);
 #define SCORES(QT, KT, q0) scores_q8(full, QT, KT, h, &keys, q0, hd)
     FOR_SCORE_GROUPS(0, nqp, SCORES) /* 4 x 4 (2 x 4): 8 x 2 measured 6-10% slower at 8 queries a KV head */
@@ -705,7 +695,6 @@ static void avx512_attention(const q3_cpu_attn *a, void *scratch, int kvh0, int 
     }
 
     const size_t slice = q3_cpu_attn_head_bytes(a);
-    const int pf_units = PREFETCH_UNITS;
     const int sb0 = part ? sb : 0, sb1 = part ? sb + 1 : (kmax + SUPER_BLOCK - 1) / SUPER_BLOCK;
     for (int s = sb0; s < sb1; s++) {
         int k0 = s * SUPER_BLOCK, k1 = k0 + SUPER_BLOCK < kmax ? k0 + SUPER_BLOCK : kmax;
@@ -725,9 +714,9 @@ static void avx512_attention(const q3_cpu_attn *a, void *scratch, int kvh0, int 
                 vrows[j] = kv_row(a, 1, t0 + j);
             }
             for (int hi = 0; hi < n_kvh; hi++) {
-                /* the (block, head) unit pf_units ahead in this loop's order */
-                int u = hi + pf_units, pt0 = t0 + u / n_kvh * KEY_BLOCK;
-                w.pf_n = 0;
+                /* the (block, head) unit PREFETCH_UNITS ahead in this loop's order */
+                int u = hi + PREFETCH_UNITS, pt0 = t0 + u / n_kvh * KEY_BLOCK;
+                w.ahead.n = 0;
                 if (pt0 < k1) {
                     const int pt1 = pt0 + KEY_BLOCK < k1 ? pt0 + KEY_BLOCK : k1;
                     const size_t poff = (size_t)(kvh0 + u % n_kvh) * slice;
@@ -736,10 +725,10 @@ static void avx512_attention(const q3_cpu_attn *a, void *scratch, int kvh0, int 
                     if (pt0 < a->n_cached && pt1 > a->n_cached) {
                         prefetch_slices(a, pt0, pt1, poff, slice);
                     } else {
-                        w.pf_k = kv_row(a, 0, pt0) + poff;
-                        w.pf_v = kv_row(a, 1, pt0) + poff;
-                        w.pf_stride = pt0 < a->n_cached ? a->row_bytes : a->chunk_row_bytes;
-                        w.pf_n = pt1 - pt0;
+                        w.ahead = (ahead_unit){.rows = {kv_row(a, 0, pt0) + poff, kv_row(a, 1, pt0) + poff},
+                                               .stride = pt0 < a->n_cached ? a->row_bytes : a->chunk_row_bytes,
+                                               .len = slice,
+                                               .n = pt1 - pt0};
                     }
                 }
                 block_update(a, &w, &w.h[hi], krows, vrows, t0, nb);
