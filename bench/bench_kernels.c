@@ -51,7 +51,7 @@ static double cpu_now(void)
 static int g_layers; /* attn-stream: layers (default 28) */
 #define MAX_GQA 8 /* attn-stream: query heads a KV head at most */
 static int g_gqa = 2; /* attn-stream: query heads a KV head */
-static int g_kv = -1; /* attn, attn-stream: the one cache type to run (--kv), -1 both */
+static int g_kv = -1; /* attn, attn-stream: the one cache type to run (--kv), -1 both; e2e: its cache (-1 default) */
 
 static uint64_t rng = 0x2545f4914f6cdd1dull;
 static float frand(void)

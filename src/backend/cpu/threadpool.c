@@ -275,9 +275,8 @@ static void after_job(q3_pool *p, bool event)
     if (p->event_run < CONTENDED_EVENTS) return;
     p->event_run = 0;
     p->last_event = 0;
-    int active = atomic_load_explicit(&p->active, memory_order_relaxed);
     if (p->shed) { /* still contended with fewer threads: one more off */
-        p->shed_active = active > 1 ? active - 1 : 1;
+        p->shed_active = p->shed_active > 1 ? p->shed_active - 1 : 1;
     } else if (p->shed_len && p->jobs - p->shed_end <= SHED_RETRY_WINDOW) { /* back soon: as before, for longer */
         p->shed_len = 2 * p->shed_len < SHED_JOBS_MAX ? 2 * p->shed_len : SHED_JOBS_MAX;
     } else {
